@@ -1,0 +1,178 @@
+"""P ranks in one process, with an alpha-beta model of time.
+
+:func:`simulate` runs ``fn(comm)`` for P ranks on P threads of this process and returns
+every rank's result together with the modelled communication time. Messages are copied
+through in-memory mailboxes, so algorithms run exactly as they would on a network; only
+time is modelled instead of measured:
+
+* Each rank has a clock. In a round a rank sends its messages one after the other over
+  a full-duplex link: message j leaves at ``t_start`` and arrives at
+  ``t_start + alpha + beta * (bytes of messages 0..j)``.
+* The rank's round ends at the later of its own sending time
+  (``t_start + alpha + beta * bytes sent``) and the arrival of every message it receives.
+
+Compute time is not modelled (it is measured elsewhere); the result is the
+communication time of the schedule, which is what the papers' alpha-beta tables describe.
+Threads release the GIL inside torch ops; sweeps up to P = 64 take seconds.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .base import Comm, CommError, CommStats, CommTimeoutError, Message
+
+__all__ = ["SimComm", "SimulationResult", "simulate", "GBIT_BETA"]
+
+#: seconds per byte of a 1 Gbit/s link
+GBIT_BETA = 8.0 / 1e9
+
+
+@dataclass
+class SimulationResult:
+    """What :func:`simulate` returns."""
+
+    results: list[Any]          # fn's return value on each rank, rank order
+    time: float                 # modelled time: the latest rank clock
+    rank_times: list[float]     # each rank's clock at the end
+    stats: list[CommStats]      # each rank's counters
+
+
+class _Aborted(CommError):
+    pass
+
+
+class _World:
+    def __init__(self, size: int, alpha: float, beta: float, timeout: float):
+        self.size = size
+        self.alpha = alpha
+        self.beta = beta
+        self.timeout = timeout
+        self.cond = threading.Condition()
+        # mailbox[(src, dst)] holds (payload, arrival time) in posting order
+        self.mailbox: dict[tuple[int, int], deque] = {}
+        self.failed: str | None = None
+
+    def fail(self, message: str) -> None:
+        with self.cond:
+            if self.failed is None:
+                self.failed = message
+            self.cond.notify_all()
+
+
+class SimComm(Comm):
+    """One rank of a simulated world; created by :func:`simulate`."""
+
+    def __init__(self, world: _World, rank: int):
+        super().__init__(rank, world.size, "cpu", world.timeout)
+        self._world = world
+        self.clock = 0.0
+
+    def _post_and_wait(self, sends: Sequence[Message], recvs: Sequence[Message]) -> None:
+        world = self._world
+        start = self.clock
+        sent = 0
+        with world.cond:
+            for peer, payload in sends:
+                sent += payload.numel()
+                arrival = start + world.alpha + world.beta * sent
+                world.mailbox.setdefault((self.rank, peer), deque()).append((payload.clone(), arrival))
+            world.cond.notify_all()
+        finish = start + world.alpha + world.beta * sent if sends else start
+        for peer, buffer in recvs:
+            payload, arrival = self._take(peer)
+            if payload.numel() != buffer.numel():
+                message = (f"simulated rank {self.rank} expected {buffer.numel()} bytes from rank {peer} "
+                           f"but rank {peer} sent {payload.numel()}")
+                world.fail(message)
+                raise CommError(message)
+            buffer.copy_(payload)
+            finish = max(finish, arrival)
+        self.clock = finish
+
+    def _take(self, peer: int) -> tuple[torch.Tensor, float]:
+        world = self._world
+        key = (peer, self.rank)
+        with world.cond:
+            ok = world.cond.wait_for(lambda: world.failed is not None or bool(world.mailbox.get(key)),
+                                     timeout=world.timeout)
+            if world.failed is not None and not world.mailbox.get(key):
+                raise _Aborted(f"simulated rank {self.rank}: aborted because {world.failed}")
+            if not ok:
+                raise CommTimeoutError(f"simulated rank {self.rank}: no message from rank {peer} "
+                                       f"within {world.timeout} s")
+            return world.mailbox[key].popleft()
+
+    def _allreduce_dense(self, tensor: torch.Tensor) -> tuple[int, int]:  # pragma: no cover - see below
+        raise NotImplementedError  # allreduce_dense is overridden with a real ring
+
+    def allreduce_dense(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Ring reduce-scatter + ring all-gather on simulated messages (so counters and
+        time come from the real schedule). Half types are summed in float32."""
+        size, rank = self.size, self.rank
+        if size == 1 or tensor.numel() == 0:
+            return tensor
+        work = tensor.reshape(-1).float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor.reshape(-1)
+        chunks = list(work.tensor_split(size))
+        nbytes = [c.numel() * c.element_size() for c in chunks]
+        right, left = (rank + 1) % size, (rank - 1) % size
+        for step in range(size - 1):  # reduce-scatter: after it rank r owns chunk (r + 1) % P
+            send_idx, recv_idx = (rank - step) % size, (rank - step - 1) % size
+            incoming = torch.empty(nbytes[recv_idx], dtype=torch.uint8)
+            self.exchange([(right, chunks[send_idx].contiguous().view(torch.uint8))], [(left, incoming)])
+            chunks[recv_idx] += incoming.view(work.dtype)
+        for step in range(size - 1):  # all-gather of the reduced chunks
+            send_idx, recv_idx = (rank - step + 1) % size, (rank - step) % size
+            incoming = torch.empty(nbytes[recv_idx], dtype=torch.uint8)
+            self.exchange([(right, chunks[send_idx].contiguous().view(torch.uint8))], [(left, incoming)])
+            chunks[recv_idx].copy_(incoming.view(work.dtype))
+        if work.data_ptr() != tensor.data_ptr():
+            tensor.copy_(work.view_as(tensor))
+        return tensor
+
+
+def simulate(size: int, fn: Callable[[SimComm], Any], alpha: float = 50e-6, beta: float = GBIT_BETA,
+             timeout: float = 60.0) -> SimulationResult:
+    """Run ``fn(comm)`` on ``size`` simulated ranks and return their results and the
+    alpha-beta modelled time (default: 50 us latency, 1 Gbit/s links).
+
+    If any rank raises, the others are released and the first exception is re-raised
+    with that rank's traceback in its message.
+    """
+    if size < 1:
+        raise ValueError(f"simulate: size must be >= 1, got {size}")
+    if alpha < 0 or beta < 0:
+        raise ValueError(f"simulate: alpha and beta must be >= 0, got {alpha}, {beta}")
+    world = _World(size, alpha, beta, timeout)
+    comms = [SimComm(world, r) for r in range(size)]
+    results: list[Any] = [None] * size
+    errors: list[tuple[int, BaseException, str] | None] = [None] * size
+
+    def run(rank: int) -> None:
+        try:
+            results[rank] = fn(comms[rank])
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller below
+            errors[rank] = (rank, exc, traceback.format_exc())
+            world.fail(f"rank {rank} raised {type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=run, args=(r,), name=f"sim-rank-{r}", daemon=True) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # report the root cause, not the ranks that were merely aborted because of it
+    real = [e for e in errors if e is not None and not isinstance(e[1], _Aborted)]
+    first = real[0] if real else next((e for e in errors if e is not None), None)
+    if first is not None:
+        rank, exc, text = first
+        if isinstance(exc, (ValueError, TypeError, CommError)):
+            raise type(exc)(f"{exc}\n--- simulated rank {rank} traceback ---\n{text}") from exc
+        raise RuntimeError(f"simulated rank {rank} failed:\n{text}") from exc
+    return SimulationResult(results=results, time=max(c.clock for c in comms),
+                            rank_times=[c.clock for c in comms], stats=[c.stats for c in comms])
