@@ -1,0 +1,10 @@
+"""Sparse allreduce algorithms, one module per family, found by name in a registry.
+
+``sparsecomm.algorithms.names()`` lists what is registered; ``get(name)`` returns the class.
+Importing this package imports every algorithm module so that each registers itself.
+"""
+
+from .base import Algorithm, get, names, register
+from . import dense, topka  # noqa: F401  (each module registers its algorithm)
+
+__all__ = ["Algorithm", "get", "names", "register"]

@@ -1,0 +1,100 @@
+"""What every algorithm module implements, and the registry that finds them by name.
+
+An algorithm is a class registered with :func:`register`. The reducer constructs it once
+per tensor with the Comm and the user's keyword options, and calls :meth:`Algorithm.reduce`
+on every step with
+
+* ``acc`` -- this rank's gradient plus the residual carried in (1-D, working dtype). The
+  algorithm leaves in ``acc``, in place, exactly what it did not let through: that is the
+  residual carried to the next step (error feedback). ``acc`` is the reducer's own buffer,
+  so keeping the residual there costs no allocation.
+* ``k`` -- how many elements each rank selects (k = max(1, ceil(density * N)), at most N).
+* ``out`` -- a dense buffer of the same length and dtype; the algorithm overwrites all of
+  it with the reduced result, which must be bit-identical on every rank.
+
+It must only use :class:`~sparsecomm.comm.Comm`, :mod:`sparsecomm.ops` and
+:mod:`sparsecomm.formats`.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from contextlib import contextmanager
+from typing import Any, ClassVar, Iterator
+
+import torch
+
+from ..comm.base import Comm
+
+__all__ = ["Algorithm", "register", "names", "get"]
+
+_REGISTRY: dict[str, type["Algorithm"]] = {}
+
+
+def register(cls: type["Algorithm"]) -> type["Algorithm"]:
+    """Class decorator: make an algorithm available by its ``name``."""
+    name = cls.name
+    if not name or name != name.lower():
+        raise ValueError(f"algorithm names are non-empty lower-case strings, got {name!r}")
+    if name in _REGISTRY and _REGISTRY[name] is not cls:
+        raise ValueError(f"algorithm {name!r} is registered twice")
+    _REGISTRY[name] = cls
+    return cls
+
+
+def names() -> list[str]:
+    """The registered algorithm names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def get(name: str) -> type["Algorithm"]:
+    """The algorithm class registered as ``name``; ValueError listing the choices otherwise."""
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown algorithm {name!r}; choose one of: {', '.join(names())}") from None
+
+
+class Algorithm(ABC):
+    """Base class of the sparse allreduce algorithms."""
+
+    #: registry name
+    name: ClassVar[str] = ""
+    #: True when out is exactly the dense sum of the locally selected vectors
+    lossless: ClassVar[bool] = True
+    #: the keyword options the constructor accepts, with their defaults
+    option_defaults: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, comm: Comm, **options: Any):
+        unknown = sorted(set(options) - set(self.option_defaults))
+        if unknown:
+            accepted = ", ".join(sorted(self.option_defaults)) or "none"
+            raise ValueError(f"algorithm {self.name!r} does not take option(s) {', '.join(unknown)}; "
+                             f"accepted options: {accepted}")
+        self.comm = comm
+        self.options = {**self.option_defaults, **options}
+        self.times: dict[str, float] = {}
+        #: entries let through by the last call (the result's support), when known cheaply
+        self.last_nnz: int | None = None
+
+    @abstractmethod
+    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
+        """One step: write the reduced result into ``out`` and leave the residual in ``acc``."""
+
+    @contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        """Accumulate wall time of a local phase (``select``, ``merge``) into :attr:`times`."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.times[phase] = self.times.get(phase, 0.0) + time.perf_counter() - start
+
+    def state_dict(self) -> dict[str, Any]:
+        """Adaptive state carried between calls (none by default)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            raise ValueError(f"algorithm {self.name!r} keeps no state, got keys {sorted(state)}")

@@ -1,0 +1,58 @@
+"""COO messages: a header, ``count`` indices, ``count`` values.
+
+Layout: ``[header 32 B][indices: count x int32|int64, zero-padded to a multiple of 8 B]
+[values: count x value dtype]``. Indices are int32 when N < 2^31 (else int64), sorted
+ascending; values keep the dtype the algorithm works in. The padding keeps the value
+section 8-byte aligned so it can be viewed in place without a copy.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .header import HEADER_NBYTES, Kind, check_header, index_dtype_for, pack_header
+
+__all__ = ["coo_nbytes", "encode_coo", "decode_coo"]
+
+
+def _index_section(count: int, n: int) -> int:
+    raw = count * torch.empty((), dtype=index_dtype_for(n)).element_size()
+    return (raw + 7) // 8 * 8
+
+
+def coo_nbytes(count: int, n: int, value_dtype: torch.dtype) -> int:
+    """Size in bytes of a COO message of ``count`` entries for a vector of length ``n``."""
+    return HEADER_NBYTES + _index_section(count, n) + count * torch.empty((), dtype=value_dtype).element_size()
+
+
+def encode_coo(indices: torch.Tensor, values: torch.Tensor, n: int, sender: int) -> torch.Tensor:
+    """Pack index-sorted ``indices`` (any integer dtype) and ``values`` into one message."""
+    count = indices.numel()
+    if values.numel() != count:
+        raise ValueError(f"encode_coo: {count} indices but {values.numel()} values")
+    index_dtype = index_dtype_for(n)
+    payload = torch.empty(coo_nbytes(count, n, values.dtype), dtype=torch.uint8, device=values.device)
+    payload[:HEADER_NBYTES].copy_(torch.from_numpy(pack_header(Kind.COO, sender, n, count, values.dtype,
+                                                               index_dtype)))
+    index_end = HEADER_NBYTES + count * torch.empty((), dtype=index_dtype).element_size()
+    payload[HEADER_NBYTES:index_end].view(index_dtype).copy_(indices)
+    payload[index_end:HEADER_NBYTES + _index_section(count, n)].zero_()
+    payload[HEADER_NBYTES + _index_section(count, n):].view(values.dtype).copy_(values)
+    return payload
+
+
+def decode_coo(payload: torch.Tensor, *, n: int, value_dtype: torch.dtype, receiver: int, sender: int,
+               count: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate and view a COO message: returns (indices, values) as views into ``payload``."""
+    index_dtype = index_dtype_for(n)
+    fields = check_header(payload, receiver=receiver, sender=sender, kind=Kind.COO, n=n,
+                          value_dtype=value_dtype, index_dtype=index_dtype, count=count)
+    got = fields["count"]
+    expected_nbytes = coo_nbytes(got, n, value_dtype)
+    if payload.numel() != expected_nbytes:
+        raise ValueError(f"rank {receiver} received from rank {sender} a COO message of {payload.numel()} "
+                         f"bytes; its header announces {got} entries, i.e. {expected_nbytes} bytes")
+    index_end = HEADER_NBYTES + got * torch.empty((), dtype=index_dtype).element_size()
+    indices = payload[HEADER_NBYTES:index_end].view(index_dtype)
+    values = payload[HEADER_NBYTES + _index_section(got, n):].view(value_dtype)
+    return indices, values

@@ -1,0 +1,124 @@
+"""The 32-byte header every sparsecomm message starts with.
+
+Layout (little-endian)::
+
+    offset size field
+    0      4    magic         0x4D435053 (bytes "SPCM")
+    4      2    version       FORMAT_VERSION
+    6      1    kind          Kind (COO, DENSE, SIGNATURE, ...)
+    7      1    value dtype   DTYPE_CODES
+    8      1    index dtype   DTYPE_CODES (0: no indices)
+    9      3    reserved      zero
+    12     4    sender        rank of the sender in the Comm
+    16     8    N             length of the dense vector the message describes
+    24     8    count         number of entries that follow
+
+The receiver validates every field it can know (:func:`check_header`); a mismatch raises
+:class:`WireFormatError` naming both ranks and the field, never a silent wrong sum.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import numpy as np
+import torch
+
+__all__ = ["HEADER_NBYTES", "FORMAT_VERSION", "MAGIC", "Kind", "WireFormatError", "DTYPE_CODES",
+           "dtype_code", "dtype_from_code", "index_dtype_for", "pack_header", "parse_header", "check_header"]
+
+HEADER_NBYTES = 32
+FORMAT_VERSION = 1
+MAGIC = 0x4D435053
+
+
+class Kind(IntEnum):
+    COO = 1
+    DENSE = 2
+    SIGNATURE = 3
+
+
+class WireFormatError(ValueError):
+    """A received message does not match what the receiver expects."""
+
+
+DTYPE_CODES: dict[torch.dtype, int] = {
+    torch.float32: 1, torch.float64: 2, torch.float16: 3, torch.bfloat16: 4,
+    torch.int32: 5, torch.int64: 6, torch.uint8: 7,
+}
+_DTYPES_BY_CODE = {code: dtype for dtype, code in DTYPE_CODES.items()}
+
+_HEADER = np.dtype([("magic", "<u4"), ("version", "<u2"), ("kind", "u1"), ("value_dtype", "u1"),
+                    ("index_dtype", "u1"), ("reserved", "u1", (3,)), ("sender", "<u4"),
+                    ("n", "<u8"), ("count", "<u8")])
+assert _HEADER.itemsize == HEADER_NBYTES
+
+
+def dtype_code(dtype: torch.dtype | None) -> int:
+    if dtype is None:
+        return 0
+    try:
+        return DTYPE_CODES[dtype]
+    except KeyError:
+        raise ValueError(f"dtype {dtype} cannot travel in a sparsecomm message; "
+                         f"supported: {', '.join(str(d) for d in DTYPE_CODES)}") from None
+
+
+def dtype_from_code(code: int) -> torch.dtype | None:
+    return None if code == 0 else _DTYPES_BY_CODE.get(code)
+
+
+def index_dtype_for(n: int) -> torch.dtype:
+    """int32 indices when N < 2^31, else int64 (DESIGN.md, wire rules)."""
+    return torch.int32 if n < 2**31 else torch.int64
+
+
+def pack_header(kind: Kind, sender: int, n: int, count: int, value_dtype: torch.dtype | None,
+                index_dtype: torch.dtype | None = None) -> np.ndarray:
+    """The header as 32 uint8 (numpy; the caller copies it into its payload tensor)."""
+    header = np.zeros(1, dtype=_HEADER)
+    header["magic"] = MAGIC
+    header["version"] = FORMAT_VERSION
+    header["kind"] = int(kind)
+    header["value_dtype"] = dtype_code(value_dtype)
+    header["index_dtype"] = dtype_code(index_dtype)
+    header["sender"] = sender
+    header["n"] = n
+    header["count"] = count
+    return header.view(np.uint8)
+
+
+def parse_header(payload: torch.Tensor) -> dict:
+    """Fields of the header at the start of a uint8 payload (any device)."""
+    if payload.numel() < HEADER_NBYTES:
+        raise WireFormatError(f"message of {payload.numel()} bytes is shorter than the "
+                              f"{HEADER_NBYTES}-byte sparsecomm header")
+    raw = payload[:HEADER_NBYTES].cpu().numpy().view(_HEADER)[0]
+    return {name: (raw[name].item() if raw[name].ndim == 0 else raw[name].tolist()) for name in _HEADER.names}
+
+
+def check_header(payload: torch.Tensor, *, receiver: int, sender: int, kind: Kind, n: int,
+                 value_dtype: torch.dtype | None, index_dtype: torch.dtype | None = None,
+                 count: int | None = None) -> dict:
+    """Parse and validate a header against what the receiver expects; return its fields."""
+    fields = parse_header(payload)
+    where = f"rank {receiver} received from rank {sender}"
+    if fields["magic"] != MAGIC:
+        raise WireFormatError(f"{where} a message without the sparsecomm magic (got {fields['magic']:#x}): "
+                              "the peer is not running sparsecomm or the streams are out of step")
+    if fields["version"] != FORMAT_VERSION:
+        raise WireFormatError(f"{where} format version {fields['version']}, this rank speaks "
+                              f"{FORMAT_VERSION}: install the same sparsecomm version on every rank")
+    expected = {
+        "kind": int(kind), "sender": sender, "n": n,
+        "value_dtype": dtype_code(value_dtype), "index_dtype": dtype_code(index_dtype),
+    }
+    if count is not None:
+        expected["count"] = count
+    for name, want in expected.items():
+        if fields[name] != want:
+            shown = {"value_dtype": dtype_from_code, "index_dtype": dtype_from_code,
+                     "kind": lambda c: Kind(c).name if c in Kind._value2member_map_ else c}.get(name, lambda v: v)
+            raise WireFormatError(f"{where}: {name} differs: rank {sender} sent {shown(fields[name])}, "
+                                  f"rank {receiver} expected {shown(want)}")
+    return fields
