@@ -1,0 +1,187 @@
+/*
+ * COO merge / scatter / gather kernels, instantiated by coo.c for every
+ * (index type, value type) pair.
+ *
+ * Required macros: ISFX, IT (index type), VSFX, VT (raw value type), ACC
+ * (accumulator type), LOAD(v) (VT -> ACC), STORE(a) (ACC -> VT).
+ */
+#define CAT3_(a, b, c) a##_##b##_##c
+#define CAT3(a, b, c) CAT3_(a, b, c)
+#define FN(name) CAT3(name, ISFX, VSFX)
+
+/* Merge segment [a_lo,a_hi) x [b_lo,b_hi) into oi/ov; returns the count. */
+static int64_t FN(merge2_seg)(const IT* ia, const VT* va, int64_t a_lo, int64_t a_hi,
+                              const IT* ib, const VT* vb, int64_t b_lo, int64_t b_hi,
+                              IT* oi, VT* ov) {
+  int64_t i = a_lo, j = b_lo, o = 0;
+  while (i < a_hi && j < b_hi) {
+    IT x = ia[i], y = ib[j];
+    if (x < y) { oi[o] = x; ov[o] = va[i]; i++; }
+    else if (y < x) { oi[o] = y; ov[o] = vb[j]; j++; }
+    else { ACC s = LOAD(va[i]); s += LOAD(vb[j]); oi[o] = x; ov[o] = STORE(s); i++; j++; }
+    o++;
+  }
+  if (i < a_hi) { memcpy(oi + o, ia + i, (size_t)(a_hi - i) * sizeof(IT)); memcpy(ov + o, va + i, (size_t)(a_hi - i) * sizeof(VT)); o += a_hi - i; }
+  if (j < b_hi) { memcpy(oi + o, ib + j, (size_t)(b_hi - j) * sizeof(IT)); memcpy(ov + o, vb + j, (size_t)(b_hi - j) * sizeof(VT)); o += b_hi - j; }
+  return o;
+}
+
+/* k-way merge of segments [lo[p], hi[p]) of the p inputs (binary heap). */
+static int64_t FN(mergek_seg)(int64_t P, const IT* const* idx, const VT* const* val,
+                              const int64_t* lo, const int64_t* hi, int64_t* pos,
+                              int64_t* heap, IT* oi, VT* ov) {
+  int64_t m = 0, o = 0;
+#define HLESS(s1, s2) (idx[s1][pos[s1]] < idx[s2][pos[s2]] || \
+                       (idx[s1][pos[s1]] == idx[s2][pos[s2]] && (s1) < (s2)))
+  for (int64_t p = 0; p < P; p++) {
+    pos[p] = lo[p];
+    if (lo[p] < hi[p]) {
+      /* sift up */
+      int64_t c = m++;
+      heap[c] = p;
+      while (c > 0) {
+        int64_t par = (c - 1) / 2;
+        if (HLESS(heap[c], heap[par])) { int64_t tmp = heap[c]; heap[c] = heap[par]; heap[par] = tmp; c = par; }
+        else break;
+      }
+    }
+  }
+  while (m > 0) {
+    int64_t s = heap[0];
+    IT v = idx[s][pos[s]];
+    ACC acc = LOAD(val[s][pos[s]]);
+    int first = 1;
+    for (;;) {
+      if (!first) {
+        s = heap[0];
+        if (idx[s][pos[s]] != v) break;
+        acc += LOAD(val[s][pos[s]]);
+      }
+      first = 0;
+      pos[s]++;
+      if (pos[s] >= hi[s]) { heap[0] = heap[--m]; }
+      /* sift down from the root */
+      int64_t c = 0;
+      for (;;) {
+        int64_t l = 2 * c + 1, r = l + 1, b = c;
+        if (l < m && HLESS(heap[l], heap[b])) b = l;
+        if (r < m && HLESS(heap[r], heap[b])) b = r;
+        if (b == c) break;
+        int64_t tmp = heap[c]; heap[c] = heap[b]; heap[b] = tmp; c = b;
+      }
+      if (m == 0) break;
+    }
+    oi[o] = v;
+    ov[o] = STORE(acc);
+    o++;
+  }
+#undef HLESS
+  return o;
+}
+
+static int64_t FN(lower_bound)(const IT* a, int64_t n, int64_t v) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    int64_t mid = lo + (hi - lo) / 2;
+    if ((int64_t)a[mid] < v) lo = mid + 1; else hi = mid;
+  }
+  return lo;
+}
+
+/*
+ * Generic P-way merge, parallel over nt index-value ranges. Splits are index
+ * values, so equal indices never straddle two threads and every sum is done
+ * by one thread in list order (deterministic for any thread count).
+ */
+static int FN(merge_many)(int64_t P, const IT* const* idx, const VT* const* val,
+                          const int64_t* lens, int nt, IT* oi, VT* ov, int64_t* out_n) {
+  int64_t total = 0;
+  int64_t vmin = INT64_MAX, vmax = INT64_MIN;
+  for (int64_t p = 0; p < P; p++) {
+    total += lens[p];
+    if (lens[p] > 0) {
+      if ((int64_t)idx[p][0] < vmin) vmin = idx[p][0];
+      if ((int64_t)idx[p][lens[p] - 1] > vmax) vmax = idx[p][lens[p] - 1];
+    }
+  }
+  *out_n = 0;
+  if (total == 0) return SC_OK;
+  if (total < 65536) nt = 1;
+  /* splitter values: split[t] = smallest v with sum_p lower_bound(p, v) >= total*t/nt */
+  int64_t* bounds = (int64_t*)malloc((size_t)(nt + 1) * (size_t)(P + 1) * sizeof(int64_t));
+  int64_t* scratch = (int64_t*)malloc((size_t)nt * (size_t)(2 * P + 2) * sizeof(int64_t));
+  if (!bounds || !scratch) { free(bounds); free(scratch); return SC_ERR_NOMEM; }
+  /* bounds row t: lower bounds of splitter t in each input, then their sum */
+  for (int t = 0; t <= nt; t++) {
+    int64_t* row = bounds + (size_t)t * (size_t)(P + 1);
+    if (t == 0 || t == nt) {
+      int64_t sum = 0;
+      for (int64_t p = 0; p < P; p++) { row[p] = t == 0 ? 0 : lens[p]; sum += row[p]; }
+      row[P] = sum;
+      continue;
+    }
+    int64_t target = total * t / nt;
+    int64_t lo = vmin, hi = vmax + 1; /* count(hi) == total >= target */
+    while (lo < hi) {
+      int64_t mid = lo + (hi - lo) / 2;
+      int64_t c = 0;
+      for (int64_t p = 0; p < P; p++) c += FN(lower_bound)(idx[p], lens[p], mid);
+      if (c >= target) hi = mid; else lo = mid + 1;
+    }
+    int64_t sum = 0;
+    for (int64_t p = 0; p < P; p++) { row[p] = FN(lower_bound)(idx[p], lens[p], lo); sum += row[p]; }
+    row[P] = sum;
+  }
+  int64_t cnt[SC_MAX_THREADS];
+  int t;
+#pragma omp parallel for num_threads(nt) schedule(static, 1) if (nt > 1)
+  for (t = 0; t < nt; t++) {
+    const int64_t* r0 = bounds + (size_t)t * (size_t)(P + 1);
+    const int64_t* r1 = bounds + (size_t)(t + 1) * (size_t)(P + 1);
+    int64_t d = r0[P];
+    if (P == 1) {
+      int64_t len = r1[0] - r0[0];
+      memcpy(oi + d, idx[0] + r0[0], (size_t)len * sizeof(IT));
+      memcpy(ov + d, val[0] + r0[0], (size_t)len * sizeof(VT));
+      cnt[t] = len;
+    } else if (P == 2) {
+      cnt[t] = FN(merge2_seg)(idx[0], val[0], r0[0], r1[0], idx[1], val[1], r0[1], r1[1], oi + d, ov + d);
+    } else {
+      int64_t* sc = scratch + (size_t)t * (size_t)(2 * P + 2);
+      cnt[t] = FN(mergek_seg)(P, idx, val, r0, r1, sc, sc + P, oi + d, ov + d);
+    }
+  }
+  /* compact the segments (each moves left, in order) */
+  int64_t o = cnt[0];
+  for (t = 1; t < nt; t++) {
+    int64_t d = bounds[(size_t)t * (size_t)(P + 1) + P];
+    if (d != o && cnt[t] > 0) {
+      memmove(oi + o, oi + d, (size_t)cnt[t] * sizeof(IT));
+      memmove(ov + o, ov + d, (size_t)cnt[t] * sizeof(VT));
+    }
+    o += cnt[t];
+  }
+  *out_n = o;
+  free(bounds);
+  free(scratch);
+  return SC_OK;
+}
+
+static int FN(scatter_add)(VT* dense, const IT* idx, const VT* val, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    ACC s = LOAD(dense[idx[i]]);
+    s += LOAD(val[i]);
+    dense[idx[i]] = STORE(s);
+  }
+  return SC_OK;
+}
+
+SC_MAYBE_UNUSED static void FN(gather)(const VT* dense, const IT* idx, int64_t n, int nt, VT* out) {
+  int64_t i;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && n > 32768)
+  for (i = 0; i < n; i++) out[i] = dense[idx[i]];
+}
+
+#undef FN
+#undef CAT3
+#undef CAT3_

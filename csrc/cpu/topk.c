@@ -1,0 +1,105 @@
+/*
+ * Exact top-k by magnitude (see include/sparsecomm/kernels.h for the contract
+ * and topk_impl.h for the algorithm).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sparsecomm/kernels.h"
+#include "common.h"
+
+/* Inputs up to this size take the serial quickselect path. */
+#define SC_SMALL_N 65536
+
+#define SFX u32
+#define BITS uint32_t
+#define SKEY int32_t
+#define KEYBITS 31
+#define KMASK 0x7FFFFFFFu
+#include "topk_impl.h"
+#undef SFX
+#undef BITS
+#undef SKEY
+#undef KEYBITS
+#undef KMASK
+
+#define SFX u64
+#define BITS uint64_t
+#define SKEY int64_t
+#define KEYBITS 63
+#define KMASK 0x7FFFFFFFFFFFFFFFull
+#include "topk_impl.h"
+#undef SFX
+#undef BITS
+#undef SKEY
+#undef KEYBITS
+#undef KMASK
+
+#define SFX u16
+#define BITS uint16_t
+#define SKEY int16_t
+#define KEYBITS 15
+#define KMASK 0x7FFFu
+#include "topk_impl.h"
+#undef SFX
+#undef BITS
+#undef SKEY
+#undef KEYBITS
+#undef KMASK
+
+int sc_topk(sc_dtype dtype, const void* x, int64_t n, int64_t k, int nthreads,
+            void* out_vals, int64_t* out_idx) {
+  if (n < 0 || k < 0) return SC_ERR_ARG;
+  int nt = sc_clamp_threads(nthreads);
+  switch (dtype) {
+    case SC_F32:
+      return topk_core_u32((const uint32_t*)x, 0, n, k, 0x7F800000u, nt,
+                           (uint32_t*)out_vals, out_idx);
+    case SC_F64:
+      return topk_core_u64((const uint64_t*)x, 0, n, k, 0x7FF0000000000000ull,
+                           nt, (uint64_t*)out_vals, out_idx);
+    case SC_F16:
+      return topk_core_u16((const uint16_t*)x, 0, n, k, 0x7C00u, nt,
+                           (uint16_t*)out_vals, out_idx);
+    case SC_BF16:
+      return topk_core_u16((const uint16_t*)x, 0, n, k, 0x7F80u, nt,
+                           (uint16_t*)out_vals, out_idx);
+  }
+  return SC_ERR_ARG;
+}
+
+int64_t sc_block_topk_count(int64_t n, int64_t num_blocks, int64_t k_per_block) {
+  if (n <= 0 || num_blocks < 1 || k_per_block <= 0) return 0;
+  int64_t total = 0;
+  /* blocks have length floor(n/B) or floor(n/B)+1 */
+  int64_t q = n / num_blocks, r = n % num_blocks;
+  int64_t big = r, small = num_blocks - r; /* r blocks of q+1, B-r of q */
+  total += big * (k_per_block < q + 1 ? k_per_block : q + 1);
+  total += small * (k_per_block < q ? k_per_block : q);
+  return total;
+}
+
+int sc_block_topk(sc_dtype dtype, const void* x, int64_t n, int64_t num_blocks,
+                  int64_t k_per_block, int nthreads, void* out_vals,
+                  int64_t* out_idx) {
+  if (n < 0 || k_per_block < 0 || num_blocks < 1) return SC_ERR_ARG;
+  if (n == 0) return SC_OK;
+  int nt = sc_clamp_threads(nthreads);
+  switch (dtype) {
+    case SC_F32:
+      return block_topk_u32((const uint32_t*)x, n, num_blocks, k_per_block,
+                            0x7F800000u, nt, (uint32_t*)out_vals, out_idx);
+    case SC_F64:
+      return block_topk_u64((const uint64_t*)x, n, num_blocks, k_per_block,
+                            0x7FF0000000000000ull, nt, (uint64_t*)out_vals,
+                            out_idx);
+    case SC_F16:
+      return block_topk_u16((const uint16_t*)x, n, num_blocks, k_per_block,
+                            0x7C00u, nt, (uint16_t*)out_vals, out_idx);
+    case SC_BF16:
+      return block_topk_u16((const uint16_t*)x, n, num_blocks, k_per_block,
+                            0x7F80u, nt, (uint16_t*)out_vals, out_idx);
+  }
+  return SC_ERR_ARG;
+}

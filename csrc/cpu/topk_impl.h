@@ -1,0 +1,437 @@
+/*
+ * Top-k by magnitude, instantiated once per key width by topk.c.
+ *
+ * Required macros: SFX (name suffix), BITS (unsigned raw type), SKEY (signed
+ * type of the same width), KEYBITS (number of magnitude bits), KMASK.
+ *
+ * A value's key is bits & KMASK (sign dropped): for IEEE formats the integer
+ * order of keys is the order of magnitudes, +0 and -0 share key 0, Inf has key
+ * `inf` and every NaN has a key > inf. Selection works on keys only, values
+ * are copied as raw bits.
+ *
+ * Selection = find the threshold key T and the number of ties `need_eq` such
+ * that {key > T} plus the first `need_eq` elements with key == T (in index
+ * order) are exactly the k selected elements; then emit them in index order.
+ */
+#define CAT_(a, b) a##_##b
+#define CAT(a, b) CAT_(a, b)
+#define FN(name) CAT(name, SFX)
+
+/* r-th largest (1-based) of a[0..n), 3-way quickselect; reorders a. */
+static BITS FN(qselect_desc)(BITS* a, int64_t n, int64_t r) {
+  int64_t lo = 0, hi = n, target = r - 1;
+  uint64_t rng = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
+  for (;;) {
+    if (hi - lo <= 16) {
+      for (int64_t i = lo + 1; i < hi; i++) {
+        BITS v = a[i];
+        int64_t j = i - 1;
+        while (j >= lo && a[j] < v) { a[j + 1] = a[j]; j--; }
+        a[j + 1] = v;
+      }
+      return a[target];
+    }
+    /* median of three pseudo-random elements */
+    BITS p0 = a[lo + (int64_t)(sc_rand(&rng) % (uint64_t)(hi - lo))];
+    BITS p1 = a[lo + (int64_t)(sc_rand(&rng) % (uint64_t)(hi - lo))];
+    BITS p2 = a[lo + (int64_t)(sc_rand(&rng) % (uint64_t)(hi - lo))];
+    BITS pivot = p0 < p1 ? (p1 < p2 ? p1 : (p0 < p2 ? p2 : p0))
+                         : (p0 < p2 ? p0 : (p1 < p2 ? p2 : p1));
+    int64_t lt = lo, i = lo, gt = hi;
+    while (i < gt) {
+      BITS v = a[i];
+      if (v > pivot) { a[i] = a[lt]; a[lt] = v; lt++; i++; }
+      else if (v < pivot) { gt--; a[i] = a[gt]; a[gt] = v; }
+      else i++;
+    }
+    if (target < lt) hi = lt;
+    else if (target >= gt) lo = gt;
+    else return pivot;
+  }
+}
+
+#define OUT_INDEX(ix, base, i) ((ix) ? (ix)[i] : (base) + (i))
+
+/* Serial exact top-k of x[0..n) (1 <= k < n). ix: index map or NULL. */
+static int FN(topk_small)(const BITS* x, const int64_t* ix, int64_t base,
+                          int64_t n, int64_t k, BITS inf, BITS* ov,
+                          int64_t* oi) {
+  BITS stack_buf[512];
+  BITS* s = n <= 512 ? stack_buf : (BITS*)malloc((size_t)n * sizeof(BITS));
+  if (!s) return SC_ERR_NOMEM;
+  BITS mx = 0;
+  for (int64_t i = 0; i < n; i++) {
+    BITS key = (BITS)(x[i] & KMASK);
+    s[i] = key;
+    mx = key > mx ? key : mx;
+  }
+  if (mx > inf) { if (s != stack_buf) free(s); return SC_ERR_NAN; }
+  BITS T = FN(qselect_desc)(s, n, k);
+  if (s != stack_buf) free(s);
+  int64_t gt = 0;
+  for (int64_t i = 0; i < n; i++) gt += (BITS)(x[i] & KMASK) > T;
+  int64_t need = k - gt, o = 0;
+  for (int64_t i = 0; i < n; i++) {
+    BITS key = (BITS)(x[i] & KMASK);
+    if (key > T || (key == T && need > 0)) {
+      if (key == T) need--;
+      ov[o] = x[i];
+      oi[o] = OUT_INDEX(ix, base, i);
+      o++;
+    }
+  }
+  return SC_OK;
+}
+
+/*
+ * Exact threshold by radix levels of up to 16 bits over x[0..n) split in nt
+ * contiguous parts. Fills T, need_eq and per-part counts gt_t (key > T) and
+ * eq_t (key == T). check_nan: fail on keys > inf.
+ */
+static int FN(select_hist)(const BITS* x, int64_t n, int64_t k, BITS inf,
+                           int nt, int check_nan, BITS* T_out,
+                           int64_t* need_eq_out, int64_t* gt_t,
+                           int64_t* eq_t) {
+  uint64_t* hist = (uint64_t*)malloc((size_t)nt * 65536 * sizeof(uint64_t));
+  if (!hist) return SC_ERR_NOMEM;
+  int nan = 0;
+  int shift = KEYBITS;
+  uint64_t prefix = 0;
+  int64_t need = k;
+  unsigned sel = 0;
+  for (int t = 0; t < nt; t++) gt_t[t] = eq_t[t] = 0;
+  while (shift > 0) {
+    int w = shift >= 16 ? 16 : shift;
+    int s = shift - w;
+    int64_t nb = (int64_t)1 << w;
+    int level0 = shift == KEYBITS;
+    int t;
+#pragma omp parallel for num_threads(nt) schedule(static, 1) if (nt > 1) reduction(| : nan)
+    for (t = 0; t < nt; t++) {
+      uint64_t* h = hist + (size_t)t * 65536;
+      memset(h, 0, (size_t)nb * sizeof(uint64_t));
+      int64_t lo = n * t / nt, hi = n * (t + 1) / nt;
+      if (level0) {
+        BITS mx = 0;
+        for (int64_t i = lo; i < hi; i++) {
+          BITS key = (BITS)(x[i] & KMASK);
+          mx = key > mx ? key : mx;
+          h[key >> s]++;
+        }
+        if (check_nan && mx > inf) nan |= 1;
+      } else {
+        for (int64_t i = lo; i < hi; i++) {
+          BITS key = (BITS)(x[i] & KMASK);
+          if ((uint64_t)(key >> shift) == prefix)
+            h[(key >> s) & (BITS)(nb - 1)]++;
+        }
+      }
+    }
+    if (nan) { free(hist); return SC_ERR_NAN; }
+    /* pick the digit holding the need-th largest */
+    int64_t cum = 0;
+    int64_t d;
+    for (d = nb - 1; d >= 0; d--) {
+      int64_t c = 0;
+      for (int u = 0; u < nt; u++) c += (int64_t)hist[(size_t)u * 65536 + d];
+      if (cum + c >= need) break;
+      cum += c;
+    }
+    if (d < 0) d = 0; /* cannot happen when k <= n */
+    sel = (unsigned)d;
+    need -= cum;
+    for (int u = 0; u < nt; u++) {
+      const uint64_t* h = hist + (size_t)u * 65536;
+      int64_t g = 0;
+      for (int64_t e = d + 1; e < nb; e++) g += (int64_t)h[e];
+      gt_t[u] += g;
+    }
+    prefix = (prefix << w) | sel;
+    shift = s;
+  }
+  for (int u = 0; u < nt; u++) eq_t[u] = (int64_t)hist[(size_t)u * 65536 + sel];
+  free(hist);
+  *T_out = (BITS)prefix;
+  *need_eq_out = need;
+  return SC_OK;
+}
+
+/* Emit the selection given T / need_eq / per-part counts (same partition). */
+static void FN(emit)(const BITS* x, const int64_t* ix, int64_t base, int64_t n,
+                     BITS T, int64_t need_eq, int nt, const int64_t* gt_t,
+                     const int64_t* eq_t, BITS* ov, int64_t* oi) {
+  int64_t quota[SC_MAX_THREADS], off[SC_MAX_THREADS];
+  int64_t rem = need_eq, o = 0;
+  for (int t = 0; t < nt; t++) {
+    quota[t] = eq_t[t] < rem ? eq_t[t] : rem;
+    rem -= quota[t];
+    off[t] = o;
+    o += gt_t[t] + quota[t];
+  }
+  const SKEY sT = (SKEY)T;
+  int t;
+#pragma omp parallel for num_threads(nt) schedule(static, 1) if (nt > 1)
+  for (t = 0; t < nt; t++) {
+    int64_t lo = n * t / nt, hi = n * (t + 1) / nt;
+    int64_t q = quota[t], w = off[t];
+    int64_t i = lo;
+    for (; i + 16 <= hi; i += 16) {
+      int any = 0;
+      for (int j = 0; j < 16; j++) any |= (SKEY)(x[i + j] & KMASK) >= sT;
+      if (!any) continue;
+      for (int j = 0; j < 16; j++) {
+        BITS key = (BITS)(x[i + j] & KMASK);
+        if (key > T || (key == T && q > 0)) {
+          if (key == T) q--;
+          ov[w] = x[i + j];
+          oi[w] = OUT_INDEX(ix, base, i + j);
+          w++;
+        }
+      }
+    }
+    for (; i < hi; i++) {
+      BITS key = (BITS)(x[i] & KMASK);
+      if (key > T || (key == T && q > 0)) {
+        if (key == T) q--;
+        ov[w] = x[i];
+        oi[w] = OUT_INDEX(ix, base, i);
+        w++;
+      }
+    }
+  }
+}
+
+/* Exact selection over x[0..n) (1 <= k < n), parallel or serial. */
+static int FN(topk_exact)(const BITS* x, const int64_t* ix, int64_t base,
+                          int64_t n, int64_t k, BITS inf, int nt, BITS* ov,
+                          int64_t* oi) {
+  if (n <= SC_SMALL_N) return FN(topk_small)(x, ix, base, n, k, inf, ov, oi);
+  int64_t gt_t[SC_MAX_THREADS], eq_t[SC_MAX_THREADS];
+  BITS T;
+  int64_t need_eq;
+  int st = FN(select_hist)(x, n, k, inf, nt, 1, &T, &need_eq, gt_t, eq_t);
+  if (st) return st;
+  FN(emit)(x, ix, base, n, T, need_eq, nt, gt_t, eq_t, ov, oi);
+  return SC_OK;
+}
+
+typedef struct {
+  BITS* b;
+  int64_t* i;
+  int64_t n, cap;
+} FN(cbuf);
+
+static int FN(cbuf_grow)(FN(cbuf) * c) {
+  int64_t nc = c->cap ? 2 * c->cap : 4096;
+  BITS* nb = (BITS*)realloc(c->b, (size_t)nc * sizeof(BITS));
+  if (!nb) return 0;
+  c->b = nb;
+  int64_t* ni = (int64_t*)realloc(c->i, (size_t)nc * sizeof(int64_t));
+  if (!ni) return 0;
+  c->i = ni;
+  c->cap = nc;
+  return 1;
+}
+
+/*
+ * Sample-threshold fast path. Returns SC_OK when it produced the result,
+ * SC_ERR_NAN, SC_ERR_NOMEM, or -1 when the caller must use the exact path
+ * (the sample's bound failed or the fast path would not pay off).
+ * Correctness never depends on the sample: the selection is exact among all
+ * elements with key >= tlo, and it is used only if there are >= k of them.
+ */
+static int FN(topk_fast)(const BITS* x, int64_t base, int64_t n, int64_t k,
+                         BITS inf, int nt, BITS* ov, int64_t* oi) {
+  const int64_t nch = 256;
+  int64_t s = n / 128;
+  if (s < 4096) s = 4096;
+  if (s > 65536) s = 65536;
+  int64_t L = s / nch;
+  s = L * nch;
+  int64_t stride = n / nch;
+  if (stride < L) return -1;
+  double m = (double)k * (double)s / (double)n;
+  int64_t r = (int64_t)ceil(m + 5.0 * sqrt(m) + 8.0);
+  if (r >= s) return -1;
+  double est = (double)r * (double)n / (double)s;
+  if (est > (double)n / 3) return -1;
+
+  BITS* smp = (BITS*)malloc((size_t)s * sizeof(BITS));
+  if (!smp) return SC_ERR_NOMEM;
+  uint64_t rng = 0xD1B54A32D192ED03ull ^ ((uint64_t)n * 31u + (uint64_t)k);
+  for (int64_t c = 0; c < nch; c++) {
+    int64_t start = c * stride + (int64_t)(sc_rand(&rng) % (uint64_t)(stride - L + 1));
+    for (int64_t j = 0; j < L; j++) smp[c * L + j] = (BITS)(x[start + j] & KMASK);
+  }
+  BITS tlo = FN(qselect_desc)(smp, s, r);
+  BITS smax = 0;
+  for (int64_t j = 0; j < r; j++) smax = smp[j] > smax ? smp[j] : smax;
+  free(smp);
+  if (smax > inf) return SC_ERR_NAN; /* the sample holds a NaN */
+  if (tlo == 0) return -1;           /* everything would be a candidate */
+  /* tlo <= inf here, so every NaN (key > inf) becomes a candidate */
+
+  int64_t cap = (int64_t)(3.0 * est) + 65536;
+  FN(cbuf) bufs[SC_MAX_THREADS];
+  memset(bufs, 0, sizeof(bufs));
+  int fail = 0, nan = 0;
+  const SKEY stlo = (SKEY)tlo;
+  int t;
+#pragma omp parallel for num_threads(nt) schedule(static, 1) if (nt > 1) reduction(| : fail, nan)
+  for (t = 0; t < nt; t++) {
+    FN(cbuf)* cb = &bufs[t];
+    int64_t lo = n * t / nt, hi = n * (t + 1) / nt;
+    int64_t i = lo;
+    BITS mx = 0;
+    for (; i + 16 <= hi; i += 16) {
+      int any = 0;
+      for (int j = 0; j < 16; j++) any |= (SKEY)(x[i + j] & KMASK) >= stlo;
+      if (!any) continue;
+      if (cb->n + 16 > cb->cap) {
+        if (cb->n > cap || !FN(cbuf_grow)(cb)) { fail = 1; break; }
+      }
+      for (int j = 0; j < 16; j++) {
+        BITS key = (BITS)(x[i + j] & KMASK);
+        if (key >= tlo) {
+          mx = key > mx ? key : mx;
+          cb->b[cb->n] = x[i + j];
+          cb->i[cb->n] = base + i + j;
+          cb->n++;
+        }
+      }
+    }
+    if (!fail) {
+      for (; i < hi; i++) {
+        BITS key = (BITS)(x[i] & KMASK);
+        if (key >= tlo) {
+          if (cb->n + 1 > cb->cap && !FN(cbuf_grow)(cb)) { fail = 1; break; }
+          mx = key > mx ? key : mx;
+          cb->b[cb->n] = x[i];
+          cb->i[cb->n] = base + i;
+          cb->n++;
+        }
+      }
+    }
+    if (mx > inf) nan = 1;
+  }
+  int64_t C = 0;
+  for (int u = 0; u < nt; u++) C += bufs[u].n;
+  int st = -1;
+  if (nan) {
+    st = SC_ERR_NAN;
+  } else if (!fail && C >= k) {
+    BITS* cbits;
+    int64_t* cidx;
+    int own = 0;
+    if (nt == 1) {
+      cbits = bufs[0].b;
+      cidx = bufs[0].i;
+    } else {
+      cbits = (BITS*)malloc((size_t)C * sizeof(BITS));
+      cidx = (int64_t*)malloc((size_t)C * sizeof(int64_t));
+      own = 1;
+    }
+    if (!cbits || !cidx) {
+      st = SC_ERR_NOMEM;
+    } else {
+      if (own) {
+        int64_t offs[SC_MAX_THREADS], o = 0;
+        for (int u = 0; u < nt; u++) { offs[u] = o; o += bufs[u].n; }
+#pragma omp parallel for num_threads(nt) schedule(static, 1) if (nt > 1)
+        for (t = 0; t < nt; t++) {
+          if (bufs[t].n) {
+            memcpy(cbits + offs[t], bufs[t].b, (size_t)bufs[t].n * sizeof(BITS));
+            memcpy(cidx + offs[t], bufs[t].i, (size_t)bufs[t].n * sizeof(int64_t));
+          }
+          free(bufs[t].b); bufs[t].b = NULL;
+          free(bufs[t].i); bufs[t].i = NULL;
+        }
+      }
+      if (C == k) {
+        memcpy(ov, cbits, (size_t)C * sizeof(BITS));
+        memcpy(oi, cidx, (size_t)C * sizeof(int64_t));
+        st = SC_OK;
+      } else {
+        int cnt = C >= ((int64_t)1 << 20) ? nt : 1;
+        st = FN(topk_exact)(cbits, cidx, 0, C, k, inf, cnt, ov, oi);
+      }
+    }
+    if (own) { free(cbits); free(cidx); }
+  }
+  for (int u = 0; u < nt; u++) { free(bufs[u].b); free(bufs[u].i); }
+  return st;
+}
+
+/* NaN scan (used when no selection is needed). */
+static int FN(has_nan)(const BITS* x, int64_t n, BITS inf, int nt) {
+  int nan = 0;
+  int t;
+#pragma omp parallel for num_threads(nt) schedule(static, 1) if (nt > 1 && n > 65536) reduction(| : nan)
+  for (t = 0; t < nt; t++) {
+    int64_t lo = n * t / nt, hi = n * (t + 1) / nt;
+    BITS mx = 0;
+    for (int64_t i = lo; i < hi; i++) {
+      BITS key = (BITS)(x[i] & KMASK);
+      mx = key > mx ? key : mx;
+    }
+    nan |= mx > inf;
+  }
+  return nan;
+}
+
+/* Full top-k of x[0..n), global indices base + i. */
+static int FN(topk_core)(const BITS* x, int64_t base, int64_t n, int64_t k,
+                         BITS inf, int nt, BITS* ov, int64_t* oi) {
+  if (n <= 0) return SC_OK;
+  if (k <= 0) return FN(has_nan)(x, n, inf, nt) ? SC_ERR_NAN : SC_OK;
+  if (k >= n) {
+    if (FN(has_nan)(x, n, inf, nt)) return SC_ERR_NAN;
+    memcpy(ov, x, (size_t)n * sizeof(BITS));
+    for (int64_t i = 0; i < n; i++) oi[i] = base + i;
+    return SC_OK;
+  }
+  if (n <= SC_SMALL_N) return FN(topk_small)(x, NULL, base, n, k, inf, ov, oi);
+  int st = FN(topk_fast)(x, base, n, k, inf, nt, ov, oi);
+  if (st != -1) return st;
+  return FN(topk_exact)(x, NULL, base, n, k, inf, nt, ov, oi);
+}
+
+static int FN(block_topk)(const BITS* x, int64_t n, int64_t B, int64_t kpb,
+                          BITS inf, int nt, BITS* ov, int64_t* oi) {
+  /* out offsets: block b starts at sum_{j<b} min(kpb, len_j) */
+  if (B == 1) return FN(topk_core)(x, 0, n, kpb, inf, nt, ov, oi);
+  int64_t* off = (int64_t*)malloc((size_t)(B + 1) * sizeof(int64_t));
+  if (!off) return SC_ERR_NOMEM;
+  off[0] = 0;
+  for (int64_t b = 0; b < B; b++) {
+    int64_t len = sc_block_end(n, B, b) - sc_block_end(n, B, b - 1);
+    off[b + 1] = off[b] + (kpb < len ? kpb : len);
+  }
+  int err = SC_OK;
+  if (nt == 1 || n / B >= ((int64_t)1 << 20)) {
+    for (int64_t b = 0; b < B && !err; b++) {
+      int64_t lo = sc_block_end(n, B, b - 1), hi = sc_block_end(n, B, b);
+      err = FN(topk_core)(x + lo, lo, hi - lo, kpb, inf, nt, ov + off[b], oi + off[b]);
+    }
+  } else {
+    int64_t b;
+    int64_t chunk = B / ((int64_t)nt * 64);
+    if (chunk < 1) chunk = 1;
+    int e_nan = 0, e_mem = 0;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, chunk) reduction(| : e_nan, e_mem)
+    for (b = 0; b < B; b++) {
+      int64_t lo = sc_block_end(n, B, b - 1), hi = sc_block_end(n, B, b);
+      int st = FN(topk_core)(x + lo, lo, hi - lo, kpb, inf, 1, ov + off[b], oi + off[b]);
+      if (st == SC_ERR_NAN) e_nan = 1;
+      else if (st) e_mem = 1;
+    }
+    err = e_nan ? SC_ERR_NAN : (e_mem ? SC_ERR_NOMEM : SC_OK);
+  }
+  free(off);
+  return err;
+}
+
+#undef OUT_INDEX
+#undef FN
+#undef CAT
+#undef CAT_

@@ -1,0 +1,121 @@
+"""Build of sparsecomm's extension module sparsecomm._C.
+
+Package metadata lives in pyproject.toml; this file only describes the
+extension. It is compiled against the torch installed in the target
+environment (see _build/backend.py for how plain `pip install .` finds it).
+
+Layout of the extension:
+  csrc/cpu/*.c        C99 kernels (no torch, no Python), compiled here with the
+                      C compiler and C flags only (-std=c99 -O3 -fopenmp)
+  csrc/ops.cpp        TORCH_LIBRARY binding, compiled by torch's BuildExtension
+  csrc/cuda/*.cu      CUDA kernels: only when torch has CUDA, nvcc exists and
+                      such files exist (none yet)
+"""
+import glob
+import os
+import shutil
+import sys
+
+from setuptools import setup
+
+try:
+    import torch  # noqa: F401
+    from torch.utils.cpp_extension import (
+        CUDA_HOME,
+        BuildExtension,
+        CppExtension,
+        CUDAExtension,
+    )
+except ImportError:
+    sys.exit("sparsecomm: PyTorch is required to build the extension: "
+             "install torch first, e.g. pip install torch==2.13.0")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def rel(*parts):
+    return os.path.join(*parts)  # setuptools wants paths relative to setup.py
+
+
+
+C_SOURCES = sorted(os.path.relpath(p, HERE)
+                   for p in glob.glob(os.path.join(HERE, "csrc", "cpu", "*.c")))
+CU_SOURCES = sorted(os.path.relpath(p, HERE)
+                    for p in glob.glob(os.path.join(HERE, "csrc", "cuda", "*.cu")))
+INCLUDE_DIRS = [os.path.join(HERE, "csrc", "include")]
+C_FLAGS = ["-std=c99", "-O3", "-fopenmp", "-fPIC", "-Wall", "-fno-strict-aliasing"]
+CXX_FLAGS = ["-O3", "-fopenmp"]
+LINK_FLAGS = ["-fopenmp"]
+
+
+def want_cuda():
+    """CUDA kernels are built only when they exist, torch has CUDA and nvcc exists."""
+    if not CU_SOURCES or os.environ.get("SPARSECOMM_NO_CUDA") == "1":
+        return False
+    if not torch.version.cuda or CUDA_HOME is None:
+        return False
+    return os.path.exists(os.path.join(CUDA_HOME, "bin", "nvcc")) or shutil.which("nvcc") is not None
+
+
+class BuildExt(BuildExtension):
+    """Compiles the C kernels with the C compiler and C flags only.
+
+    torch's BuildExtension compiles every source with C++ flags (-std=c++17,
+    and with ninja even with the C++ compiler), which is wrong for C99 files.
+    So the .c files are compiled here first and handed to the link step as
+    extra objects.
+    """
+
+    def build_extensions(self):
+        for ext in self.extensions:
+            c_src = getattr(ext, "_sc_c_sources", [])
+            if c_src:
+                objects = self.compiler.compile(
+                    c_src,
+                    output_dir=self.build_temp,
+                    include_dirs=INCLUDE_DIRS,
+                    extra_postargs=C_FLAGS,
+                    depends=glob.glob(os.path.join(HERE, "csrc", "cpu", "*.h"))
+                    + glob.glob(os.path.join(HERE, "csrc", "include", "sparsecomm", "*.h")),
+                )
+                ext.extra_objects = list(ext.extra_objects or []) + objects
+        super().build_extensions()
+
+
+def make_extension():
+    sources = [rel("csrc", "ops.cpp")]
+    kwargs = dict(
+        include_dirs=INCLUDE_DIRS,
+        extra_link_args=LINK_FLAGS,
+    )
+    if want_cuda():
+        ext = CUDAExtension(
+            "sparsecomm._C",
+            sources + CU_SOURCES,
+            extra_compile_args={"cxx": CXX_FLAGS + ["-DSPARSECOMM_WITH_CUDA"],
+                                "nvcc": ["-O3", "-DSPARSECOMM_WITH_CUDA"]},
+            **kwargs)
+    else:
+        ext = CppExtension(
+            "sparsecomm._C",
+            sources,
+            extra_compile_args={"cxx": CXX_FLAGS},
+            **kwargs)
+    ext._sc_c_sources = C_SOURCES
+    return ext
+
+
+def long_description():
+    path = os.path.join(HERE, "README.md")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    return "sparsecomm: communication-efficient sparse allreduce for PyTorch."
+
+
+setup(
+    long_description=long_description(),
+    long_description_content_type="text/markdown",
+    ext_modules=[make_extension()],
+    cmdclass={"build_ext": BuildExt},
+)
