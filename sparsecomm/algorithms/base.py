@@ -12,7 +12,8 @@ on every step with
 * ``out`` -- a dense buffer of the same length and dtype; the algorithm overwrites all of
   it with the reduced result, which must be bit-identical on every rank.
 
-It must only use :class:`~sparsecomm.comm.Comm`, :mod:`sparsecomm.ops` and
+Constructors only validate options and must not communicate (they may be given
+``comm=None`` for validation). It must only use :class:`~sparsecomm.comm.Comm`, :mod:`sparsecomm.ops` and
 :mod:`sparsecomm.formats`.
 """
 

@@ -1,0 +1,127 @@
+"""dense and topka against the invariants of DESIGN.md, on the simulated Comm (P up to 64).
+
+For every step and rank the test keeps its own copy of the residual and computes what the
+algorithm must do with plain numpy: the locally selected vector, the expected sum, the
+expected new residual, and the bytes and rounds of the algorithm's formula.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import sparsecomm as sc
+from sparsecomm.comm import simulate
+
+from _reference import coo_message_bytes, make_gradients, ref_k, ref_topk_indices
+
+STEPS = 3
+
+
+def run_steps(size: int, algorithm: str, density: float, grads_by_step: list[list[torch.Tensor]], **options):
+    """Run the reducer for several steps on simulated ranks; return per step per rank
+    (out, residual after, stats)."""
+
+    def fn(comm):
+        reducer = sc.SparseAllreduce(algorithm, density, comm=comm, **options)
+        history = []
+        for grads in grads_by_step:
+            out = reducer(grads[comm.rank].clone())
+            history.append((out.clone(), reducer.residual.clone(), dict(reducer.last_stats)))
+        return history
+
+    return simulate(size, fn).results
+
+
+def check_lossless(size, algorithm, density, n, dtype, pattern, expect_cost):
+    grads_by_step = [make_gradients(pattern, n, size, step, dtype) for step in range(STEPS)]
+    results = run_steps(size, algorithm, density, grads_by_step)
+    k = ref_k(density, n)
+    work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    residuals = [torch.zeros(n, dtype=torch.float64) for _ in range(size)]
+    for step, grads in enumerate(grads_by_step):
+        expected = np.zeros(n)
+        for rank in range(size):
+            acc = (residuals[rank] + grads[rank].double()).to(work)  # what the rank holds, in its dtype
+            if algorithm == "dense":
+                selected = np.arange(n)
+            else:
+                selected = ref_topk_indices(acc, k)
+            sent = np.zeros(n)
+            sent[selected] = acc.double().numpy()[selected]
+            expected += sent
+            residuals[rank] = acc.double() - torch.from_numpy(sent)
+        outs = [results[rank][step][0] for rank in range(size)]
+        # 1. consistency: bit-identical on every rank
+        for rank in range(1, size):
+            assert torch.equal(outs[rank], outs[0]), f"step {step}: rank {rank} differs from rank 0"
+        # 3. exactness: the dense sum of the locally selected vectors
+        tol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
+        scale = max(1.0, float(np.abs(expected).max()) if n else 1.0)
+        np.testing.assert_allclose(outs[0].double().numpy(), expected, rtol=tol, atol=tol * scale * size)
+        # 2. conservation: each residual is what its rank did not send
+        for rank in range(size):
+            np.testing.assert_allclose(results[rank][step][1].double().numpy(), residuals[rank].numpy(),
+                                       rtol=1e-6, atol=1e-6 * scale)
+        # 4. volume and rounds of the formula
+        for rank in range(size):
+            stats = results[rank][step][2]
+            want_bytes, want_rounds = expect_cost(size, n, k, torch.empty((), dtype=work).element_size())
+            assert stats["rounds"] == want_rounds, (step, rank, stats)
+            if isinstance(want_bytes, tuple):
+                assert want_bytes[0] <= stats["bytes_sent"] <= want_bytes[1], (step, rank, stats, want_bytes)
+            else:
+                assert stats["bytes_sent"] == want_bytes, (step, rank, stats, want_bytes)
+
+
+def topka_cost(size, n, k, itemsize):
+    if size == 1 or n == 0:
+        return 0, 0
+    return (size - 1) * coo_message_bytes(k, n, itemsize), math.ceil(math.log2(size))
+
+
+def dense_cost(size, n, k, itemsize):
+    if size == 1 or n == 0:
+        return 0, 0
+    # ring reduce-scatter + all-gather: 2(P-1) chunks of floor or ceil(N/P) elements
+    return (2 * (size - 1) * (n // size) * itemsize, 2 * (size - 1) * math.ceil(n / size) * itemsize), 2 * (size - 1)
+
+
+SWEEP = [  # (P, N, density, dtype, pattern)
+    (1, 1025, 0.01, torch.float32, "random"),
+    (2, 1025, 0.01, torch.float32, "random"),
+    (3, 1025, 0.1, torch.float32, "overlap"),
+    (4, 1025, 0.05, torch.float64, "disjoint"),
+    (5, 2, 0.5, torch.float32, "random"),
+    (6, 1, 0.001, torch.float32, "random"),
+    (7, 0, 0.01, torch.float32, "random"),
+    (8, 1025, 1.0, torch.float32, "random"),          # k >= N: dense input
+    (3, 1025, 0.01, torch.float32, "zeros"),
+    (5, 1025, 0.02, torch.float32, "ties"),
+    (6, 1025, 0.01, torch.float16, "random"),
+    (7, 1025, 0.01, torch.bfloat16, "random"),
+    (12, 4097, 0.01, torch.float32, "random"),
+    (16, 4097, 0.001, torch.float32, "disjoint"),
+    (33, 2053, 0.01, torch.float64, "overlap"),
+    (64, 1025, 0.01, torch.float32, "random"),
+    (4, 2**20 + 3, 0.001, torch.float32, "random"),
+]
+
+
+@pytest.mark.parametrize("size,n,density,dtype,pattern", SWEEP)
+def test_topka_invariants(size, n, density, dtype, pattern):
+    check_lossless(size, "topka", density, n, dtype, pattern, topka_cost)
+
+
+@pytest.mark.parametrize("size,n,density,dtype,pattern", [c for c in SWEEP if c[1] < 2**20])
+def test_dense_invariants(size, n, density, dtype, pattern):
+    check_lossless(size, "dense", density, n, dtype, pattern, dense_cost)
+
+
+def test_registry_lists_baselines():
+    assert {"dense", "topka"} <= set(sc.algorithms.names())
+    with pytest.raises(ValueError, match="unknown algorithm 'nope'.*topka"):
+        sc.algorithms.get("nope")

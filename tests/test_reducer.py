@@ -1,0 +1,135 @@
+"""SparseAllreduce: argument checks, rank mismatch detection, state, shapes, k rule."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import sparsecomm as sc
+from sparsecomm.comm import simulate
+
+from _reference import ref_k, ref_topk_indices
+
+
+@pytest.mark.parametrize("density", [0, -0.1, 1.5, float("nan"), "0.1", True, None])
+def test_bad_density_raises(density):
+    with pytest.raises(ValueError, match="density"):
+        sc.SparseAllreduce("topka", density, comm=simulate(1, lambda c: c).results[0])
+
+
+def test_unknown_algorithm_and_option_raise():
+    comm = simulate(1, lambda c: c).results[0]
+    with pytest.raises(ValueError, match="unknown algorithm 'sparse'"):
+        sc.SparseAllreduce("sparse", 0.1, comm=comm)
+    with pytest.raises(ValueError, match="does not take option.*teams"):
+        sc.SparseAllreduce("topka", 0.1, comm=comm, teams=2)
+
+
+@pytest.mark.parametrize("density,n", [(0.001, 10), (0.01, 1025), (0.3, 7), (1.0, 5), (0.5, 0), (1e-9, 3)])
+def test_k_rule(density, n):
+    assert sc.k_for(density, n) == (0 if n == 0 else min(n, max(1, math.ceil(density * n))))
+
+
+@pytest.mark.parametrize("field,tweak", [
+    ("N", lambda rank: {"n": 100 + (rank == 2)}),
+    ("dtype", lambda rank: {"dtype": torch.float64 if rank == 1 else torch.float32}),
+    ("algorithm", lambda rank: {"algorithm": "dense" if rank == 0 else "topka"}),
+    ("density", lambda rank: {"density": 0.1 if rank == 3 else 0.2}),
+])
+def test_rank_mismatch_raises_on_every_rank(field, tweak):
+    def fn(comm):
+        setup = {"n": 100, "dtype": torch.float32, "algorithm": "topka", "density": 0.2, **tweak(comm.rank)}
+        reducer = sc.SparseAllreduce(setup["algorithm"], setup["density"], comm=comm)
+        try:
+            reducer(torch.ones(setup["n"], dtype=setup["dtype"]))
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    messages = simulate(4, fn).results
+    assert all(m is not None and field in m for m in messages), messages
+    # every rank names the same disagreement
+    assert len({m.split(":", 1)[1].split("\n", 1)[1] for m in messages}) == 1
+
+
+def test_shape_dtype_and_out_are_kept():
+    def fn(comm):
+        reducer = sc.SparseAllreduce("topka", 0.25, comm=comm)
+        grad = torch.arange(12, dtype=torch.float16).reshape(3, 4) * (comm.rank + 1)
+        out = torch.empty_like(grad)
+        returned = reducer(grad, out=out)
+        return returned is out, out.clone(), reducer.residual.clone(), reducer.last_stats
+
+    results = simulate(2, fn).results
+    same_object, out, residual, stats = results[0]
+    assert same_object and out.shape == (3, 4) and out.dtype == torch.float16
+    assert residual.dtype == torch.float32 and residual.shape == (3, 4)
+    # top-3 of each rank are the last three entries: 9, 10, 11 times (rank + 1)
+    expected = torch.zeros(12)
+    expected[9:] = torch.tensor([9.0, 10.0, 11.0]) * 3
+    assert torch.equal(out.reshape(-1).float(), expected)
+    assert stats["nnz_out"] == 3 and stats["k"] == 3
+
+
+def test_reuse_for_other_size_raises_and_reset_allows_it():
+    def fn(comm):
+        reducer = sc.SparseAllreduce("topka", 0.5, comm=comm)
+        reducer(torch.ones(8))
+        with pytest.raises(ValueError, match="one SparseAllreduce per tensor"):
+            reducer(torch.ones(9))
+        reducer.reset()
+        return reducer(torch.ones(9)).sum().item()
+
+    assert simulate(2, fn).results == [10.0, 10.0]
+
+
+def test_state_dict_round_trip_continues_the_residual():
+    n, density, steps = 257, 0.05, 4
+    grads = [[torch.randn(n, generator=torch.Generator().manual_seed(10 * s + r)) for r in range(3)]
+             for s in range(steps)]
+
+    def uninterrupted(comm):
+        reducer = sc.SparseAllreduce("topka", density, comm=comm)
+        return [reducer(grads[s][comm.rank]) for s in range(steps)]
+
+    def resumed(comm):
+        reducer = sc.SparseAllreduce("topka", density, comm=comm)
+        outs = [reducer(grads[s][comm.rank]) for s in range(2)]
+        saved = reducer.state_dict()
+        fresh = sc.SparseAllreduce("topka", density, comm=comm)
+        fresh.load_state_dict(saved)
+        return outs + [fresh(grads[s][comm.rank]) for s in range(2, steps)]
+
+    a, b = simulate(3, uninterrupted).results, simulate(3, resumed).results
+    for rank in range(3):
+        for s in range(steps):
+            assert torch.equal(a[rank][s], b[rank][s]), (rank, s)
+    comm = simulate(1, lambda c: c).results[0]
+    with pytest.raises(ValueError, match="algorithm 'topka'"):
+        sc.SparseAllreduce("dense", density, comm=comm).load_state_dict(
+            sc.SparseAllreduce("topka", density, comm=comm).state_dict())
+
+
+def test_topk_selection_follows_magnitude_with_low_index_ties():
+    def fn(comm):
+        reducer = sc.SparseAllreduce("topka", 0.5, comm=comm)
+        return reducer(torch.tensor([1.0, -3.0, 3.0, -1.0, 2.0, -2.0]))
+
+    out = simulate(1, fn).results[0]
+    grad = torch.tensor([1.0, -3.0, 3.0, -1.0, 2.0, -2.0])
+    expected = torch.zeros(6)
+    keep = ref_topk_indices(grad, ref_k(0.5, 6))
+    expected[keep] = grad[keep]
+    assert torch.equal(out, expected)
+
+
+def test_nan_gradient_raises_instead_of_being_dropped():
+    def fn(comm):
+        reducer = sc.SparseAllreduce("topka", 0.5, comm=comm)
+        with pytest.raises(ValueError, match="NaN"):
+            reducer(torch.tensor([1.0, float("nan"), 2.0, 3.0]))
+        return True
+
+    assert simulate(1, fn).results == [True]
