@@ -15,30 +15,43 @@ import torch
 
 import sparsecomm as sc
 from sparsecomm.comm import simulate
+from sparsecomm.testing import spawn
 
 from _reference import coo_message_bytes, make_gradients, ref_k, ref_topk_indices
 
 STEPS = 3
 
 
-def run_steps(size: int, algorithm: str, density: float, grads_by_step: list[list[torch.Tensor]], **options):
-    """Run the reducer for several steps on simulated ranks; return per step per rank
-    (out, residual after, stats)."""
-
-    def fn(comm):
-        reducer = sc.SparseAllreduce(algorithm, density, comm=comm, **options)
-        history = []
-        for grads in grads_by_step:
-            out = reducer(grads[comm.rank].clone())
-            history.append((out.clone(), reducer.residual.clone(), dict(reducer.last_stats)))
-        return history
-
-    return simulate(size, fn).results
+def rank_history(comm, algorithm: str, density: float, grads_by_step: list[list[torch.Tensor]], **options):
+    """Run the reducer for several steps on one rank; per step (out, residual after, stats)."""
+    reducer = sc.SparseAllreduce(algorithm, density, comm=comm, **options)
+    history = []
+    for grads in grads_by_step:
+        out = reducer(grads[comm.rank].clone())
+        history.append((out.clone(), reducer.residual.clone(), dict(reducer.last_stats)))
+    return history
 
 
-def check_lossless(size, algorithm, density, n, dtype, pattern, expect_cost):
-    grads_by_step = [make_gradients(pattern, n, size, step, dtype) for step in range(STEPS)]
-    results = run_steps(size, algorithm, density, grads_by_step)
+def _gloo_rank(rank, world_size, cases):
+    from sparsecomm.comm import TorchComm
+
+    comm = TorchComm()
+    runs = []
+    for algorithm, density, grads_by_step in cases:
+        history = rank_history(comm, algorithm, density, grads_by_step)
+        # tensors go back to the test process as numpy (not through shared memory)
+        runs.append([(out.numpy(), residual.numpy(), stats) for out, residual, stats in history])
+    return runs
+
+
+def make_case(size, n, dtype, pattern):
+    return [make_gradients(pattern, n, size, step, dtype) for step in range(STEPS)]
+
+
+def check_lossless(size, algorithm, density, n, dtype, pattern, expect_cost, results=None):
+    grads_by_step = make_case(size, n, dtype, pattern)
+    if results is None:
+        results = simulate(size, lambda comm: rank_history(comm, algorithm, density, grads_by_step)).results
     k = ref_k(density, n)
     work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
     residuals = [torch.zeros(n, dtype=torch.float64) for _ in range(size)]
@@ -119,6 +132,25 @@ def test_topka_invariants(size, n, density, dtype, pattern):
 @pytest.mark.parametrize("size,n,density,dtype,pattern", [c for c in SWEEP if c[1] < 2**20])
 def test_dense_invariants(size, n, density, dtype, pattern):
     check_lossless(size, "dense", density, n, dtype, pattern, dense_cost)
+
+
+GLOO_CASES = [  # (algorithm, N, density, dtype, pattern), run on every P in 1..8
+    ("topka", 1025, 0.01, torch.float32, "random"),
+    ("topka", 3001, 0.05, torch.float64, "disjoint"),
+    ("dense", 1025, 1.0, torch.float32, "overlap"),
+]
+
+
+@pytest.mark.parametrize("size", range(1, 9))
+def test_invariants_on_gloo_ranks(size):
+    cases = [(alg, density, make_case(size, n, dtype, pattern)) for alg, n, density, dtype, pattern in GLOO_CASES]
+    runs = spawn(_gloo_rank, size, cases, timeout=180)
+    for case_index, (algorithm, n, density, dtype, pattern) in enumerate(GLOO_CASES):
+        results = [[(torch.from_numpy(out), torch.from_numpy(res), stats) for out, res, stats in runs[rank][case_index]]
+                   for rank in range(size)]
+        # TorchComm counts the backend's dense allreduce with the ring formula
+        cost = topka_cost if algorithm == "topka" else dense_cost
+        check_lossless(size, algorithm, density, n, dtype, pattern, cost, results=results)
 
 
 def test_registry_lists_baselines():
