@@ -181,3 +181,9 @@ def ddp_hook(state: DDPHookState, bucket: dist.GradBucket) -> torch.futures.Futu
     future: torch.futures.Future = torch.futures.Future()
     future.set_result(buffer)
     return future
+
+
+# DDP checks the hook's annotations as objects (``from __future__ import annotations``
+# would leave them as strings and make register_comm_hook reject the hook).
+ddp_hook.__annotations__ = {"state": DDPHookState, "bucket": dist.GradBucket,
+                            "return": torch.futures.Future[torch.Tensor]}
