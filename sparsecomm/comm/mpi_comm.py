@@ -1,0 +1,247 @@
+"""``Comm`` over mpi4py, with buffer-based calls only (nothing is ever pickled).
+
+Every round posts ``Isend``/``Irecv`` on a private duplicate of the user's communicator
+(so sparsecomm's messages can never match the application's), then polls
+``MPI.Request.Testall`` with a short back-off until all complete or ``timeout`` seconds
+pass, when the pending receives are cancelled and :class:`CommTimeoutError` names the
+peers still pending. The dense allreduce is an ``Iallreduce`` polled the same way.
+
+Variable-size rounds use matched probes (``Improbe`` + ``Message.Irecv``): the receiver
+learns each size from the message itself, so they cost one round, not two.
+
+CPU tensors are passed to MPI as zero-copy NumPy views. CUDA tensors are passed as
+device buffers (``__cuda_array_interface__``) when ``cuda_aware=True`` (a CUDA-aware MPI
+build), and otherwise staged through host copies.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import torch
+
+from .base import Comm, CommTimeoutError, Message, ring_allreduce_cost
+
+__all__ = ["MPIComm"]
+
+#: Tag of every sparsecomm message (on the private duplicate communicator).
+SPARSECOMM_TAG = 0x5C0C
+
+# Poll back-off: start with plain re-tests, then sleep up to this long between tests.
+_MAX_SLEEP = 2e-4
+
+
+def _import_mpi():
+    try:
+        from mpi4py import MPI
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("MPIComm needs mpi4py and an MPI library: pip install sparsecomm[mpi] "
+                          "(or pip install mpi4py)") from e
+    return MPI
+
+
+class MPIComm(Comm):
+    """A :class:`~sparsecomm.comm.base.Comm` over an mpi4py communicator.
+
+    ``comm`` -- an ``mpi4py.MPI.Comm`` (``None``: ``MPI.COMM_WORLD``). The constructor
+    duplicates it (``comm.Dup()``, a collective: every rank of ``comm`` must construct its
+    MPIComm at the same point); :meth:`close` frees the duplicate.
+
+    ``timeout`` -- seconds any round may wait before :class:`CommTimeoutError`.
+
+    ``device`` -- where payloads live (``"cpu"`` by default). With a CUDA device, pass
+    ``cuda_aware=True`` when the MPI library is CUDA-aware so device buffers go to MPI
+    directly; otherwise they are staged through host memory.
+    """
+
+    can_probe = True
+
+    def __init__(self, comm=None, timeout: float = 300.0, *, device: torch.device | str = "cpu",
+                 cuda_aware: bool = False):
+        MPI = _import_mpi()
+        self._MPI = MPI
+        base = MPI.COMM_WORLD if comm is None else comm
+        super().__init__(base.Get_rank(), base.Get_size(), device, timeout)
+        self.user_comm = base
+        self.mpi_comm = base.Dup()
+        self.cuda_aware = bool(cuda_aware)
+        # requests given up on at a timeout keep their buffers alive here
+        self._abandoned: list = []
+
+    def close(self) -> None:
+        """Free the duplicated communicator (collective). The MPIComm is unusable after."""
+        if self.mpi_comm is not None and not self._MPI.Is_finalized():
+            self.mpi_comm.Free()
+        self.mpi_comm = None
+
+    # -- buffers ---------------------------------------------------------------------------
+    def _check_device(self, t: torch.Tensor, what: str) -> None:
+        if t.device != self.device:
+            raise ValueError(f"rank {self.rank}: {what} is on {t.device}, this MPIComm moves "
+                             f"tensors on {self.device}")
+
+    def _sync_device(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+
+    def _send_buf(self, t: torch.Tensor):
+        """(MPI buffer spec, keep-alive) for sending ``t``."""
+        if t.device.type == "cpu":
+            return [t.numpy(), self._MPI.BYTE]
+        if self.cuda_aware:
+            return [t, self._MPI.BYTE]
+        host = t.cpu()
+        return [host.numpy(), self._MPI.BYTE]
+
+    def _recv_buf(self, t: torch.Tensor):
+        """(MPI buffer spec, host staging tensor or None) to receive into ``t``."""
+        if t.device.type == "cpu":
+            return [t.numpy(), self._MPI.BYTE], None
+        if self.cuda_aware:
+            return [t, self._MPI.BYTE], None
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=torch.cuda.is_available())
+        return [host.numpy(), self._MPI.BYTE], host
+
+    # -- waiting ---------------------------------------------------------------------------
+    def _wait(self, reqs: list, peers: list, deadline: float, what: str, poll=None) -> None:
+        """Poll ``reqs`` until all complete or ``deadline``.
+
+        ``peers[i]`` is ``(peer ranks, cancellable)`` for ``reqs[i]``. ``poll()``
+        (optional) runs each turn, may append to ``reqs``/``peers`` and returns True while
+        it still expects more; ``poll(final=True)`` returns the peers it still waits for.
+        At the deadline the pending receives are cancelled (sends and collectives cannot
+        be) and every pending request is kept referenced so MPI never writes or reads
+        freed memory.
+        """
+        MPI = self._MPI
+        sleep = 0.0
+        while True:
+            more = poll() if poll is not None else False
+            if MPI.Request.Testall(reqs) and not more:
+                return
+            now = time.monotonic()
+            if now >= deadline:
+                break
+            if sleep:
+                time.sleep(min(sleep, deadline - now))
+            sleep = min(_MAX_SLEEP, sleep * 2 if sleep else 1e-6)
+        pending: set[int] = set()
+        for req, (ranks, cancellable) in zip(reqs, peers):
+            if req != MPI.REQUEST_NULL and not req.Test():
+                pending.update(ranks)
+                if cancellable:
+                    try:
+                        req.Cancel()
+                    except MPI.Exception:
+                        pass
+                self._abandoned.append(req)
+        if poll is not None:
+            pending.update(poll(final=True))
+        raise CommTimeoutError(f"rank {self.rank} of {self.size}: {what} timed out after "
+                               f"{self.timeout:g} s; still waiting on peer(s) {sorted(pending)}")
+
+    # -- Comm primitives -------------------------------------------------------------------
+    def _post_and_wait(self, sends: Sequence[Message], recvs: Sequence[Message]) -> None:
+        comm, MPI = self.mpi_comm, self._MPI
+        for _, t in list(sends) + list(recvs):
+            self._check_device(t, "payload")
+        self._sync_device()
+        reqs, peers, staged = [], [], []
+        for peer, t in recvs:
+            buf, host = self._recv_buf(t)
+            reqs.append(comm.Irecv(buf, source=peer, tag=SPARSECOMM_TAG))
+            peers.append(([peer], True))
+            if host is not None:
+                staged.append((t, host))
+        for peer, t in sends:
+            reqs.append(comm.Isend(self._send_buf(t), dest=peer, tag=SPARSECOMM_TAG))
+            peers.append(([peer], False))
+        self._wait(reqs, peers, time.monotonic() + self.timeout, "exchange")
+        for t, host in staged:
+            t.copy_(host)
+
+    def _exchange_var(self, sends: Sequence[Message], sources: Sequence[int]) -> list[torch.Tensor]:
+        """One round: post the sends, then match each expected message with ``Improbe`` as it
+        arrives, allocate a buffer of its size and receive it."""
+        comm, MPI = self.mpi_comm, self._MPI
+        for peer in [p for p, _ in sends] + list(sources):
+            if not (0 <= peer < self.size) or peer == self.rank:
+                raise ValueError(f"rank {self.rank}: invalid peer {peer} (size {self.size}, no self-messages)")
+        for _, t in sends:
+            self._check_device(t, "payload")
+        start = time.perf_counter()
+        self._sync_device()
+        reqs, peers = [], []
+        for peer, t in sends:
+            reqs.append(comm.Isend(self._send_buf(t), dest=peer, tag=SPARSECOMM_TAG))
+            peers.append(([peer], False))
+        results: list = [None] * len(sources)
+        staged: list = []
+        # per source, the indices still to match, in posting order (MPI's non-overtaking
+        # rule matches a source's messages in the order they were sent)
+        queue: dict[int, list[int]] = {}
+        for i, peer in enumerate(sources):
+            queue.setdefault(peer, []).append(i)
+        status = MPI.Status()
+
+        def poll(final: bool = False):
+            if final:
+                return [p for p, idx in queue.items() if idx]
+            for peer, idx in queue.items():
+                while idx:
+                    msg = comm.Improbe(source=peer, tag=SPARSECOMM_TAG, status=status)
+                    if msg is None:
+                        break
+                    n = status.Get_count(MPI.BYTE)
+                    out = torch.empty(n, dtype=torch.uint8, device=self.device)
+                    buf, host = self._recv_buf(out)
+                    reqs.append(msg.Irecv(buf))
+                    peers.append(([peer], True))
+                    if host is not None:
+                        staged.append((out, host))
+                    results[idx.pop(0)] = out
+            return any(queue.values())
+
+        self._wait(reqs, peers, time.monotonic() + self.timeout, "exchange_var", poll=poll)
+        for t, host in staged:
+            t.copy_(host)
+        self.stats.comm_s += time.perf_counter() - start
+        self.stats.bytes_sent += sum(t.numel() for _, t in sends)
+        self.stats.bytes_recv += sum(t.numel() for t in results)
+        self.stats.rounds += 1
+        return results
+
+    _MPI_TYPES = {torch.float32: "FLOAT", torch.float64: "DOUBLE", torch.int32: "INT32_T",
+                  torch.int64: "INT64_T", torch.int16: "INT16_T", torch.int8: "INT8_T",
+                  torch.uint8: "UINT8_T", torch.complex64: "C_FLOAT_COMPLEX",
+                  torch.complex128: "C_DOUBLE_COMPLEX"}
+
+    def _allreduce_dense(self, tensor: torch.Tensor) -> tuple[int, int]:
+        MPI = self._MPI
+        self._check_device(tensor, "allreduce_dense tensor")
+        counted = ring_allreduce_cost(tensor.numel() * tensor.element_size(), self.size)
+        if tensor.dtype in (torch.float16, torch.bfloat16):
+            work = tensor.float()  # MPI has no half-precision SUM: reduce in float32
+        elif tensor.dtype in self._MPI_TYPES:
+            work = tensor if tensor.is_contiguous() else tensor.contiguous()
+        else:
+            raise TypeError(f"MPIComm.allreduce_dense: unsupported dtype {tensor.dtype}")
+        mpi_type = getattr(MPI, self._MPI_TYPES[work.dtype])
+        staged = None
+        if work.device.type == "cpu":
+            buf = [work.numpy(), mpi_type]
+        elif self.cuda_aware:
+            buf = [work, mpi_type]
+        else:
+            staged = work.cpu()
+            buf = [staged.numpy(), mpi_type]
+        self._sync_device()
+        req = self.mpi_comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        others = [q for q in range(self.size) if q != self.rank]
+        self._wait([req], [(others, False)], time.monotonic() + self.timeout, "allreduce_dense")
+        if staged is not None:
+            work.copy_(staged)
+        if work is not tensor:
+            tensor.copy_(work)
+        return counted

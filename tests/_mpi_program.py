@@ -1,0 +1,81 @@
+"""MPIComm checks, run by tests/test_comm_mpi.py under ``mpirun -np P``.
+
+    mpirun -np P python tests/_mpi_program.py checks OUT_DIR
+    mpirun -np P python tests/_mpi_program.py timeout OUT_DIR SECONDS
+
+Each rank writes ``OUT_DIR/rank<r>.json`` (one JSON object; files rather than stdout so
+mpirun's output forwarding can never interleave two ranks' lines) and prints one line
+``sparsecomm-mpi rank r/P ok`` or the traceback. A rank that raises writes its traceback
+and aborts the job, so the other ranks never hang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(HERE), HERE]
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+import _comm_checks as cc  # noqa: E402
+
+
+def isolation(comm) -> dict:
+    """A user message on COMM_WORLD with sparsecomm's tag and size must not be taken by
+    MPIComm (its duplicate communicator), nor MPIComm's by the user."""
+    from sparsecomm.comm import mpi_comm
+
+    world, r = MPI.COMM_WORLD, comm.rank
+    if comm.size < 2 or r > 1:
+        return {}
+    user = np.full(5, 0xAB, dtype=np.uint8)
+    if r == 0:
+        world.Send([user, MPI.BYTE], dest=1, tag=mpi_comm.SPARSECOMM_TAG)
+        comm.exchange([(1, cc.payload(0, 1, 4, 5))], [])
+        return {}
+    buf = torch.empty(5, dtype=torch.uint8)
+    comm.exchange([], [(0, buf)])
+    got_user = np.empty(5, dtype=np.uint8)
+    world.Recv([got_user, MPI.BYTE], source=0, tag=mpi_comm.SPARSECOMM_TAG)
+    return {"isolation_comm": cc._hex(buf), "isolation_user": got_user.tobytes().hex()}
+
+
+def main() -> None:
+    mode, out_dir = sys.argv[1], sys.argv[2]
+    rank = MPI.COMM_WORLD.Get_rank()
+    try:
+        torch.set_num_threads(1)
+        from sparsecomm.comm.mpi_comm import MPIComm
+
+        if mode == "checks":
+            comm = MPIComm()
+            out = cc.run_checks(comm)
+            out["timeout"] = comm.timeout
+            out["can_probe"] = comm.can_probe
+            out.update(isolation(comm))
+            comm.barrier()
+            comm.close()
+        elif mode == "timeout":
+            seconds = float(sys.argv[3])
+            out = cc.run_timeout(MPIComm(timeout=seconds), seconds, settle=2 * seconds + 1.5)
+        else:
+            raise SystemExit(f"unknown mode {mode!r}")
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(out, f)
+        print(f"sparsecomm-mpi rank {rank}/{MPI.COMM_WORLD.Get_size()} ok", flush=True)
+    except BaseException:
+        tb = traceback.format_exc()
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump({"rank": rank, "error": tb}, f)
+        print(f"sparsecomm-mpi rank {rank} failed:\n{tb}", flush=True)
+        MPI.COMM_WORLD.Abort(1)
+
+
+if __name__ == "__main__":
+    main()

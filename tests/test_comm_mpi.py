@@ -1,0 +1,105 @@
+"""MPIComm under mpirun (marker ``mpi``): tests/_mpi_program.py runs the shared checks of
+``_comm_checks`` on every rank and writes one JSON object per rank; the references of
+``_comm_reference`` are computed here. MPI probes, so ``exchange_var`` costs one round.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import _comm_reference as ref
+
+pytestmark = pytest.mark.mpi
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROGRAM = os.path.join(HERE, "_mpi_program.py")
+MPIRUN = shutil.which("mpirun")
+HAVE_MPI4PY = importlib.util.find_spec("mpi4py") is not None
+RUN_TIMEOUT = 90  # seconds for one mpirun job (start-up imports torch on every rank)
+
+needs_mpi = pytest.mark.skipif(
+    MPIRUN is None or not HAVE_MPI4PY,
+    reason="needs mpirun on PATH and mpi4py (pip install sparsecomm[mpi]) "
+           f"[mpirun: {MPIRUN or 'missing'}, mpi4py: {'ok' if HAVE_MPI4PY else 'missing'}]")
+
+
+def mpirun(np_: int, out_dir, *args: str) -> list[dict]:
+    cmd = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", str(np_),
+           sys.executable, PROGRAM, *args[:1], str(out_dir), *args[1:]]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT, env=env)
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"{' '.join(cmd)} did not finish within {RUN_TIMEOUT} s:\n"
+                             f"{e.stdout}\n{e.stderr}") from None
+    outs, problems = [], []
+    for r in range(np_):
+        path = os.path.join(out_dir, f"rank{r}.json")
+        if not os.path.exists(path):
+            problems.append(f"rank {r} wrote no result")
+            continue
+        with open(path) as f:
+            out = json.load(f)
+        if "error" in out:
+            problems.append(f"rank {r} failed:\n{out['error']}")
+        outs.append(out)
+    if proc.returncode != 0 or problems:
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n" + "\n".join(problems)
+                             + f"\n--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}")
+    assert [o["rank"] for o in outs] == list(range(np_))
+    return outs
+
+
+_RUNS: dict[int, object] = {}
+
+
+def results(P: int, tmp_path_factory) -> list[dict]:
+    if P not in _RUNS:
+        try:
+            _RUNS[P] = mpirun(P, tmp_path_factory.mktemp(f"mpi{P}"), "checks")
+        except BaseException as e:  # one mpirun per world size, failures included
+            _RUNS[P] = e
+    res = _RUNS[P]
+    if isinstance(res, BaseException):
+        raise res
+    return res
+
+
+@needs_mpi
+@pytest.mark.parametrize("P", [2, 3])
+def test_identity_and_isolation(P, tmp_path_factory):
+    outs = results(P, tmp_path_factory)
+    for r, out in enumerate(outs):
+        assert out["size"] == P and out["timeout"] == 300.0 and out["can_probe"] is True
+    # rank 1 got MPIComm's payload through MPIComm and the user's message through
+    # COMM_WORLD, although both used the same source, tag and size
+    assert outs[1]["isolation_comm"] == ref.expected_payload(0, 1, 4, 5)
+    assert outs[1]["isolation_user"] == "ab" * 5
+
+
+@needs_mpi
+@pytest.mark.parametrize("name, check, kwargs", ref.CASES, ids=ref.CASE_IDS)
+@pytest.mark.parametrize("P", [2, 3])
+def test_checks(P, name, check, kwargs, tmp_path_factory):
+    check(results(P, tmp_path_factory), P, probe=True, **kwargs)
+
+
+@needs_mpi
+def test_timeout_names_pending_peer(tmp_path):
+    timeout = 2.0
+    ref.check_timeout(mpirun(3, tmp_path, "timeout", str(timeout)), 3, timeout)
+
+
+def test_missing_mpi4py_is_a_clear_import_error(monkeypatch):
+    from sparsecomm.comm.mpi_comm import MPIComm
+
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # import mpi4py -> ImportError
+    with pytest.raises(ImportError, match=r"pip install sparsecomm\[mpi\]"):
+        MPIComm()
