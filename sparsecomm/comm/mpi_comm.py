@@ -28,9 +28,6 @@ __all__ = ["MPIComm"]
 #: Tag of every sparsecomm message (on the private duplicate communicator).
 SPARSECOMM_TAG = 0x5C0C
 
-# Poll back-off: start with plain re-tests, then sleep up to this long between tests.
-_MAX_SLEEP = 2e-4
-
 
 def _import_mpi():
     try:
@@ -56,6 +53,10 @@ class MPIComm(Comm):
     """
 
     can_probe = True
+    #: Polling: re-test without sleeping for this long (low latency for small messages),
+    #: then sleep between tests, doubling from 10 us up to ``poll_max_sleep_s``.
+    poll_spin_s: float = 1e-4
+    poll_max_sleep_s: float = 2e-4
 
     def __init__(self, comm=None, timeout: float = 300.0, *, device: torch.device | str = "cpu",
                  cuda_aware: bool = False):
@@ -115,7 +116,8 @@ class MPIComm(Comm):
         freed memory.
         """
         MPI = self._MPI
-        sleep = 0.0
+        spin_until = time.monotonic() + self.poll_spin_s
+        sleep = 1e-5
         while True:
             more = poll() if poll is not None else False
             if MPI.Request.Testall(reqs) and not more:
@@ -123,9 +125,9 @@ class MPIComm(Comm):
             now = time.monotonic()
             if now >= deadline:
                 break
-            if sleep:
+            if now >= spin_until:  # back off so oversubscribed ranks leave the CPU to peers
                 time.sleep(min(sleep, deadline - now))
-            sleep = min(_MAX_SLEEP, sleep * 2 if sleep else 1e-6)
+                sleep = min(self.poll_max_sleep_s, sleep * 2)
         pending: set[int] = set()
         for req, (ranks, cancellable) in zip(reqs, peers):
             if req != MPI.REQUEST_NULL and not req.Test():
