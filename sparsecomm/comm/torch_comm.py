@@ -62,6 +62,14 @@ class TorchComm(Comm):
     With NCCL the payloads live on the current CUDA device, and the constructor runs one
     tiny all-reduce over the group (every rank of the group must construct its TorchComm)
     so that NCCL's communicator exists before the first partial point-to-point round.
+
+    On gloo (measured with torch 2.13): a round that times out raises after ``timeout``
+    seconds, not the group's timeout; gloo then closes the connection to the pending
+    peer, so later rounds with that peer fail at once with
+    :class:`~sparsecomm.comm.base.CommError` -- treat a timeout as fatal for the group.
+    A gloo send completes only once the peer has posted the matching receive, and a
+    peer that sends more bytes than the receiver expects makes gloo abort the receiving
+    process (it cannot be caught), which is why formats carry sizes in their headers.
     """
 
     def __init__(self, group=None, timeout: float | None = None):
