@@ -261,6 +261,12 @@ Tensor gather_cpu(const Tensor& dense, const Tensor& idx) {
   return out;
 }
 
+void set_topk_path(int64_t mode) {
+  TORCH_CHECK_VALUE(mode == 0 || mode == 1,
+                    "sparsecomm._set_topk_path: mode must be 0 or 1, got ", mode);
+  sc_topk_set_path((int)mode);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(sparsecomm, m) {
@@ -270,6 +276,8 @@ TORCH_LIBRARY(sparsecomm, m) {
   m.def("merge_add_many(Tensor[] indices, Tensor[] values, int n=-1) -> (Tensor indices, Tensor values)");
   m.def("scatter_add_(Tensor(a!) dense, Tensor idx, Tensor val) -> Tensor(a!)");
   m.def("gather(Tensor dense, Tensor idx) -> Tensor");
+  // testing hook: 1 forces the exact radix top-k path, 0 restores automatic
+  m.def("_set_topk_path(int mode) -> ()", &set_topk_path);
 }
 
 TORCH_LIBRARY_IMPL(sparsecomm, CPU, m) {

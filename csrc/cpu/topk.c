@@ -12,6 +12,11 @@
 /* Inputs up to this size take the serial quickselect path. */
 #define SC_SMALL_N 65536
 
+/* Testing hook, see sc_topk_set_path(). */
+static int sc_topk_path_mode = 0;
+
+void sc_topk_set_path(int mode) { sc_topk_path_mode = mode; }
+
 #define SFX u32
 #define BITS uint32_t
 #define SKEY int32_t

@@ -205,7 +205,7 @@ static void FN(emit)(const BITS* x, const int64_t* ix, int64_t base, int64_t n,
 static int FN(topk_exact)(const BITS* x, const int64_t* ix, int64_t base,
                           int64_t n, int64_t k, BITS inf, int nt, BITS* ov,
                           int64_t* oi) {
-  if (n <= SC_SMALL_N) return FN(topk_small)(x, ix, base, n, k, inf, ov, oi);
+  if (n <= SC_SMALL_N && sc_topk_path_mode != 1) return FN(topk_small)(x, ix, base, n, k, inf, ov, oi);
   int64_t gt_t[SC_MAX_THREADS], eq_t[SC_MAX_THREADS];
   BITS T;
   int64_t need_eq;
@@ -363,19 +363,21 @@ static int FN(topk_fast)(const BITS* x, int64_t base, int64_t n, int64_t k,
 }
 
 /* NaN scan (used when no selection is needed). */
+static int FN(has_nan_range)(const BITS* x, int64_t lo, int64_t hi, BITS inf) {
+  BITS mx = 0;
+  for (int64_t i = lo; i < hi; i++) {
+    BITS key = (BITS)(x[i] & KMASK);
+    mx = key > mx ? key : mx;
+  }
+  return mx > inf;
+}
+
 static int FN(has_nan)(const BITS* x, int64_t n, BITS inf, int nt) {
+  if (nt == 1 || n <= 65536) return FN(has_nan_range)(x, 0, n, inf);
   int nan = 0;
   int t;
-#pragma omp parallel for num_threads(nt) schedule(static, 1) if (nt > 1 && n > 65536) reduction(| : nan)
-  for (t = 0; t < nt; t++) {
-    int64_t lo = n * t / nt, hi = n * (t + 1) / nt;
-    BITS mx = 0;
-    for (int64_t i = lo; i < hi; i++) {
-      BITS key = (BITS)(x[i] & KMASK);
-      mx = key > mx ? key : mx;
-    }
-    nan |= mx > inf;
-  }
+#pragma omp parallel for num_threads(nt) schedule(static, 1) reduction(| : nan)
+  for (t = 0; t < nt; t++) nan |= FN(has_nan_range)(x, n * t / nt, n * (t + 1) / nt, inf);
   return nan;
 }
 
@@ -390,6 +392,7 @@ static int FN(topk_core)(const BITS* x, int64_t base, int64_t n, int64_t k,
     for (int64_t i = 0; i < n; i++) oi[i] = base + i;
     return SC_OK;
   }
+  if (sc_topk_path_mode == 1) return FN(topk_exact)(x, NULL, base, n, k, inf, nt, ov, oi);
   if (n <= SC_SMALL_N) return FN(topk_small)(x, NULL, base, n, k, inf, ov, oi);
   int st = FN(topk_fast)(x, base, n, k, inf, nt, ov, oi);
   if (st != -1) return st;

@@ -60,6 +60,13 @@ typedef struct {
 int sc_topk(sc_dtype dtype, const void* x, int64_t n, int64_t k, int nthreads,
             void* out_vals, int64_t* out_idx);
 
+/*
+ * Testing hook (process-global, not for production use): mode 0 = automatic,
+ * 1 = always the exact radix path (no sampling, no small-input shortcut), so
+ * tests can exercise it on any input.
+ */
+void sc_topk_set_path(int mode);
+
 /* Number of entries sc_block_topk writes: sum_b min(k_per_block, len_b). */
 int64_t sc_block_topk_count(int64_t n, int64_t num_blocks, int64_t k_per_block);
 
