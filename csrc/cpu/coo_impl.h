@@ -79,6 +79,58 @@ static int64_t FN(mergek_seg)(int64_t P, const IT* const* idx, const VT* const* 
   return o;
 }
 
+/*
+ * k-way merge with packed heap keys: (index << sb) | input, one integer
+ * compare per heap step (needs index < 2^(63-sb), P <= 2^sb). Equal indices
+ * pop in input order, so sums run in list order.
+ */
+static int64_t FN(mergek_packed)(int64_t P, int sb, const IT* const* idx, const VT* const* val,
+                                 const int64_t* lo, const int64_t* hi, int64_t* pos,
+                                 uint64_t* heap, IT* oi, VT* ov) {
+  int64_t m = 0, o = 0;
+  const uint64_t smask = ((uint64_t)1 << sb) - 1;
+  for (int64_t p = 0; p < P; p++) {
+    pos[p] = lo[p];
+    if (lo[p] < hi[p]) {
+      uint64_t key = ((uint64_t)(int64_t)idx[p][lo[p]] << sb) | (uint64_t)p;
+      int64_t c = m++;
+      while (c > 0) {
+        int64_t par = (c - 1) / 2;
+        if (key < heap[par]) { heap[c] = heap[par]; c = par; } else break;
+      }
+      heap[c] = key;
+    }
+  }
+  while (m > 0) {
+    uint64_t top = heap[0];
+    uint64_t v = top >> sb;
+    ACC acc = 0;
+    int first = 1;
+    while (m > 0 && (heap[0] >> sb) == v) {
+      int64_t s = (int64_t)(heap[0] & smask);
+      if (first) { acc = LOAD(val[s][pos[s]]); first = 0; }
+      else acc += LOAD(val[s][pos[s]]);
+      pos[s]++;
+      uint64_t key;
+      if (pos[s] < hi[s]) key = ((uint64_t)(int64_t)idx[s][pos[s]] << sb) | (uint64_t)s;
+      else key = heap[--m];
+      /* sift key down from the root */
+      int64_t c = 0;
+      for (;;) {
+        int64_t l = 2 * c + 1;
+        if (l >= m) break;
+        int64_t b = (l + 1 < m && heap[l + 1] < heap[l]) ? l + 1 : l;
+        if (heap[b] < key) { heap[c] = heap[b]; c = b; } else break;
+      }
+      if (m > 0) heap[c] = key;
+    }
+    oi[o] = (IT)v;
+    ov[o] = STORE(acc);
+    o++;
+  }
+  return o;
+}
+
 static int64_t FN(lower_bound)(const IT* a, int64_t n, int64_t v) {
   int64_t lo = 0, hi = n;
   while (lo < hi) {
@@ -132,6 +184,10 @@ static int FN(merge_many)(int64_t P, const IT* const* idx, const VT* const* val,
     for (int64_t p = 0; p < P; p++) { row[p] = FN(lower_bound)(idx[p], lens[p], lo); sum += row[p]; }
     row[P] = sum;
   }
+  /* packed heap keys when the index and the input number fit in 63 bits */
+  int sb = 1;
+  while (((int64_t)1 << sb) < P) sb++;
+  if (sb > 24 || (vmax >> (63 - sb)) != 0) sb = 0;
   int64_t cnt[SC_MAX_THREADS];
   int t;
 #pragma omp parallel for num_threads(nt) schedule(static, 1) if (nt > 1)
@@ -146,6 +202,9 @@ static int FN(merge_many)(int64_t P, const IT* const* idx, const VT* const* val,
       cnt[t] = len;
     } else if (P == 2) {
       cnt[t] = FN(merge2_seg)(idx[0], val[0], r0[0], r1[0], idx[1], val[1], r0[1], r1[1], oi + d, ov + d);
+    } else if (sb > 0) {
+      int64_t* sc = scratch + (size_t)t * (size_t)(2 * P + 2);
+      cnt[t] = FN(mergek_packed)(P, sb, idx, val, r0, r1, sc, (uint64_t*)(sc + P), oi + d, ov + d);
     } else {
       int64_t* sc = scratch + (size_t)t * (size_t)(2 * P + 2);
       cnt[t] = FN(mergek_seg)(P, idx, val, r0, r1, sc, sc + P, oi + d, ov + d);

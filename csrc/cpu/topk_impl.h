@@ -83,44 +83,51 @@ static int FN(topk_small)(const BITS* x, const int64_t* ix, int64_t base,
   return SC_OK;
 }
 
+/* A part of the input: bits b[0..n), index of b[j] = i ? i[j] : base + j. */
+typedef struct {
+  const BITS* b;
+  const int64_t* i;
+  int64_t base, n;
+} FN(seg);
+
 /*
- * Exact threshold by radix levels of up to 16 bits over x[0..n) split in nt
- * contiguous parts. Fills T, need_eq and per-part counts gt_t (key > T) and
- * eq_t (key == T). check_nan: fail on keys > inf.
+ * Exact threshold by radix levels of up to 16 bits over nseg segments (one
+ * per thread). Fills T, need_eq and per-segment counts gt_t (key > T) and
+ * eq_t (key == T). Fails with SC_ERR_NAN on keys > inf.
  */
-static int FN(select_hist)(const BITS* x, int64_t n, int64_t k, BITS inf,
-                           int nt, int check_nan, BITS* T_out,
-                           int64_t* need_eq_out, int64_t* gt_t,
+static int FN(select_hist)(const FN(seg) * sg, int nseg, int nt, int64_t k, BITS inf,
+                           BITS* T_out, int64_t* need_eq_out, int64_t* gt_t,
                            int64_t* eq_t) {
-  uint64_t* hist = (uint64_t*)malloc((size_t)nt * 65536 * sizeof(uint64_t));
+  uint64_t* hist = (uint64_t*)malloc((size_t)nseg * 65536 * sizeof(uint64_t));
   if (!hist) return SC_ERR_NOMEM;
   int nan = 0;
   int shift = KEYBITS;
   uint64_t prefix = 0;
   int64_t need = k;
   unsigned sel = 0;
-  for (int t = 0; t < nt; t++) gt_t[t] = eq_t[t] = 0;
+  for (int t = 0; t < nseg; t++) gt_t[t] = eq_t[t] = 0;
   while (shift > 0) {
     int w = shift >= 16 ? 16 : shift;
     int s = shift - w;
     int64_t nb = (int64_t)1 << w;
     int level0 = shift == KEYBITS;
     int t;
-#pragma omp parallel for num_threads(nt) schedule(static, 1) if (nt > 1) reduction(| : nan)
-    for (t = 0; t < nt; t++) {
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1) reduction(| : nan)
+    for (t = 0; t < nseg; t++) {
       uint64_t* h = hist + (size_t)t * 65536;
       memset(h, 0, (size_t)nb * sizeof(uint64_t));
-      int64_t lo = n * t / nt, hi = n * (t + 1) / nt;
+      const BITS* x = sg[t].b;
+      int64_t n = sg[t].n;
       if (level0) {
         BITS mx = 0;
-        for (int64_t i = lo; i < hi; i++) {
+        for (int64_t i = 0; i < n; i++) {
           BITS key = (BITS)(x[i] & KMASK);
           mx = key > mx ? key : mx;
           h[key >> s]++;
         }
-        if (check_nan && mx > inf) nan |= 1;
+        if (mx > inf) nan |= 1;
       } else {
-        for (int64_t i = lo; i < hi; i++) {
+        for (int64_t i = 0; i < n; i++) {
           BITS key = (BITS)(x[i] & KMASK);
           if ((uint64_t)(key >> shift) == prefix)
             h[(key >> s) & (BITS)(nb - 1)]++;
@@ -133,14 +140,14 @@ static int FN(select_hist)(const BITS* x, int64_t n, int64_t k, BITS inf,
     int64_t d;
     for (d = nb - 1; d >= 0; d--) {
       int64_t c = 0;
-      for (int u = 0; u < nt; u++) c += (int64_t)hist[(size_t)u * 65536 + d];
+      for (int u = 0; u < nseg; u++) c += (int64_t)hist[(size_t)u * 65536 + d];
       if (cum + c >= need) break;
       cum += c;
     }
     if (d < 0) d = 0; /* cannot happen when k <= n */
     sel = (unsigned)d;
     need -= cum;
-    for (int u = 0; u < nt; u++) {
+    for (int u = 0; u < nseg; u++) {
       const uint64_t* h = hist + (size_t)u * 65536;
       int64_t g = 0;
       for (int64_t e = d + 1; e < nb; e++) g += (int64_t)h[e];
@@ -149,20 +156,19 @@ static int FN(select_hist)(const BITS* x, int64_t n, int64_t k, BITS inf,
     prefix = (prefix << w) | sel;
     shift = s;
   }
-  for (int u = 0; u < nt; u++) eq_t[u] = (int64_t)hist[(size_t)u * 65536 + sel];
+  for (int u = 0; u < nseg; u++) eq_t[u] = (int64_t)hist[(size_t)u * 65536 + sel];
   free(hist);
   *T_out = (BITS)prefix;
   *need_eq_out = need;
   return SC_OK;
 }
 
-/* Emit the selection given T / need_eq / per-part counts (same partition). */
-static void FN(emit)(const BITS* x, const int64_t* ix, int64_t base, int64_t n,
-                     BITS T, int64_t need_eq, int nt, const int64_t* gt_t,
-                     const int64_t* eq_t, BITS* ov, int64_t* oi) {
+/* Emit the selection given T / need_eq / per-segment counts. */
+static void FN(emit)(const FN(seg) * sg, int nseg, int nt, BITS T, int64_t need_eq,
+                     const int64_t* gt_t, const int64_t* eq_t, BITS* ov, int64_t* oi) {
   int64_t quota[SC_MAX_THREADS], off[SC_MAX_THREADS];
   int64_t rem = need_eq, o = 0;
-  for (int t = 0; t < nt; t++) {
+  for (int t = 0; t < nseg; t++) {
     quota[t] = eq_t[t] < rem ? eq_t[t] : rem;
     rem -= quota[t];
     off[t] = o;
@@ -170,11 +176,13 @@ static void FN(emit)(const BITS* x, const int64_t* ix, int64_t base, int64_t n,
   }
   const SKEY sT = (SKEY)T;
   int t;
-#pragma omp parallel for num_threads(nt) schedule(static, 1) if (nt > 1)
-  for (t = 0; t < nt; t++) {
-    int64_t lo = n * t / nt, hi = n * (t + 1) / nt;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
+  for (t = 0; t < nseg; t++) {
+    const BITS* x = sg[t].b;
+    const int64_t* ix = sg[t].i;
+    int64_t base = sg[t].base, hi = sg[t].n;
     int64_t q = quota[t], w = off[t];
-    int64_t i = lo;
+    int64_t i = 0;
     for (; i + 16 <= hi; i += 16) {
       int any = 0;
       for (int j = 0; j < 16; j++) any |= (SKEY)(x[i + j] & KMASK) >= sT;
@@ -201,18 +209,32 @@ static void FN(emit)(const BITS* x, const int64_t* ix, int64_t base, int64_t n,
   }
 }
 
-/* Exact selection over x[0..n) (1 <= k < n), parallel or serial. */
+/* Exact selection over segments (1 <= k < total length). */
+static int FN(topk_exact_segs)(const FN(seg) * sg, int nseg, int nt, int64_t k, BITS inf,
+                               BITS* ov, int64_t* oi) {
+  int64_t gt_t[SC_MAX_THREADS], eq_t[SC_MAX_THREADS];
+  BITS T;
+  int64_t need_eq;
+  int st = FN(select_hist)(sg, nseg, nt, k, inf, &T, &need_eq, gt_t, eq_t);
+  if (st) return st;
+  FN(emit)(sg, nseg, nt, T, need_eq, gt_t, eq_t, ov, oi);
+  return SC_OK;
+}
+
+/* Exact selection over x[0..n) (1 <= k < n), split in nt parts. */
 static int FN(topk_exact)(const BITS* x, const int64_t* ix, int64_t base,
                           int64_t n, int64_t k, BITS inf, int nt, BITS* ov,
                           int64_t* oi) {
   if (n <= SC_SMALL_N && sc_topk_path_mode != 1) return FN(topk_small)(x, ix, base, n, k, inf, ov, oi);
-  int64_t gt_t[SC_MAX_THREADS], eq_t[SC_MAX_THREADS];
-  BITS T;
-  int64_t need_eq;
-  int st = FN(select_hist)(x, n, k, inf, nt, 1, &T, &need_eq, gt_t, eq_t);
-  if (st) return st;
-  FN(emit)(x, ix, base, n, T, need_eq, nt, gt_t, eq_t, ov, oi);
-  return SC_OK;
+  FN(seg) sg[SC_MAX_THREADS];
+  for (int t = 0; t < nt; t++) {
+    int64_t lo = n * t / nt, hi = n * (t + 1) / nt;
+    sg[t].b = x + lo;
+    sg[t].i = ix ? ix + lo : NULL;
+    sg[t].base = base + lo;
+    sg[t].n = hi - lo;
+  }
+  return FN(topk_exact_segs)(sg, nt, nt, k, inf, ov, oi);
 }
 
 typedef struct {
@@ -221,8 +243,8 @@ typedef struct {
   int64_t n, cap;
 } FN(cbuf);
 
-static int FN(cbuf_grow)(FN(cbuf) * c) {
-  int64_t nc = c->cap ? 2 * c->cap : 4096;
+static int FN(cbuf_grow)(FN(cbuf) * c, int64_t hint) {
+  int64_t nc = c->cap ? 2 * c->cap : (hint > 4096 ? hint : 4096);
   BITS* nb = (BITS*)realloc(c->b, (size_t)nc * sizeof(BITS));
   if (!nb) return 0;
   c->b = nb;
@@ -272,6 +294,8 @@ static int FN(topk_fast)(const BITS* x, int64_t base, int64_t n, int64_t k,
   /* tlo <= inf here, so every NaN (key > inf) becomes a candidate */
 
   int64_t cap = (int64_t)(3.0 * est) + 65536;
+  /* first allocation: expected share plus slack (pages are touched lazily) */
+  int64_t hint = (int64_t)(1.25 * est / nt) + 4096;
   FN(cbuf) bufs[SC_MAX_THREADS];
   memset(bufs, 0, sizeof(bufs));
   int fail = 0, nan = 0;
@@ -288,7 +312,7 @@ static int FN(topk_fast)(const BITS* x, int64_t base, int64_t n, int64_t k,
       for (int j = 0; j < 16; j++) any |= (SKEY)(x[i + j] & KMASK) >= stlo;
       if (!any) continue;
       if (cb->n + 16 > cb->cap) {
-        if (cb->n > cap || !FN(cbuf_grow)(cb)) { fail = 1; break; }
+        if (cb->n > cap || !FN(cbuf_grow)(cb, hint)) { fail = 1; break; }
       }
       for (int j = 0; j < 16; j++) {
         BITS key = (BITS)(x[i + j] & KMASK);
@@ -304,7 +328,7 @@ static int FN(topk_fast)(const BITS* x, int64_t base, int64_t n, int64_t k,
       for (; i < hi; i++) {
         BITS key = (BITS)(x[i] & KMASK);
         if (key >= tlo) {
-          if (cb->n + 1 > cb->cap && !FN(cbuf_grow)(cb)) { fail = 1; break; }
+          if (cb->n + 1 > cb->cap && !FN(cbuf_grow)(cb, hint)) { fail = 1; break; }
           mx = key > mx ? key : mx;
           cb->b[cb->n] = x[i];
           cb->i[cb->n] = base + i;
@@ -320,43 +344,46 @@ static int FN(topk_fast)(const BITS* x, int64_t base, int64_t n, int64_t k,
   if (nan) {
     st = SC_ERR_NAN;
   } else if (!fail && C >= k) {
-    BITS* cbits;
-    int64_t* cidx;
-    int own = 0;
-    if (nt == 1) {
-      cbits = bufs[0].b;
-      cidx = bufs[0].i;
-    } else {
-      cbits = (BITS*)malloc((size_t)C * sizeof(BITS));
-      cidx = (int64_t*)malloc((size_t)C * sizeof(int64_t));
-      own = 1;
+    FN(seg) sg[SC_MAX_THREADS];
+    for (int u = 0; u < nt; u++) {
+      sg[u].b = bufs[u].b;
+      sg[u].i = bufs[u].i;
+      sg[u].base = 0;
+      sg[u].n = bufs[u].n;
     }
-    if (!cbits || !cidx) {
-      st = SC_ERR_NOMEM;
-    } else {
-      if (own) {
-        int64_t offs[SC_MAX_THREADS], o = 0;
-        for (int u = 0; u < nt; u++) { offs[u] = o; o += bufs[u].n; }
-#pragma omp parallel for num_threads(nt) schedule(static, 1) if (nt > 1)
-        for (t = 0; t < nt; t++) {
-          if (bufs[t].n) {
-            memcpy(cbits + offs[t], bufs[t].b, (size_t)bufs[t].n * sizeof(BITS));
-            memcpy(cidx + offs[t], bufs[t].i, (size_t)bufs[t].n * sizeof(int64_t));
-          }
-          free(bufs[t].b); bufs[t].b = NULL;
-          free(bufs[t].i); bufs[t].i = NULL;
+    if (C == k) {
+      int64_t o = 0;
+      for (int u = 0; u < nt; u++) {
+        if (bufs[u].n) {
+          memcpy(ov + o, bufs[u].b, (size_t)bufs[u].n * sizeof(BITS));
+          memcpy(oi + o, bufs[u].i, (size_t)bufs[u].n * sizeof(int64_t));
         }
+        o += bufs[u].n;
       }
-      if (C == k) {
-        memcpy(ov, cbits, (size_t)C * sizeof(BITS));
-        memcpy(oi, cidx, (size_t)C * sizeof(int64_t));
-        st = SC_OK;
+      st = SC_OK;
+    } else if (C <= SC_SMALL_N) {
+      /* few candidates: serial quickselect on a contiguous copy */
+      BITS* cb = (BITS*)malloc((size_t)C * sizeof(BITS));
+      int64_t* ci = (int64_t*)malloc((size_t)C * sizeof(int64_t));
+      if (!cb || !ci) {
+        st = SC_ERR_NOMEM;
       } else {
-        int cnt = C >= ((int64_t)1 << 20) ? nt : 1;
-        st = FN(topk_exact)(cbits, cidx, 0, C, k, inf, cnt, ov, oi);
+        int64_t o = 0;
+        for (int u = 0; u < nt; u++) {
+          if (bufs[u].n) {
+            memcpy(cb + o, bufs[u].b, (size_t)bufs[u].n * sizeof(BITS));
+            memcpy(ci + o, bufs[u].i, (size_t)bufs[u].n * sizeof(int64_t));
+          }
+          o += bufs[u].n;
+        }
+        st = FN(topk_small)(cb, ci, 0, C, k, inf, ov, oi);
       }
+      free(cb);
+      free(ci);
+    } else {
+      /* many candidates: radix selection directly on the per-thread buffers */
+      st = FN(topk_exact_segs)(sg, nt, nt, k, inf, ov, oi);
     }
-    if (own) { free(cbits); free(cidx); }
   }
   for (int u = 0; u < nt; u++) { free(bufs[u].b); free(bufs[u].i); }
   return st;

@@ -1,0 +1,248 @@
+"""Benchmark of sparsecomm's CPU kernels (top-k, block top-k, COO merges).
+
+Checks correctness on every size it times, then reports medians of repeats and
+ratios measured side by side in the same run:
+
+* ``torch.topk(x.abs(), k)`` time / ``sc.ops.topk(x, k)`` time  (speed-up)
+* ``sc.ops.topk`` time / one read pass time  (how many memory passes top-k costs)
+* block_topk throughput (P blocks, k/P per block)
+* merge_add / merge_add_many throughput (input elements per second)
+
+Usage::
+
+    python benchmarks/bench_kernels.py                      # N in 1M, 10M, 100M
+    python benchmarks/bench_kernels.py --sizes 1M 10M --repeats 7 --json out.json
+
+Also importable: ``from benchmarks.bench_kernels import main; main(["--sizes", "1M"])``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+try:
+    import sparsecomm as sc
+except ImportError:  # running from a checkout without installing
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    import sparsecomm as sc
+
+DENSITIES = (0.001, 0.01, 0.1)
+
+
+def parse_size(s: str) -> int:
+    s = s.strip().upper()
+    mult = {"K": 10**3, "M": 10**6, "G": 10**9}
+    if s and s[-1] in mult:
+        return int(float(s[:-1]) * mult[s[-1]])
+    return int(s)
+
+
+def fmt_size(n: int) -> str:
+    for unit, m in (("G", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= m and n % m == 0:
+            return f"{n // m}{unit}"
+    return str(n)
+
+
+def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def read_pass(x: torch.Tensor) -> Callable[[], object]:
+    """One read pass over x (torch.sum, multi-threaded, memory bound)."""
+    return lambda: torch.sum(x)
+
+
+def check_topk(x: torch.Tensor, k: int) -> None:
+    """sc.ops.topk against torch.topk on |x| (values compared as magnitudes;
+    tie order may differ in torch, so compare the selected magnitude multiset
+    and the index/value consistency)."""
+    v, i = sc.ops.topk(x, k)
+    assert i.numel() == min(k, x.numel())
+    assert bool((i[1:] > i[:-1]).all()), "indices not ascending"
+    assert torch.equal(v, x[i]), "values != x[indices]"
+    ref = torch.topk(x.abs(), k, sorted=True).values
+    got = torch.sort(v.abs(), descending=True).values
+    assert torch.equal(got, ref), "selected magnitudes differ from torch.topk"
+
+
+def bench_topk(sizes: Sequence[int], densities: Sequence[float], repeats: int,
+               torch_repeats: int, dtype: torch.dtype) -> List[Dict]:
+    rows = []
+    for n in sizes:
+        g = torch.Generator().manual_seed(n)
+        x = torch.randn(n, generator=g, dtype=torch.float32).to(dtype)
+        t_read = median_time(read_pass(x), repeats)
+        for d in densities:
+            k = max(1, int(d * n))
+            check_topk(x, k)
+            t_sc = median_time(lambda: sc.ops.topk(x, k), repeats)
+            t_torch = median_time(lambda: torch.topk(x.abs(), k), torch_repeats, warmup=0)
+            rows.append(dict(kernel="topk", n=n, density=d, k=k, dtype=str(dtype),
+                             t_sc_ms=t_sc * 1e3, t_torch_ms=t_torch * 1e3,
+                             t_read_ms=t_read * 1e3, speedup_vs_torch=t_torch / t_sc,
+                             read_over_topk=t_read / t_sc, topk_in_reads=t_sc / t_read))
+            print(f"  topk N={fmt_size(n)} d={d}: sc {t_sc * 1e3:.2f} ms, torch {t_torch * 1e3:.1f} ms, "
+                  f"read {t_read * 1e3:.2f} ms", flush=True)
+        del x
+    return rows
+
+
+def bench_block_topk(sizes: Sequence[int], density: float, blocks: Sequence[int],
+                     repeats: int) -> List[Dict]:
+    rows = []
+    for n in sizes:
+        x = torch.randn(n, generator=torch.Generator().manual_seed(n + 1))
+        k = max(1, int(density * n))
+        t_read = median_time(read_pass(x), repeats)
+        for P in blocks:
+            kpb = max(1, k // P)
+            v, i = sc.ops.block_topk(x, P, kpb)  # correctness: each block vs torch
+            for b in range(P):
+                lo, hi = b * n // P, (b + 1) * n // P
+                sel = (i >= lo) & (i < hi)
+                ref = torch.topk(x[lo:hi].abs(), min(kpb, hi - lo)).values
+                assert torch.equal(torch.sort(v[sel].abs(), descending=True).values, ref)
+            t = median_time(lambda: sc.ops.block_topk(x, P, kpb), repeats)
+            rows.append(dict(kernel="block_topk", n=n, blocks=P, k_per_block=kpb, density=density,
+                             t_sc_ms=t * 1e3, t_read_ms=t_read * 1e3,
+                             elems_per_s=n / t, topk_in_reads=t / t_read))
+            print(f"  block_topk N={fmt_size(n)} P={P}: {t * 1e3:.2f} ms", flush=True)
+        del x
+    return rows
+
+
+def rand_coo(n: int, nnz: int, g: torch.Generator):
+    idx = torch.randperm(n, generator=g)[:nnz].sort().values.to(torch.int32)
+    return idx, torch.randn(nnz, generator=g)
+
+
+def bench_merge(sizes: Sequence[int], density: float, ranks: Sequence[int],
+                repeats: int) -> List[Dict]:
+    rows = []
+    for n in sizes:
+        g = torch.Generator().manual_seed(n + 2)
+        nnz = max(1, int(density * n))
+        for P in ranks:
+            ins = [rand_coo(n, nnz, g) for _ in range(P)]
+            idx = [a for a, _ in ins]
+            val = [b for _, b in ins]
+            # correctness: dense sums
+            ref = torch.zeros(n)
+            for a, b in ins:
+                ref.index_add_(0, a.long(), b)
+            if P == 2:
+                fn = lambda: sc.ops.merge_add(idx[0], val[0], idx[1], val[1])  # noqa: E731
+                name = "merge_add"
+            else:
+                fn = lambda: sc.ops.merge_add_many(idx, val)  # noqa: E731
+                name = "merge_add_many"
+            oi, ov = fn()
+            dense = torch.zeros(n)
+            dense[oi.long()] = ov
+            assert torch.allclose(dense, ref, atol=1e-5), name
+            t = median_time(fn, repeats)
+            total = P * nnz
+            rows.append(dict(kernel=name, n=n, ranks=P, nnz_per_input=nnz, t_sc_ms=t * 1e3,
+                             elems_per_s=total / t))
+            print(f"  {name} N={fmt_size(n)} P={P} nnz={nnz}: {t * 1e3:.2f} ms", flush=True)
+    return rows
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return (f"{cpu}, {os.cpu_count()} logical CPUs, torch {torch.__version__} "
+            f"({torch.get_num_threads()} threads), Python {platform.python_version()}")
+
+
+def markdown(rows: List[Dict]) -> str:
+    out = []
+    tk = [r for r in rows if r["kernel"] == "topk"]
+    if tk:
+        out += ["| N | density | k | sc.ops.topk ms | torch.topk(abs) ms | one read pass ms "
+                "| torch / sc | read / sc | sc in read passes |",
+                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in tk:
+            out.append(f"| {fmt_size(r['n'])} | {r['density']} | {r['k']} | {r['t_sc_ms']:.2f} "
+                       f"| {r['t_torch_ms']:.1f} | {r['t_read_ms']:.2f} | {r['speedup_vs_torch']:.1f}x "
+                       f"| {r['read_over_topk']:.2f} | {r['topk_in_reads']:.2f} |")
+        out.append("")
+    bt = [r for r in rows if r["kernel"] == "block_topk"]
+    if bt:
+        out += ["| N | blocks | k/block | block_topk ms | Melem/s | in read passes |",
+                "|---:|---:|---:|---:|---:|---:|"]
+        for r in bt:
+            out.append(f"| {fmt_size(r['n'])} | {r['blocks']} | {r['k_per_block']} | {r['t_sc_ms']:.2f} "
+                       f"| {r['elems_per_s'] / 1e6:.0f} | {r['topk_in_reads']:.2f} |")
+        out.append("")
+    mg = [r for r in rows if r["kernel"].startswith("merge")]
+    if mg:
+        out += ["| kernel | N | inputs | nnz per input | ms | input Melem/s |",
+                "|---|---:|---:|---:|---:|---:|"]
+        for r in mg:
+            out.append(f"| {r['kernel']} | {fmt_size(r['n'])} | {r['ranks']} | {r['nnz_per_input']} "
+                       f"| {r['t_sc_ms']:.2f} | {r['elems_per_s'] / 1e6:.0f} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", nargs="+", default=["1M", "10M", "100M"],
+                   help="N values (suffixes K, M, G allowed); default 1M 10M 100M")
+    p.add_argument("--densities", nargs="+", type=float, default=list(DENSITIES))
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats (median), >= 5 advised")
+    p.add_argument("--torch-repeats", type=int, default=5, help="repeats of the slow torch.topk")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16", "bfloat16"])
+    p.add_argument("--blocks", nargs="+", type=int, default=[4, 8], help="P for block_topk")
+    p.add_argument("--ranks", nargs="+", type=int, default=[2, 4, 8], help="inputs for merges")
+    p.add_argument("--skip", nargs="*", default=[], choices=["topk", "block", "merge"])
+    p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave)")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    sizes = [parse_size(s) for s in args.sizes]
+    dtype = getattr(torch, args.dtype)
+    print(f"# machine: {machine()}", flush=True)
+    rows: List[Dict] = []
+    if "topk" not in args.skip:
+        rows += bench_topk(sizes, args.densities, args.repeats, args.torch_repeats, dtype)
+    if "block" not in args.skip:
+        rows += bench_block_topk(sizes, 0.01, args.blocks, args.repeats)
+    if "merge" not in args.skip:
+        rows += bench_merge(sizes, 0.01, args.ranks, args.repeats)
+    print()
+    print(markdown(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": machine(), "argv": list(argv or sys.argv[1:]), "rows": rows}, f, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
