@@ -69,7 +69,7 @@ class TorchComm(Comm):
     :class:`~sparsecomm.comm.base.CommError` -- treat a timeout as fatal for the group.
     A gloo send completes only once the peer has posted the matching receive, and a
     peer that sends more bytes than the receiver expects makes gloo abort the receiving
-    process (it cannot be caught), which is why formats carry sizes in their headers.
+    process (it cannot be caught): both sides of every message must agree on its size.
     """
 
     def __init__(self, group=None, timeout: float | None = None):
