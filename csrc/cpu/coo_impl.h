@@ -161,7 +161,9 @@ static int FN(merge_many)(int64_t P, const IT* const* idx, const VT* const* val,
   if (total < 65536) nt = 1;
   /* splitter values: split[t] = smallest v with sum_p lower_bound(p, v) >= total*t/nt */
   int64_t* bounds = (int64_t*)malloc((size_t)(nt + 1) * (size_t)(P + 1) * sizeof(int64_t));
-  int64_t* scratch = (int64_t*)malloc((size_t)nt * (size_t)(2 * P + 2) * sizeof(int64_t));
+  /* per-thread heap state, padded to separate cache lines (no false sharing) */
+  const size_t sstride = ((size_t)(2 * P + 2) + 15) / 16 * 16 + 16;
+  int64_t* scratch = (int64_t*)malloc((size_t)nt * sstride * sizeof(int64_t));
   if (!bounds || !scratch) { free(bounds); free(scratch); return SC_ERR_NOMEM; }
   /* bounds row t: lower bounds of splitter t in each input, then their sum */
   for (int t = 0; t <= nt; t++) {
@@ -203,10 +205,10 @@ static int FN(merge_many)(int64_t P, const IT* const* idx, const VT* const* val,
     } else if (P == 2) {
       cnt[t] = FN(merge2_seg)(idx[0], val[0], r0[0], r1[0], idx[1], val[1], r0[1], r1[1], oi + d, ov + d);
     } else if (sb > 0) {
-      int64_t* sc = scratch + (size_t)t * (size_t)(2 * P + 2);
+      int64_t* sc = scratch + (size_t)t * sstride;
       cnt[t] = FN(mergek_packed)(P, sb, idx, val, r0, r1, sc, (uint64_t*)(sc + P), oi + d, ov + d);
     } else {
-      int64_t* sc = scratch + (size_t)t * (size_t)(2 * P + 2);
+      int64_t* sc = scratch + (size_t)t * sstride;
       cnt[t] = FN(mergek_seg)(P, idx, val, r0, r1, sc, sc + P, oi + d, ov + d);
     }
   }

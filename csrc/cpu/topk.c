@@ -19,37 +19,37 @@ void sc_topk_set_path(int mode) { sc_topk_path_mode = mode; }
 
 #define SFX u32
 #define BITS uint32_t
-#define SKEY int32_t
+#define SIGNREP 0x8000000080000000ull
 #define KEYBITS 31
 #define KMASK 0x7FFFFFFFu
 #include "topk_impl.h"
 #undef SFX
 #undef BITS
-#undef SKEY
+#undef SIGNREP
 #undef KEYBITS
 #undef KMASK
 
 #define SFX u64
 #define BITS uint64_t
-#define SKEY int64_t
+#define SIGNREP 0x8000000000000000ull
 #define KEYBITS 63
 #define KMASK 0x7FFFFFFFFFFFFFFFull
 #include "topk_impl.h"
 #undef SFX
 #undef BITS
-#undef SKEY
+#undef SIGNREP
 #undef KEYBITS
 #undef KMASK
 
 #define SFX u16
 #define BITS uint16_t
-#define SKEY int16_t
+#define SIGNREP 0x8000800080008000ull
 #define KEYBITS 15
 #define KMASK 0x7FFFu
 #include "topk_impl.h"
 #undef SFX
 #undef BITS
-#undef SKEY
+#undef SIGNREP
 #undef KEYBITS
 #undef KMASK
 

@@ -1,8 +1,9 @@
 /*
  * Top-k by magnitude, instantiated once per key width by topk.c.
  *
- * Required macros: SFX (name suffix), BITS (unsigned raw type), SKEY (signed
- * type of the same width), KEYBITS (number of magnitude bits), KMASK.
+ * Required macros: SFX (name suffix), BITS (unsigned raw type), KEYBITS
+ * (number of magnitude bits), KMASK, SIGNREP (sign bit of every BITS lane
+ * of a uint64_t).
  *
  * A value's key is bits & KMASK (sign dropped): for IEEE formats the integer
  * order of keys is the order of magnitudes, +0 and -0 share key 0, Inf has key
@@ -48,6 +49,28 @@ static BITS FN(qselect_desc)(BITS* a, int64_t n, int64_t r) {
     else if (target >= gt) lo = gt;
     else return pivot;
   }
+}
+
+/*
+ * 1 if any of the 16 keys at p is >= tm1 + 1: the sign bit of tm1 - key is set
+ * iff key > tm1 (both are >= 0). Written with 16-byte GCC/Clang vector
+ * extensions so it compiles to a handful of SIMD instructions on any target
+ * (SSE2 / NEON) without -march flags.
+ */
+typedef BITS FN(v16b) __attribute__((vector_size(16)));
+static inline int FN(any_gt16)(const BITS* p, BITS tm1) {
+  enum { L = 16 / sizeof(BITS), NV = 16 / L };
+  const FN(v16b) m = (FN(v16b)){0} + (BITS)KMASK;
+  const FN(v16b) t = (FN(v16b)){0} + tm1;
+  FN(v16b) acc = {0};
+  for (int c = 0; c < NV; c++) {
+    FN(v16b) v;
+    memcpy(&v, p + c * L, 16);
+    acc |= t - (v & m);
+  }
+  uint64_t h[2];
+  memcpy(h, &acc, 16);
+  return ((h[0] | h[1]) & SIGNREP) != 0;
 }
 
 #define OUT_INDEX(ix, base, i) ((ix) ? (ix)[i] : (base) + (i))
@@ -174,7 +197,7 @@ static void FN(emit)(const FN(seg) * sg, int nseg, int nt, BITS T, int64_t need_
     off[t] = o;
     o += gt_t[t] + quota[t];
   }
-  const SKEY sT = (SKEY)T;
+  const BITS Tm1 = (BITS)(T - 1);
   int t;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
   for (t = 0; t < nseg; t++) {
@@ -184,9 +207,7 @@ static void FN(emit)(const FN(seg) * sg, int nseg, int nt, BITS T, int64_t need_
     int64_t q = quota[t], w = off[t];
     int64_t i = 0;
     for (; i + 16 <= hi; i += 16) {
-      int any = 0;
-      for (int j = 0; j < 16; j++) any |= (SKEY)(x[i + j] & KMASK) >= sT;
-      if (!any) continue;
+      if (T > 0 && !FN(any_gt16)(x + i, Tm1)) continue; /* no key >= T here */
       for (int j = 0; j < 16; j++) {
         BITS key = (BITS)(x[i + j] & KMASK);
         if (key > T || (key == T && q > 0)) {
@@ -299,7 +320,7 @@ static int FN(topk_fast)(const BITS* x, int64_t base, int64_t n, int64_t k,
   FN(cbuf) bufs[SC_MAX_THREADS];
   memset(bufs, 0, sizeof(bufs));
   int fail = 0, nan = 0;
-  const SKEY stlo = (SKEY)tlo;
+  const BITS tm1 = (BITS)(tlo - 1);
   int t;
 #pragma omp parallel for num_threads(nt) schedule(static, 1) if (nt > 1) reduction(| : fail, nan)
   for (t = 0; t < nt; t++) {
@@ -308,21 +329,21 @@ static int FN(topk_fast)(const BITS* x, int64_t base, int64_t n, int64_t k,
     int64_t i = lo;
     BITS mx = 0;
     for (; i + 16 <= hi; i += 16) {
-      int any = 0;
-      for (int j = 0; j < 16; j++) any |= (SKEY)(x[i + j] & KMASK) >= stlo;
-      if (!any) continue;
+      if (!FN(any_gt16)(x + i, tm1)) continue; /* common case: no candidate */
       if (cb->n + 16 > cb->cap) {
         if (cb->n > cap || !FN(cbuf_grow)(cb, hint)) { fail = 1; break; }
       }
-      for (int j = 0; j < 16; j++) {
+      int64_t cn = cb->n;
+      BITS* restrict cbb = cb->b;
+      int64_t* restrict cbi = cb->i;
+      for (int j = 0; j < 16; j++) { /* branch-free append */
         BITS key = (BITS)(x[i + j] & KMASK);
-        if (key >= tlo) {
-          mx = key > mx ? key : mx;
-          cb->b[cb->n] = x[i + j];
-          cb->i[cb->n] = base + i + j;
-          cb->n++;
-        }
+        mx = key > mx ? key : mx;
+        cbb[cn] = x[i + j];
+        cbi[cn] = base + i + j;
+        cn += key >= tlo;
       }
+      cb->n = cn;
     }
     if (!fail) {
       for (; i < hi; i++) {
