@@ -63,6 +63,20 @@ def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> floa
     return statistics.median(ts)
 
 
+def interleaved_medians(fns: Sequence[Callable[[], object]], repeats: int) -> List[float]:
+    """Median time of each fn, run round-robin so that noise from other load on
+    the machine hits all of them alike (the ratios stay meaningful)."""
+    for f in fns:
+        f()
+    ts: List[List[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for j, f in enumerate(fns):
+            t0 = time.perf_counter()
+            f()
+            ts[j].append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in ts]
+
+
 def read_pass(x: torch.Tensor) -> Callable[[], object]:
     """One read pass over x (torch.sum, multi-threaded, memory bound)."""
     return lambda: torch.sum(x)
@@ -87,11 +101,10 @@ def bench_topk(sizes: Sequence[int], densities: Sequence[float], repeats: int,
     for n in sizes:
         g = torch.Generator().manual_seed(n)
         x = torch.randn(n, generator=g, dtype=torch.float32).to(dtype)
-        t_read = median_time(read_pass(x), repeats)
         for d in densities:
             k = max(1, int(d * n))
             check_topk(x, k)
-            t_sc = median_time(lambda: sc.ops.topk(x, k), repeats)
+            t_read, t_sc = interleaved_medians([read_pass(x), lambda: sc.ops.topk(x, k)], repeats)
             t_torch = median_time(lambda: torch.topk(x.abs(), k), torch_repeats, warmup=0)
             rows.append(dict(kernel="topk", n=n, density=d, k=k, dtype=str(dtype),
                              t_sc_ms=t_sc * 1e3, t_torch_ms=t_torch * 1e3,
@@ -109,7 +122,6 @@ def bench_block_topk(sizes: Sequence[int], density: float, blocks: Sequence[int]
     for n in sizes:
         x = torch.randn(n, generator=torch.Generator().manual_seed(n + 1))
         k = max(1, int(density * n))
-        t_read = median_time(read_pass(x), repeats)
         for P in blocks:
             kpb = max(1, k // P)
             v, i = sc.ops.block_topk(x, P, kpb)  # correctness: each block vs torch
@@ -118,7 +130,7 @@ def bench_block_topk(sizes: Sequence[int], density: float, blocks: Sequence[int]
                 sel = (i >= lo) & (i < hi)
                 ref = torch.topk(x[lo:hi].abs(), min(kpb, hi - lo)).values
                 assert torch.equal(torch.sort(v[sel].abs(), descending=True).values, ref)
-            t = median_time(lambda: sc.ops.block_topk(x, P, kpb), repeats)
+            t_read, t = interleaved_medians([read_pass(x), lambda: sc.ops.block_topk(x, P, kpb)], repeats)
             rows.append(dict(kernel="block_topk", n=n, blocks=P, k_per_block=kpb, density=density,
                              t_sc_ms=t * 1e3, t_read_ms=t_read * 1e3,
                              elems_per_s=n / t, topk_in_reads=t / t_read))

@@ -166,7 +166,7 @@ def test_topk_inf_selected_first(dtype, n):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("n", [1, 1000, 100_000, 3_000_000])
+@pytest.mark.parametrize("n", [1, 1000, 100_000, 1_500_000])
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
 def test_topk_nan_raises(dtype, n, where, path):
     x = make_data(n, "randn", dtype).clone()
@@ -206,8 +206,8 @@ def test_topk_torch_fallback(dtype):
 
 # --------------------------------------------------------------- block top-k
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("n", [0, 1, 2, 1025, 2**20 + 3])
+@pytest.mark.parametrize("dtype,n", [(d, n) for d in DTYPES for n in [0, 1, 2, 1025]]
+                         + [(torch.float32, 2**20 + 3), (torch.bfloat16, 2**20 + 3)], ids=str)
 def test_block_topk(n, dtype):
     x = make_data(n, "randn", dtype, seed=1)
     for B in sorted({1, 2, 3, 7, max(n, 1), n + 5}):
