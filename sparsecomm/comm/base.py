@@ -130,14 +130,18 @@ class Comm(ABC):
         self.exchange(sends, list(zip(sources, recv_bufs)))
         return recv_bufs
 
+    def _check_peers(self, peers: Sequence[int]) -> None:
+        for peer in peers:
+            if not (0 <= peer < self.size) or peer == self.rank:
+                raise ValueError(f"rank {self.rank}: invalid peer {peer} (size {self.size}, no self-messages)")
+
     # -- what algorithms call --------------------------------------------------------------
     def exchange(self, sends: Sequence[Message], recvs: Sequence[Message]) -> None:
         """One round: send every ``(peer, payload)`` in ``sends`` and fill every
         ``(peer, buffer)`` in ``recvs`` (exact sizes known to the receiver)."""
-        for peer, t in list(sends) + list(recvs):
+        self._check_peers([peer for peer, _ in list(sends) + list(recvs)])
+        for _, t in list(sends) + list(recvs):
             _check_payload(t, "payload")
-            if not (0 <= peer < self.size) or peer == self.rank:
-                raise ValueError(f"rank {self.rank}: invalid peer {peer} (size {self.size}, no self-messages)")
         if not sends and not recvs:
             return
         start = time.perf_counter()
@@ -156,6 +160,7 @@ class Comm(ABC):
         """Like :meth:`exchange` when the receiver cannot know the sizes; returns the
         received payloads in the order of ``sources``. Costs one extra round (a size
         header) unless the backend can probe."""
+        self._check_peers([peer for peer, _ in sends] + list(sources))
         for peer, t in sends:
             _check_payload(t, "payload")
         if not sends and not sources:
@@ -195,6 +200,8 @@ class Comm(ABC):
     def allreduce_small(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """Reduce a small tensor over ranks (``sum``, ``max`` or ``min``), summing in
         rank order so that every rank gets a bit-identical result."""
+        if op not in ("sum", "max", "min"):
+            raise ValueError(f"allreduce_small: op must be 'sum', 'max' or 'min', got {op!r}")
         gathered = self.allgather_small(tensor)
         if op == "sum":
             out = gathered[0].clone()
@@ -203,9 +210,7 @@ class Comm(ABC):
             return out
         if op == "max":
             return gathered.amax(dim=0)
-        if op == "min":
-            return gathered.amin(dim=0)
-        raise ValueError(f"allreduce_small: op must be 'sum', 'max' or 'min', got {op!r}")
+        return gathered.amin(dim=0)
 
     def barrier(self) -> None:
         """Synchronise all ranks (a one-byte all-gather)."""

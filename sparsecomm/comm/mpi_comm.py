@@ -166,10 +166,7 @@ class MPIComm(Comm):
     def _exchange_var(self, sends: Sequence[Message], sources: Sequence[int]) -> list[torch.Tensor]:
         """One round: post the sends, then match each expected message with ``Improbe`` as it
         arrives, allocate a buffer of its size and receive it."""
-        comm, MPI = self.mpi_comm, self._MPI
-        for peer in [p for p, _ in sends] + list(sources):
-            if not (0 <= peer < self.size) or peer == self.rank:
-                raise ValueError(f"rank {self.rank}: invalid peer {peer} (size {self.size}, no self-messages)")
+        comm, MPI = self.mpi_comm, self._MPI  # peers were checked by Comm.exchange_var
         for _, t in sends:
             self._check_device(t, "payload")
         start = time.perf_counter()
