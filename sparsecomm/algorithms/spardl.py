@@ -1,0 +1,433 @@
+"""``spardl``: SparDL (paper ``000_205eb2189893be81``, sections 3.1-3.3, Algorithms 1 and 2).
+
+One call on P ranks split into d teams of Q = P/d consecutive ranks (team t = ranks
+t*Q .. t*Q+Q-1, position p = rank % Q; d = 1 means no Spar-All-Gather):
+
+1. **Spar-Reduce-Scatter** inside each team (section 3.1). The vector is cut into Q blocks,
+   block b = [b*N//Q, (b+1)*N//Q) (the layout of :func:`ops.block_topk`). Position p keeps
+   block p (preservation bag B_0) and puts the following blocks, in a circle, into
+   l = ceil(log2 Q) sending bags: B_m holds the blocks at offsets [2^(m-1), 2^m - 1] from p,
+   the last one possibly short (E = Q - 2^(l-1) blocks). At step i = 1..l the rank selects the
+   top-c entries of each block of bag B_(l-i+1) (only the blocks that leave next: the paper's
+   "Optimization for SRS"), sends them as ONE COO message to position p + 2^(l-i), receives
+   the same bag of position p - 2^(l-i) and adds it into the blocks it still holds. After l
+   steps it selects the top-c entries of block p.
+2. **Spar-All-Gather** between teams (section 3.3), when d > 1:
+   * R-SAG (d a power of two): log2 d steps of recursive doubling with the rank at the same
+     position in team t XOR 2^s; both merge the two blocks (lower team group first), keep the
+     top-L and keep the discarded values as residual, shared equally by the 2^(s+1) ranks that
+     computed the same merge (1/2 on each side at the first step, as the paper says; 1/4 each
+     at the second step, ... -- so nothing is counted twice when d > 2).
+   * B-SAG (any d): the final selection of step 1 takes only the top-h entries (h adapted from
+     call to call by Algorithm 2), the d ranks at the same position all-gather them with the
+     shared Bruck all-gather, merge them in team order, keep the top-L and each keep 1/d of the
+     discarded values as residual. If fewer than L entries remain the block is padded with
+     zero-valued entries at the lowest unused indices of the block, so the final message has
+     exactly L entries and its size is known to the receiver.
+3. **Bruck all-gather** of the Q final blocks inside the team
+   (:func:`sparsecomm.comm.collectives.bruck_allgather`) and a scatter into ``out``.
+
+**Global residual collection (Algorithm 1).** The rank works in place in ``acc``: what it
+selects and sends is removed, what it receives is added, what SAG discards is added back in
+the shares above -- the in-procedure residual xi of lines 8 and 10. Every change is journalled
+(index, value before the change; O(k log P) entries, no N-sized copy). At the end, at the
+indices I of the global result acc keeps xi (line 14); everywhere else the journal restores
+the rank's own original gradient + residual (lines 3 and 12-14: the local and end-procedure
+residuals stay with the rank that produced them). Hence sum_r (g_r + e_r) = out + sum_r e'_r.
+
+**Choices where the paper is open.**
+
+* Quota per block: c = ceil(k / Q) (k/P without SAG, L(k, d, P) = dk/P with SAG), at most the
+  block's length. Every block message carries exactly min(c, len(block)) entries (entries
+  with value 0 when a block has fewer nonzeros), so the receiver knows every size.
+* Ties: the rule of :mod:`sparsecomm.ops` -- equal magnitudes go to the lower index.
+* Teams are consecutive ranks (ranks of one node stay in one team for the intra-team phases).
+* Default: ``teams=None`` gives 2 teams with R-SAG when P is even and >= 4, else no SAG.
+* B-SAG: h is a float; the block takes min(c, max(1, ceil(h))) entries. After each call
+  Algorithm 2 updates the step and h from N_t = entries after the all-gather, compared
+  with L = c of this rank's block; h is kept in [k/P, dk/P] and |step| at most k(d-1)/P (the
+  width of that range) so the doubling cannot run away. The first call uses h = k/P.
+
+Cost per rank (Table 1; c(.) bytes of a COO message of that many entries):
+ceil(log2 Q) SRS rounds + (log2 d for R-SAG | ceil(log2 d) for B-SAG) + ceil(log2 Q)
+all-gather rounds; bytes: one message per SRS step, one per R-SAG step (L entries), d-1
+messages of h entries for B-SAG, and Q-1 block messages in the final all-gather.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from .. import ops
+from ..comm.collectives import bruck_allgather
+from ..formats import coo_nbytes, decode_coo, encode_coo, index_dtype_for
+from .base import Algorithm, register
+
+__all__ = ["SparDL"]
+
+_SAG_CHOICES = ("auto", "recursive", "bruck")
+
+
+def _is_pow2(x: int) -> bool:
+    return x >= 1 and (x & (x - 1)) == 0
+
+
+def _divisors(p: int) -> list[int]:
+    return [d for d in range(1, p + 1) if p % d == 0]
+
+
+class _GroupView:
+    """A subset of a Comm's ranks seen as a Comm of its own (rank, size, exchange), for the
+    shared Bruck all-gather inside a team or across teams. Messages go through the parent,
+    so bytes and rounds are counted there."""
+
+    def __init__(self, parent, members: Sequence[int]):
+        self.parent = parent
+        self.members = list(members)
+        self.rank = self.members.index(parent.rank)
+        self.size = len(self.members)
+
+    def exchange(self, sends, recvs) -> None:
+        m = self.members
+        self.parent.exchange([(m[p], t) for p, t in sends], [(m[p], t) for p, t in recvs])
+
+
+@dataclass
+class _Step:
+    dest: int                       # global rank
+    source: int                     # global rank
+    send_runs: list[tuple[int, int]]  # (first block, number of blocks), ascending
+    send_count: int
+    recv_count: int
+
+
+@dataclass
+class _Plan:
+    n: int
+    k: int
+    teams: int
+    q: int                          # team size
+    team: int
+    pos: int
+    quota: int                      # c = ceil(k / Q)
+    bounds: list[int]               # Q + 1 block boundaries
+    counts: list[int]               # entries of each block's message: min(c, len)
+    steps: list[_Step] = field(default_factory=list)
+    team_members: list[int] = field(default_factory=list)
+    cross_members: list[int] = field(default_factory=list)  # same position, team order
+
+
+@register
+class SparDL(Algorithm):
+    name = "spardl"
+    lossless = False
+    option_defaults = {"teams": None, "sag": "auto"}
+
+    def __init__(self, comm, **options: Any):
+        super().__init__(comm, **options)
+        teams, sag = self.options["teams"], self.options["sag"]
+        if sag not in _SAG_CHOICES:
+            raise ValueError(f"spardl: sag must be one of {', '.join(repr(s) for s in _SAG_CHOICES)}, got {sag!r}")
+        if teams is not None and (isinstance(teams, bool) or not isinstance(teams, int) or teams < 1):
+            raise ValueError(f"spardl: teams must be None (the paper's default) or a positive int dividing "
+                             f"the number of ranks, got {teams!r}")
+        if sag == "recursive" and teams is not None and not _is_pow2(teams):
+            raise ValueError(f"spardl: sag='recursive' (R-SAG) needs teams to be a power of two, got teams={teams}; "
+                             "use sag='bruck' (B-SAG) or sag='auto' for other team counts")
+        self._teams: int | None = None
+        self._mode = "none"
+        if comm is not None:
+            self._resolve(comm.size)
+        self._plan: _Plan | None = None
+        # B-SAG adaptive state (Algorithm 2), per (n, k)
+        self._bsag: dict[str, Any] | None = None
+        self._pending_state: dict[str, Any] | None = None
+
+    # -- options ------------------------------------------------------------------------
+    def _resolve(self, size: int) -> None:
+        teams, sag = self.options["teams"], self.options["sag"]
+        if teams is None:
+            teams = 2 if (size >= 4 and size % 2 == 0) else 1
+        if size % teams:
+            raise ValueError(f"spardl: teams={teams} does not divide the number of ranks P={size}; "
+                             f"valid choices for P={size}: {', '.join(map(str, _divisors(size)))}")
+        if teams == 1:
+            mode = "none"
+        elif sag == "recursive" or (sag == "auto" and _is_pow2(teams)):
+            if not _is_pow2(teams):  # only reachable with teams given and sag='recursive', checked above
+                raise ValueError(f"spardl: sag='recursive' needs teams to be a power of two, got {teams}")
+            mode = "recursive"
+        else:
+            mode = "bruck"
+        self._teams, self._mode = teams, mode
+
+    @property
+    def sag_mode(self) -> str:
+        """'none', 'recursive' (R-SAG) or 'bruck' (B-SAG), once the number of ranks is known."""
+        return self._mode
+
+    @property
+    def teams(self) -> int | None:
+        return self._teams
+
+    # -- plan -----------------------------------------------------------------------------
+    def _make_plan(self, n: int, k: int) -> _Plan:
+        comm = self.comm
+        size, rank = comm.size, comm.rank
+        d = self._teams
+        q = size // d
+        team, pos = rank // q, rank % q
+        quota = -(-k // q)
+        bounds = [b * n // q for b in range(q + 1)]
+        counts = [min(quota, bounds[b + 1] - bounds[b]) for b in range(q)]
+        plan = _Plan(n=n, k=k, teams=d, q=q, team=team, pos=pos, quota=quota, bounds=bounds, counts=counts,
+                     team_members=[team * q + j for j in range(q)],
+                     cross_members=[t * q + pos for t in range(d)])
+        levels = math.ceil(math.log2(q)) if q > 1 else 0
+        for i in range(1, levels + 1):
+            dist = 2 ** (levels - i)
+            hi = min(2 * dist, q) - 1          # bag B_(l-i+1): offsets [dist, hi]
+            send_runs = _runs(pos, dist, hi, q)
+            src = (pos - dist) % q
+            recv_runs = _runs(src, dist, hi, q)
+            plan.steps.append(_Step(
+                dest=team * q + (pos + dist) % q, source=team * q + src, send_runs=send_runs,
+                send_count=sum(counts[b] for b0, nb in send_runs for b in range(b0, b0 + nb)),
+                recv_count=sum(counts[b] for b0, nb in recv_runs for b in range(b0, b0 + nb))))
+        return plan
+
+    # -- B-SAG adaptive h (Algorithm 2) ---------------------------------------------------
+    def _bsag_state(self, plan: _Plan) -> dict[str, Any]:
+        st = self._bsag
+        if st is None or st["n"] != plan.n or st["k"] != plan.k or st["teams"] != plan.teams:
+            pending, self._pending_state = self._pending_state, None
+            if pending and pending.get("n") == plan.n and pending.get("k") == plan.k \
+                    and pending.get("teams") == plan.teams:
+                st = dict(pending)
+            else:
+                size, k, d = self.comm.size, plan.k, plan.teams
+                st = {"n": plan.n, "k": k, "teams": d, "h": k / size, "step": 0.01 * k * (d - 1) / size,
+                      "flag": False}
+            self._bsag = st
+        return st
+
+    def _bsag_h(self, plan: _Plan) -> int:
+        c = plan.counts[plan.pos]
+        if c == 0:
+            return 0
+        return min(c, max(1, math.ceil(self._bsag_state(plan)["h"] - 1e-9)))
+
+    def _bsag_update(self, plan: _Plan, n_t: int) -> None:
+        st = self._bsag_state(plan)
+        size, k, d = self.comm.size, plan.k, plan.teams
+        target = plan.counts[plan.pos]
+        step, flag = st["step"], st["flag"]
+        if (n_t > target) != (step > 0):       # line 3: keep the direction
+            if flag:
+                step, flag = step * 2, False
+            else:
+                flag = True
+        else:                                   # lines 9-11: turn round, halve
+            step, flag = -step / 2, False
+        width = k * (d - 1) / size
+        step = max(-width, min(width, step))
+        st["step"], st["flag"] = step, flag
+        st["h"] = max(k / size, min(d * k / size, st["h"] + step))   # line 12
+
+    def state_dict(self) -> dict[str, Any]:
+        st = self._bsag if self._bsag is not None else self._pending_state
+        return {"bsag": dict(st)} if st else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not state:
+            return
+        unknown = set(state) - {"bsag"}
+        if unknown:
+            raise ValueError(f"spardl: unknown state keys {sorted(unknown)}")
+        st = dict(state["bsag"])
+        missing = {"n", "k", "teams", "h", "step", "flag"} - set(st)
+        if missing:
+            raise ValueError(f"spardl: B-SAG state lacks {sorted(missing)}")
+        self._bsag = None
+        self._pending_state = st
+
+    # -- the call -------------------------------------------------------------------------
+    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
+        comm = self.comm
+        if self._teams is None:
+            self._resolve(comm.size)
+        n = acc.numel()
+        plan = self._plan
+        if plan is None or plan.n != n or plan.k != k:
+            plan = self._plan = self._make_plan(n, k)
+        dtype, rank = acc.dtype, comm.rank
+        idx_dtype = index_dtype_for(n)
+        journal: list[tuple[torch.Tensor, torch.Tensor]] = []   # (indices, values before the change)
+
+        # 1. Spar-Reduce-Scatter inside the team
+        for step in plan.steps:
+            with self.timed("select"):
+                sel_idx, sel_val = _select_runs(acc, plan, step.send_runs, plan.quota)
+                journal.append((sel_idx, sel_val))
+                acc.index_fill_(0, sel_idx, 0)
+                message = encode_coo(sel_idx, sel_val, n, rank)
+            incoming = torch.empty(coo_nbytes(step.recv_count, n, dtype), dtype=torch.uint8, device=acc.device)
+            comm.exchange([(step.dest, message)], [(step.source, incoming)])
+            with self.timed("merge"):
+                r_idx, r_val = decode_coo(incoming, n=n, value_dtype=dtype, receiver=rank, sender=step.source,
+                                          count=step.recv_count)
+                if r_idx.numel():
+                    r_idx = r_idx.to(torch.int64)
+                    journal.append((r_idx, ops.gather(acc, r_idx)))
+                    ops.scatter_add_(acc, r_idx, r_val)
+
+        # final selection of the held block (Algorithm 1 line 10); B-SAG takes only top-h
+        final_quota = plan.quota
+        if self._mode == "bruck":
+            final_quota = self._bsag_h(plan)
+        with self.timed("select"):
+            f_idx, f_val = _select_runs(acc, plan, [(plan.pos, 1)], final_quota)
+            journal.append((f_idx, f_val))
+            acc.index_fill_(0, f_idx, 0)
+            f_idx = f_idx.to(idx_dtype)
+
+        # 2. Spar-All-Gather between teams
+        if self._mode == "recursive":
+            f_idx, f_val = self._rsag(acc, plan, f_idx, f_val, journal)
+        elif self._mode == "bruck":
+            f_idx, f_val = self._bsag_step(acc, plan, f_idx, f_val, journal)
+
+        # 3. Bruck all-gather of the final blocks inside the team
+        if plan.q > 1:
+            message = encode_coo(f_idx, f_val, n, rank)
+            sizes = [coo_nbytes(c, n, dtype) for c in plan.counts]
+            blocks = bruck_allgather(_GroupView(comm, plan.team_members), message, sizes)
+        with self.timed("merge"):
+            if plan.q > 1:
+                parts = [decode_coo(blk, n=n, value_dtype=dtype, receiver=rank, sender=plan.team_members[j],
+                                    count=plan.counts[j]) for j, blk in enumerate(blocks)]
+                all_idx = torch.cat([p[0] for p in parts]).to(torch.int64)
+                all_val = torch.cat([p[1] for p in parts])
+            else:
+                all_idx, all_val = f_idx.to(torch.int64), f_val
+            out.zero_()
+            out.index_copy_(0, all_idx, all_val)   # blocks are disjoint: no sums, identical everywhere
+            # global residual collection: xi at the result's indices, the original elsewhere
+            xi = acc.index_select(0, all_idx)
+            for j_idx, j_val in reversed(journal):
+                if j_idx.numel():
+                    acc.index_copy_(0, j_idx.to(torch.int64), j_val)
+            acc.index_copy_(0, all_idx, xi)
+        self.last_nnz = int(torch.count_nonzero(all_val))
+
+    # -- R-SAG ----------------------------------------------------------------------------
+    def _rsag(self, acc, plan: _Plan, f_idx, f_val, journal):
+        comm, n, dtype, rank = self.comm, plan.n, acc.dtype, self.comm.rank
+        count = plan.counts[plan.pos]
+        nbytes = coo_nbytes(count, n, dtype)
+        for s in range(int(math.log2(plan.teams))):
+            partner = (plan.team ^ (1 << s)) * plan.q + plan.pos
+            message = encode_coo(f_idx, f_val, n, rank)
+            incoming = torch.empty(nbytes, dtype=torch.uint8, device=acc.device)
+            comm.exchange([(partner, message)], [(partner, incoming)])
+            with self.timed("merge"):
+                p_idx, p_val = decode_coo(incoming, n=n, value_dtype=dtype, receiver=rank, sender=partner,
+                                          count=count)
+                if plan.team & (1 << s):   # the lower team group's block first: same sum on both sides
+                    m_idx, m_val = ops.merge_add(p_idx, p_val, f_idx, f_val)
+                else:
+                    m_idx, m_val = ops.merge_add(f_idx, f_val, p_idx, p_val)
+            with self.timed("select"):
+                f_idx, f_val, d_idx, d_val = _keep_top(m_idx, m_val, count)
+            with self.timed("merge"):
+                if d_idx.numel():   # discarded: shared by the 2^(s+1) ranks that computed this merge
+                    d_idx = d_idx.to(torch.int64)
+                    journal.append((d_idx, ops.gather(acc, d_idx)))
+                    ops.scatter_add_(acc, d_idx, d_val * (1.0 / (2 << s)))
+        return f_idx, f_val
+
+    # -- B-SAG ----------------------------------------------------------------------------
+    def _bsag_step(self, acc, plan: _Plan, f_idx, f_val, journal):
+        comm, n, dtype, rank = self.comm, plan.n, acc.dtype, self.comm.rank
+        h = f_idx.numel()
+        d = plan.teams
+        message = encode_coo(f_idx, f_val, n, rank)
+        blocks = bruck_allgather(_GroupView(comm, plan.cross_members), message, [coo_nbytes(h, n, dtype)] * d)
+        with self.timed("merge"):
+            parts = [decode_coo(blk, n=n, value_dtype=dtype, receiver=rank, sender=plan.cross_members[t], count=h)
+                     for t, blk in enumerate(blocks)]
+            u_idx, u_val = ops.merge_add_many([p[0] for p in parts], [p[1] for p in parts])
+        n_t = u_idx.numel()
+        target = plan.counts[plan.pos]
+        with self.timed("select"):
+            if n_t >= target:
+                f_idx, f_val, d_idx, d_val = _keep_top(u_idx, u_val, target)
+            else:   # pad with zero values at the lowest unused indices of the block
+                lo = plan.bounds[plan.pos]
+                cand = torch.arange(lo, lo + target, dtype=u_idx.dtype, device=acc.device)
+                pad = cand[~torch.isin(cand, u_idx)][: target - n_t]
+                f_idx, f_val = ops.merge_add(u_idx, u_val, pad, torch.zeros(pad.numel(), dtype=dtype,
+                                                                            device=acc.device))
+                d_idx = u_idx[:0]
+        with self.timed("merge"):
+            if d_idx.numel():   # discarded: each of the d ranks holding this block keeps 1/d
+                d_idx = d_idx.to(torch.int64)
+                journal.append((d_idx, ops.gather(acc, d_idx)))
+                ops.scatter_add_(acc, d_idx, d_val * (1.0 / d))
+        self._bsag_update(plan, n_t)
+        return f_idx, f_val
+
+
+def _runs(start: int, lo: int, hi: int, q: int) -> list[tuple[int, int]]:
+    """Blocks (start + o) % q for o in [lo, hi], as ascending contiguous runs (first, count)."""
+    first, count = (start + lo) % q, hi - lo + 1
+    if count <= 0:
+        return []
+    if first + count <= q:
+        return [(first, count)]
+    return [(0, first + count - q), (first, q - first)]
+
+
+def _select_runs(x: torch.Tensor, plan: _Plan, runs, quota: int):
+    """Top-quota entries (by |x|, ties to the lower index) of every block in ``runs``; global
+    int64 indices, ascending. One block_topk call per contiguous run when the run's own equal
+    division matches the plan's block boundaries (always when Q divides N), else one topk
+    call per block of the run."""
+    bounds = plan.bounds
+    idx_parts, val_parts = [], []
+    for b0, nb in runs:
+        lo, hi = bounds[b0], bounds[b0 + nb]
+        if hi == lo:
+            continue
+        seg = x[lo:hi]
+        width = hi - lo
+        if nb == 1 or all(bounds[b0 + j] - lo == j * width // nb for j in range(1, nb)):
+            v, i = ops.block_topk(seg, nb, quota) if nb > 1 else ops.topk(seg, quota)
+            idx_parts.append(i + lo)
+            val_parts.append(v)
+        else:
+            for b in range(b0, b0 + nb):
+                blo, bhi = bounds[b], bounds[b + 1]
+                if bhi > blo:
+                    v, i = ops.topk(x[blo:bhi], quota)
+                    idx_parts.append(i + blo)
+                    val_parts.append(v)
+    if not idx_parts:
+        return torch.empty(0, dtype=torch.int64, device=x.device), x.new_empty(0)
+    if len(idx_parts) == 1:
+        return idx_parts[0], val_parts[0]
+    return torch.cat(idx_parts), torch.cat(val_parts)
+
+
+def _keep_top(idx: torch.Tensor, val: torch.Tensor, count: int):
+    """Split a sorted COO vector into its top-``count`` entries and the rest (both sorted)."""
+    if idx.numel() <= count:
+        return idx, val, idx[:0], val[:0]
+    _, pos = ops.topk(val, count)
+    keep = torch.zeros(idx.numel(), dtype=torch.bool, device=idx.device)
+    keep[pos] = True
+    return idx[pos], val[pos], idx[~keep], val[~keep]
