@@ -47,6 +47,8 @@ residuals stay with the rank that produced them). Hence sum_r (g_r + e_r) = out 
   Algorithm 2 updates the step and h from N_t = entries after the all-gather, compared
   with L = c of this rank's block; h is kept in [k/P, dk/P] and |step| at most k(d-1)/P (the
   width of that range) so the doubling cannot run away. The first call uses h = k/P.
+  When the quota covers the whole block (dense input, k >= N) h is the block length: the
+  top-L after the all-gather then drops nothing and the result is exact, as without SAG.
 
 Cost per rank (Table 1; c(.) bytes of a COO message of that many entries):
 ceil(log2 Q) SRS rounds + (log2 d for R-SAG | ceil(log2 d) for B-SAG) + ceil(log2 Q)
@@ -217,8 +219,8 @@ class SparDL(Algorithm):
 
     def _bsag_h(self, plan: _Plan) -> int:
         c = plan.counts[plan.pos]
-        if c == 0:
-            return 0
+        if c == plan.bounds[plan.pos + 1] - plan.bounds[plan.pos]:
+            return c    # the whole block is selected (dense input): top-L drops nothing, top-h would
         return min(c, max(1, math.ceil(self._bsag_state(plan)["h"] - 1e-9)))
 
     def _bsag_update(self, plan: _Plan, n_t: int) -> None:
