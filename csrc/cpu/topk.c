@@ -12,6 +12,40 @@
 /* Inputs up to this size take the serial quickselect path. */
 #define SC_SMALL_N 65536
 
+/*
+ * Candidate-buffer cache of the top-k fast path: one set of per-thread
+ * buffers, used by one call at a time (others allocate their own). Buffers
+ * above SC_CACHE_MAX_BYTES in total are released after the call.
+ */
+typedef struct {
+  void* b;
+  int64_t* i;
+  size_t bbytes, ibytes;
+} sc_cbuf_slot;
+
+#define SC_CACHE_MAX_BYTES ((size_t)1 << 30)
+
+static sc_cbuf_slot sc_cache_slots[SC_MAX_THREADS];
+static int sc_cache_busy = 0;
+
+static int sc_cache_acquire(void) {
+  return __atomic_exchange_n(&sc_cache_busy, 1, __ATOMIC_ACQUIRE) == 0;
+}
+
+static void sc_cache_release(void) {
+  size_t total = 0;
+  for (int u = 0; u < SC_MAX_THREADS; u++)
+    total += sc_cache_slots[u].bbytes + sc_cache_slots[u].ibytes;
+  if (total > SC_CACHE_MAX_BYTES) {
+    for (int u = 0; u < SC_MAX_THREADS; u++) {
+      free(sc_cache_slots[u].b);
+      free(sc_cache_slots[u].i);
+      memset(&sc_cache_slots[u], 0, sizeof(sc_cache_slots[u]));
+    }
+  }
+  __atomic_store_n(&sc_cache_busy, 0, __ATOMIC_RELEASE);
+}
+
 /* Testing hook, see sc_topk_set_path(). */
 static int sc_topk_path_mode = 0;
 
