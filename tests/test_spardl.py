@@ -195,7 +195,10 @@ def rank_history(comm, density, grads_by_step, options):
     history = []
     for grads in grads_by_step:
         out = reducer(grads[comm.rank].clone())
-        history.append((out.clone().numpy(), reducer.residual.clone().numpy(), dict(reducer.last_stats)))
+        assert out.dtype == grads[comm.rank].dtype
+        # half outputs go back as float64 (exact widening; numpy has no bfloat16)
+        out_np = out.double().numpy() if out.dtype in (torch.float16, torch.bfloat16) else out.clone().numpy()
+        history.append((out_np, reducer.residual.clone().numpy(), dict(reducer.last_stats)))
     return history
 
 
@@ -459,3 +462,24 @@ def test_bsag_state_dict_resumes_exactly():
         assert k / size <= st["h"] <= 3 * k / size
         for j, out in enumerate(b[r][1]):
             np.testing.assert_array_equal(out, a[r][3 + j][0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_gradients_conserve(dtype):
+    """Half gradients are reduced in float32 by the reducer (float32 residual) and the result is
+    rounded once to the half dtype: consistent on every rank, conserving up to that rounding."""
+    size, n = 6, 2001
+    grads = [make_gradients("random", n, size, s, dtype) for s in range(3)]
+    results = simulate(size, lambda comm: rank_history(comm, 0.02, grads, {"teams": 3})).results
+    carried = [np.zeros(n) for _ in range(size)]
+    eps = {torch.float16: 2**-10, torch.bfloat16: 2**-7}[dtype]
+    for step in range(3):
+        outs = [results[r][step][0] for r in range(size)]
+        for r in range(1, size):
+            assert np.array_equal(outs[r], outs[0])
+        res = [results[r][step][1].astype(np.float64) for r in range(size)]
+        total_in = sum(grads[step][r].double().numpy() + carried[r] for r in range(size))
+        exact_out = total_in - sum(res)
+        np.testing.assert_allclose(outs[0], exact_out, rtol=eps, atol=1e-4)
+        assert np.count_nonzero(outs[0]) > 0
+        carried = res
