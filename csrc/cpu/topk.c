@@ -9,6 +9,10 @@
 #include "sparsecomm/kernels.h"
 #include "common.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 /* Inputs up to this size take the serial quickselect path. */
 #define SC_SMALL_N 65536
 

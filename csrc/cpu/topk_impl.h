@@ -73,6 +73,36 @@ static inline int FN(any_gt16)(const BITS* p, BITS tm1) {
   return ((h[0] | h[1]) & SIGNREP) != 0;
 }
 
+/*
+ * Bit j set iff key(p[j]) > tm1, for j < 16 (same sign-bit trick). SSE2
+ * (every x86-64) extracts the sign bits with movemask; elsewhere a scalar loop.
+ */
+static inline unsigned FN(mask16)(const BITS* p, BITS tm1) {
+#if defined(__SSE2__)
+  if (sizeof(BITS) == 4) {
+    const __m128i t = _mm_set1_epi32((int)(uint32_t)tm1), m = _mm_set1_epi32(0x7FFFFFFF);
+    unsigned r = 0;
+    for (int c = 0; c < 4; c++) {
+      __m128i v = _mm_loadu_si128((const __m128i*)(const void*)(p + 4 * c));
+      __m128i d = _mm_sub_epi32(t, _mm_and_si128(v, m));
+      r |= (unsigned)_mm_movemask_ps(_mm_castsi128_ps(d)) << (4 * c);
+    }
+    return r;
+  }
+  if (sizeof(BITS) == 2) {
+    const __m128i t = _mm_set1_epi16((short)(uint16_t)tm1), m = _mm_set1_epi16(0x7FFF);
+    __m128i v0 = _mm_loadu_si128((const __m128i*)(const void*)p);
+    __m128i v1 = _mm_loadu_si128((const __m128i*)(const void*)(p + 8));
+    __m128i d0 = _mm_sub_epi16(t, _mm_and_si128(v0, m));
+    __m128i d1 = _mm_sub_epi16(t, _mm_and_si128(v1, m));
+    return (unsigned)_mm_movemask_epi8(_mm_packs_epi16(d0, d1));
+  }
+#endif
+  unsigned r = 0;
+  for (int j = 0; j < 16; j++) r |= (unsigned)((BITS)(tm1 - (BITS)(p[j] & KMASK)) >> KEYBITS) << j;
+  return r;
+}
+
 #define OUT_INDEX(ix, base, i) ((ix) ? (ix)[i] : (base) + (i))
 
 /* Serial exact top-k of x[0..n) (1 <= k < n). ix: index map or NULL. */
@@ -346,19 +376,23 @@ static int FN(topk_fast)(const BITS* x, int64_t base, int64_t n, int64_t k,
     int64_t i = lo;
     BITS mx = 0;
     for (; i + 16 <= hi; i += 16) {
-      if (!FN(any_gt16)(x + i, tm1)) continue; /* common case: no candidate */
+      unsigned msk = FN(mask16)(x + i, tm1);
+      if (!msk) continue; /* common case: no candidate among these 16 */
       if (cb->n + 16 > cb->cap) {
         if (cb->n > cap || !FN(cbuf_grow)(cb, hint)) { fail = 1; break; }
       }
       int64_t cn = cb->n;
       BITS* restrict cbb = cb->b;
       int64_t* restrict cbi = cb->i;
-      for (int j = 0; j < 16; j++) { /* branch-free append */
-        BITS key = (BITS)(x[i + j] & KMASK);
+      while (msk) { /* one step per candidate */
+        int j = __builtin_ctz(msk);
+        msk &= msk - 1;
+        BITS v = x[i + j];
+        BITS key = (BITS)(v & KMASK);
         mx = key > mx ? key : mx;
-        cbb[cn] = x[i + j];
+        cbb[cn] = v;
         cbi[cn] = base + i + j;
-        cn += key >= tlo;
+        cn++;
       }
       cb->n = cn;
     }
