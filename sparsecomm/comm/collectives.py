@@ -20,8 +20,9 @@ def bruck_allgather(comm: Comm, block: torch.Tensor, block_nbytes: Sequence[int]
 
     ``block_nbytes[q]`` is the size of rank q's block, known to every rank, so no size
     header is needed. ceil(log2 P) rounds; at the round with distance d = 2^s a rank sends
-    the min(d, P - d) blocks it holds to rank - d and receives as many from rank + d. Every
-    rank sends each block other than its own exactly once: (P-1)/P of the total volume.
+    the first min(d, P - d) blocks it holds (its own and the ones received so far) to
+    rank - d and receives as many from rank + d: P-1 blocks sent in all, (P-1)/P of the
+    total volume when the blocks have equal sizes.
 
     Returns the P blocks in rank order (the caller's own block included, not copied).
     """
