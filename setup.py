@@ -83,7 +83,9 @@ class BuildExt(BuildExtension):
 
 
 def make_extension():
-    sources = [rel("csrc", "ops.cpp")]
+    # every binding file csrc/*.cpp (ops.cpp holds TORCH_LIBRARY; the others add their ops
+    # with TORCH_LIBRARY_FRAGMENT so algorithm families can own their bindings)
+    sources = sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "csrc", "*.cpp")))
     kwargs = dict(
         include_dirs=INCLUDE_DIRS,
         extra_link_args=LINK_FLAGS,
