@@ -1,6 +1,6 @@
 """A short multi-rank DDP run comparing sparsecomm algorithms against dense allreduce.
 
-    python examples/ddp_demo.py                       # 4 local ranks, dense vs topka
+    python examples/ddp_demo.py                       # 4 local ranks, dense vs topka vs spardl
     python examples/ddp_demo.py --nproc 2 --algorithms dense topka --density 0.01
     torchrun --nproc-per-node 4 examples/ddp_demo.py  # or under torchrun / any launcher
 
@@ -101,7 +101,7 @@ def _spawned(rank: int, world: int, args: argparse.Namespace) -> list[dict]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nproc", type=int, default=4, help="ranks to start when not under a launcher")
-    parser.add_argument("--algorithms", nargs="+", default=["dense", "topka"],
+    parser.add_argument("--algorithms", nargs="+", default=["dense", "topka", "spardl"],
                         help=f"from: {', '.join(sc.algorithms.names())}")
     parser.add_argument("--density", type=float, default=0.01)
     parser.add_argument("--hidden", type=int, default=1024)
