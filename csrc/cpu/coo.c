@@ -12,99 +12,13 @@ static inline uint16_t st_bf16(float f) { return sc_f32_to_bf16(f); }
 
 #define ISFX i32
 #define IT int32_t
-#define VSFX f32
-#define VT float
-#define ACC float
-#define LOAD(v) (v)
-#define STORE(a) (a)
-#include "coo_impl.h"
-#undef VSFX
-#undef VT
-#undef ACC
-#undef LOAD
-#undef STORE
-#define VSFX f64
-#define VT double
-#define ACC double
-#define LOAD(v) (v)
-#define STORE(a) (a)
-#include "coo_impl.h"
-#undef VSFX
-#undef VT
-#undef ACC
-#undef LOAD
-#undef STORE
-#define VSFX f16
-#define VT uint16_t
-#define ACC float
-#define LOAD(v) ld_f16(v)
-#define STORE(a) st_f16(a)
-#include "coo_impl.h"
-#undef VSFX
-#undef VT
-#undef ACC
-#undef LOAD
-#undef STORE
-#define VSFX bf16
-#define VT uint16_t
-#define ACC float
-#define LOAD(v) ld_bf16(v)
-#define STORE(a) st_bf16(a)
-#include "coo_impl.h"
-#undef VSFX
-#undef VT
-#undef ACC
-#undef LOAD
-#undef STORE
+#include "coo_value_types.h"
 #undef ISFX
 #undef IT
 
 #define ISFX i64
 #define IT int64_t
-#define VSFX f32
-#define VT float
-#define ACC float
-#define LOAD(v) (v)
-#define STORE(a) (a)
-#include "coo_impl.h"
-#undef VSFX
-#undef VT
-#undef ACC
-#undef LOAD
-#undef STORE
-#define VSFX f64
-#define VT double
-#define ACC double
-#define LOAD(v) (v)
-#define STORE(a) (a)
-#include "coo_impl.h"
-#undef VSFX
-#undef VT
-#undef ACC
-#undef LOAD
-#undef STORE
-#define VSFX f16
-#define VT uint16_t
-#define ACC float
-#define LOAD(v) ld_f16(v)
-#define STORE(a) st_f16(a)
-#include "coo_impl.h"
-#undef VSFX
-#undef VT
-#undef ACC
-#undef LOAD
-#undef STORE
-#define VSFX bf16
-#define VT uint16_t
-#define ACC float
-#define LOAD(v) ld_bf16(v)
-#define STORE(a) st_bf16(a)
-#include "coo_impl.h"
-#undef VSFX
-#undef VT
-#undef ACC
-#undef LOAD
-#undef STORE
+#include "coo_value_types.h"
 #undef ISFX
 #undef IT
 
