@@ -1,0 +1,108 @@
+"""``gtopk``: gTop-k (Shi et al., ICDCS'19), the global top-k tree reduction.
+
+Each rank selects its local top-k by magnitude (the unselected rest is its residual).
+Then a recursive-halving tree on the largest power of two ``p2 <= P`` (the other
+``P - p2`` ranks fold into partners first, see :mod:`._folding`): at the round with
+distance d = 2^s, rank r with r % 2d == d sends its k entries (COO) to r - d, which
+merge-adds them with its own (its own first) and keeps the top-k of the sum by magnitude
+(ties: lower index). After log2(p2) rounds rank 0 holds the global top-k; a binomial
+broadcast sends those k entries back down the tree (log2(p2) rounds) and to the folded
+ranks (one round).
+
+Residuals (conservation): every entry a merge drops -- a partial sum of several ranks'
+selected values -- is added into the residual (``acc``) of the rank that dropped it, at its
+index. A rank's own selected values are removed from its residual when it sends or keeps
+them; each of them then is either in the output or inside exactly one dropped partial sum,
+so sum_r acc_r == out + sum_r residual_r (up to float rounding of the partial sums). Note
+that the "put back your own local top-k entries that are not in the global top-k" rule is
+not enough here: an index can be dropped in one subtree and still reach the output from
+another, and the dropped contributions would be lost.
+
+Every message has exactly min(k, N) entries (a merge of two k-entry vectors has >= k
+distinct indices, and the top-k keeps k of them), so receivers know sizes.
+
+Cost per call: 2 * log2(p2) rounds, plus 2 when P is not a power of two; 2(P-1) messages
+of ``coo_nbytes(k)`` in all (rank 0 sends log2(p2) of them, plus one to its folded partner).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import ops
+from ..formats import coo_nbytes, decode_coo, encode_coo, index_dtype_for
+from ._folding import fold_layout
+from .base import Algorithm, register
+
+__all__ = ["GlobalTopk"]
+
+
+@register
+class GlobalTopk(Algorithm):
+    name = "gtopk"
+    lossless = False
+
+    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
+        comm, n = self.comm, acc.numel()
+        k = min(k, n)
+        if n == 0 or k == 0:
+            out.zero_()
+            self.last_nnz = 0
+            return
+        itype = index_dtype_for(n)
+        with self.timed("select"):
+            values, indices = ops.topk(acc, k)
+            acc.index_fill_(0, indices, 0)
+            cur = (indices.to(itype), values.clone())
+        size, rank = comm.size, comm.rank
+        nbytes = coo_nbytes(k, n, acc.dtype)
+
+        def recv(source: int) -> tuple[torch.Tensor, torch.Tensor]:
+            buf = torch.empty(nbytes, dtype=torch.uint8)
+            comm.exchange([], [(source, buf)])
+            return decode_coo(buf, n=n, value_dtype=acc.dtype, receiver=rank, sender=source, count=k)
+
+        def send(dest: int, entries: tuple[torch.Tensor, torch.Tensor]) -> None:
+            comm.exchange([(dest, encode_coo(entries[0], entries[1], n, rank))], [])
+
+        def merge_keep(mine, theirs):
+            with self.timed("merge"):
+                mi, mv = ops.merge_add(mine[0], mine[1], theirs[0], theirs[1], n)
+                kept_v, pos = ops.topk(mv, k)
+                drop = torch.ones(mi.numel(), dtype=torch.bool)
+                drop[pos] = False
+                ops.scatter_add_(acc, mi[drop], mv[drop])  # what this merge drops stays here
+                return mi[pos], kept_v
+
+        fold = fold_layout(size, rank)
+        final = None
+        if fold.folded_out:
+            send(fold.partner, cur)
+            final = recv(fold.partner)
+        else:
+            if fold.partner is not None:
+                cur = merge_keep(cur, recv(fold.partner))
+            p2, d, alive = fold.p2, 1, True
+            while d < p2:  # reduce: the tree halves
+                if rank % (2 * d) == d:
+                    send(rank - d, cur)
+                    alive = False
+                    break
+                cur = merge_keep(cur, recv(rank + d))
+                d *= 2
+            # broadcast: binomial tree from rank 0 down the same edges
+            d = p2 // 2
+            while d >= 1:
+                if rank % (2 * d) == 0:
+                    send(rank + d, cur)
+                elif rank % (2 * d) == d:
+                    cur = recv(rank - d)
+                d //= 2
+            assert alive or rank != 0
+            final = cur
+            if fold.partner is not None:
+                send(fold.partner, final)
+        with self.timed("merge"):
+            out.zero_()
+            ops.scatter_add_(out, final[0], final[1])
+        self.last_nnz = k
