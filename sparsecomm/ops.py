@@ -311,3 +311,7 @@ def gather(dense: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         return _ops.gather(dense, idx)
     _check_index_vec(op, idx, dense)
     return dense[idx.to(torch.int64)]
+
+from ._sketch_ops import *  # noqa: E402,F401,F403  (Count-Sketch ops, issue 5)
+from . import _sketch_ops  # noqa: E402
+__all__ += _sketch_ops.__all__  # noqa: E402

@@ -5,7 +5,7 @@ Importing this package imports every algorithm module so that each registers its
 """
 
 from .base import Algorithm, get, names, register
-from . import dense, topka  # noqa: F401  (each module registers its algorithm)
+from . import dense, topka, gssgd, gtopk  # noqa: F401  (each module registers its algorithm)
 from . import spardl  # noqa: F401
 
 __all__ = ["Algorithm", "get", "names", "register"]
