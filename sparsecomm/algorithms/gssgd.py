@@ -25,7 +25,7 @@ One call:
 5. each rank's residual is ``acc`` with its own values at the candidates removed: exactly
    what it contributed to the output, so conservation holds up to float rounding.
 
-Options: ``rows`` (1..64, default 5), ``columns`` (>= 1, default None: max(256, 10 k)),
+Options: ``rows`` (1..64, default 7), ``columns`` (>= 1, default None: max(256, 10 k)),
 ``seed`` (int, default 0x5EED), ``heavymix`` ("topk" or "random").
 
 Cost per call: 4 ceil(log2 P) rounds for rank 0 (fewer for ranks that leave the tree
@@ -112,7 +112,7 @@ def halving_allreduce_(comm: Comm, tensor: torch.Tensor, n: int) -> torch.Tensor
 class GlobalSketchSGD(Algorithm):
     name = "gssgd"
     lossless = False
-    option_defaults = {"rows": 5, "columns": None, "seed": 0x5EED, "heavymix": "topk"}
+    option_defaults = {"rows": 7, "columns": None, "seed": 0x5EED, "heavymix": "topk"}
 
     def __init__(self, comm: Comm, **options: Any):
         super().__init__(comm, **options)
