@@ -315,3 +315,6 @@ def gather(dense: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 from ._sketch_ops import *  # noqa: E402,F401,F403  (Count-Sketch ops, issue 5)
 from . import _sketch_ops  # noqa: E402
 __all__ += _sketch_ops.__all__  # noqa: E402
+from ._stream_ops import *  # noqa: E402,F401,F403  (sparse-stream ops, issue 4)
+from . import _stream_ops  # noqa: E402
+__all__ += _stream_ops.__all__  # noqa: E402

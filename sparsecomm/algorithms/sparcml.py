@@ -1,0 +1,284 @@
+"""SparCML (Renggli et al., SC'19): sparse streams and three sparse allreduces, plus a chooser.
+
+All four are exact: the output is the dense sum of the locally selected top-k vectors
+(unless ``topkdsa`` quantizes, see below), bit-identical on every rank, and the residual is
+what a rank did not select. Data travels as sparse streams (:mod:`sparsecomm.formats.stream`)
+that switch to dense past delta = N * isize / (c + isize).
+
+* ``sparcml_recursive_double`` (SSAR_Recursive_Double, section 4, latency-dominated case):
+  in round t ranks 2^t apart exchange everything reduced so far and add it (lower rank's
+  stream first, so both partners compute the same bits). Any P: the P - P' ranks beyond
+  the largest power of two P' first fold their stream into rank r - P' and get the result
+  back at the end (MPICH style; 2 extra rounds). Cost: log2 P' data rounds, between
+  k log2 P and k (P - 1) items sent per rank (less once the stream is dense).
+* ``sparcml_split_allgather`` (SSAR_Split_AllGather, bandwidth-dominated case): the index
+  space is split into P ranges (range j = [j N / P, (j+1) N / P)); each rank sends each
+  piece of its selection straight to its owner in one round of non-blocking messages
+  (``exchange_var``: sizes vary, so a size round is counted unless the Comm probes); the
+  owner adds the P pieces in rank order; a sparse all-gather (Bruck, block sizes gathered
+  first) gives every rank all P reduced ranges, which are disjoint (concatenation).
+* ``topkdsa`` (DSAR_Split_AllGather, dynamic case, the TopkDSA baseline of SparDL): the
+  same split, then each owner switches its range to dense and a dense all-gather (Bruck,
+  sizes known) follows. Option ``quantize_bits=4|8`` (section 5) sends the dense ranges
+  QSGD-quantized (``bucket_size`` values per float32 scale, stochastic rounding): the
+  output is then the dequantized sum, unbiased but not exact, and the owner adds the
+  quantization error of its range to its residual so that conservation still holds.
+* ``sparcml`` chooses among the three on every call (same decision on every rank: it
+  only uses N, k, P and the previous output's support K, which are identical everywhere):
+  with K the support observed on the previous call (min(N, P k) on the first),
+  - K >= delta(N) -> dynamic case -> ``topkdsa``;
+  - else static: the alpha-beta model of section 4 with options ``alpha`` (latency, s)
+    and ``beta`` (s per byte), item = c + isize bytes, L = log2 P' (+2 folding rounds):
+      T_rd  = L alpha + beta item sum_{t<L} min(2^t k, K)
+      T_sag = (P - 1 + L) alpha + beta item (P-1)/P (k + K)
+    -> ``sparcml_recursive_double`` when T_rd <= T_sag (small data: latency dominates),
+    else ``sparcml_split_allgather`` (large data with overlap: bandwidth dominates).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from .. import ops
+from ..comm.collectives import bruck_allgather, bruck_allgather_var
+from ..formats.header import index_dtype_for
+from ..formats.stream import SparseStream, decode_stream, encode_stream, stream_delta, stream_nbytes
+from . import _qsgd
+from ._folding import fold_layout
+from .base import Algorithm, get, register
+
+__all__ = ["SparcmlRecursiveDouble", "SparcmlSplitAllgather", "TopkDSA", "Sparcml", "bounds", "choose"]
+
+
+def bounds(n: int, p: int) -> list[int]:
+    """Range boundaries of the split: range j is [bounds[j], bounds[j+1])."""
+    return [j * n // p for j in range(p + 1)]
+
+
+def _select(alg: Algorithm, acc: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    with alg.timed("select"):
+        values, indices = ops.topk(acc, k)
+        acc.index_fill_(0, indices, 0)  # what was not selected stays as the residual
+    return indices, values
+
+
+@register
+class SparcmlRecursiveDouble(Algorithm):
+    name = "sparcml_recursive_double"
+    lossless = True
+
+    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
+        comm, n = self.comm, acc.numel()
+        rank, size = comm.rank, comm.size
+        indices, values = _select(self, acc, k)
+        stream = SparseStream.sparse(indices, values, n)
+        if size > 1:
+            stream = self._allreduce(stream, n, acc.dtype)
+        with self.timed("merge"):
+            stream.write_into(out)
+        self.last_nnz = stream.count if not stream.is_dense else None
+
+    def _allreduce(self, stream: SparseStream, n: int, dtype: torch.dtype) -> SparseStream:
+        comm, rank, size = self.comm, self.comm.rank, self.comm.size
+        fold = fold_layout(size, rank)  # MPICH-style folding (shared helper, _folding.py)
+        p2, partner = fold.p2, fold.partner
+
+        def recv_from(peer: int, send: SparseStream | None) -> SparseStream:
+            sends = [(peer, encode_stream(send, rank))] if send is not None else []
+            got = comm.exchange_var(sends, [peer])[0]
+            return decode_stream(got, n=n, offset=0, value_dtype=dtype, receiver=rank, sender=peer)
+
+        if fold.folded_out:  # folded: hand the stream to rank - P', get the result back at the end
+            comm.exchange_var([(partner, encode_stream(stream, rank))], [])
+            return recv_from(partner, None)
+        if partner is not None:
+            other = recv_from(partner, None)
+            with self.timed("merge"):
+                stream = stream.add(other)
+        distance = 1
+        while distance < p2:
+            peer = rank ^ distance
+            other = recv_from(peer, stream)
+            with self.timed("merge"):
+                if peer < rank:   # lower rank's stream first: both partners compute the same bits
+                    stream = _owned(other).add(stream)
+                else:
+                    stream = _owned(stream).add(other)
+            distance *= 2
+        if partner is not None:
+            comm.exchange_var([(partner, encode_stream(stream, rank))], [])
+        return stream
+
+
+def _owned(s: SparseStream) -> SparseStream:
+    """A stream whose dense buffer may be written in place (received views are copied)."""
+    if s.is_dense:
+        return SparseStream(s.n, s.offset, s.values.clone(), None)
+    return s
+
+
+def _split_phase(alg: Algorithm, indices: torch.Tensor, values: torch.Tensor, n: int, dtype: torch.dtype,
+                 dense_result: bool) -> SparseStream:
+    """Send every range of the selection to its owner (one round), reduce the own range in
+    rank order. Returns the reduced own range (dense when ``dense_result``)."""
+    comm, rank, size = alg.comm, alg.comm.rank, alg.comm.size
+    b = bounds(n, size)
+    cuts = torch.searchsorted(indices, torch.tensor(b, dtype=indices.dtype)).tolist()
+
+    def piece(j: int) -> SparseStream:
+        return SparseStream.sparse(indices[cuts[j]:cuts[j + 1]] - b[j], values[cuts[j]:cuts[j + 1]],
+                                   b[j + 1] - b[j], b[j])
+
+    peers = [j for j in range(size) if j != rank]
+    with alg.timed("select"):
+        sends = [(j, encode_stream(piece(j), rank)) for j in peers]
+    received = comm.exchange_var(sends, peers) if peers else []
+    by_rank = dict(zip(peers, received))
+    lo, hi = b[rank], b[rank + 1]
+    with alg.timed("merge"):
+        acc_stream: SparseStream | None = None
+        for j in range(size):
+            s = piece(j) if j == rank else decode_stream(by_rank[j], n=hi - lo, offset=lo, value_dtype=dtype,
+                                                          receiver=rank, sender=j)
+            if acc_stream is None:
+                acc_stream = s.densified() if dense_result else s  # received buffers are ours to modify
+            else:
+                acc_stream = acc_stream.add(s)
+    return acc_stream
+
+
+@register
+class SparcmlSplitAllgather(Algorithm):
+    name = "sparcml_split_allgather"
+    lossless = True
+
+    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
+        comm, n, rank, size = self.comm, acc.numel(), self.comm.rank, self.comm.size
+        indices, values = _select(self, acc, k)
+        mine = _split_phase(self, indices, values, n, acc.dtype, dense_result=False)
+        blocks = bruck_allgather_var(comm, encode_stream(mine, rank)) if size > 1 else [None]
+        b = bounds(n, size)
+        total, dense = 0, False
+        with self.timed("merge"):
+            for j in range(size):  # disjoint ranges: each written into its slice of out
+                s = mine if j == rank else decode_stream(blocks[j], n=b[j + 1] - b[j], offset=b[j],
+                                                         value_dtype=acc.dtype, receiver=rank, sender=j)
+                s.write_into(out)
+                total += s.count
+                dense |= s.is_dense
+        self.last_nnz = None if dense else total
+
+
+@register
+class TopkDSA(Algorithm):
+    name = "topkdsa"
+    lossless = True  # False in effect when quantize_bits is set (see module docstring)
+    option_defaults = {"quantize_bits": None, "bucket_size": 512, "seed": 0}
+
+    def __init__(self, comm, **options: Any):
+        super().__init__(comm, **options)
+        bits, bucket = self.options["quantize_bits"], self.options["bucket_size"]
+        if bits is not None and (isinstance(bits, bool) or bits not in _qsgd.QUANTIZE_BITS):
+            raise ValueError(f"topkdsa: quantize_bits must be None, 4 or 8, got {bits!r}")
+        if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 1 or (bits == 4 and bucket % 2):
+            raise ValueError(f"topkdsa: bucket_size must be an integer >= 1 (even with quantize_bits=4), "
+                             f"got {bucket!r}")
+        if isinstance(self.options["seed"], bool) or not isinstance(self.options["seed"], int):
+            raise ValueError(f"topkdsa: seed must be an integer, got {self.options['seed']!r}")
+        self._step = 0
+
+    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
+        comm, n, rank, size = self.comm, acc.numel(), self.comm.rank, self.comm.size
+        bits, bucket = self.options["quantize_bits"], self.options["bucket_size"]
+        indices, values = _select(self, acc, k)
+        mine = _split_phase(self, indices, values, n, acc.dtype, dense_result=True)
+        b = bounds(n, size)
+        lo, hi = b[rank], b[rank + 1]
+        if bits is None:
+            block = encode_stream(mine, rank)
+            sizes = [stream_nbytes(b[j + 1] - b[j], 0, acc.dtype, True) for j in range(size)]
+        else:
+            with self.timed("select"):
+                seed = _qsgd.seed_for(self.options["seed"], rank, self._step)
+                block = _qsgd.quantize_range(mine.values, lo, bits, bucket, seed, rank)
+                own = _qsgd.dequantize_range(block, n=hi - lo, offset=lo, bits=bits, bucket_size=bucket,
+                                             dtype=acc.dtype, receiver=rank, sender=rank)
+                acc[lo:hi] += mine.values - own  # quantization error stays with the owner: conservation
+            sizes = [_qsgd.qsgd_nbytes(b[j + 1] - b[j], bits, bucket) for j in range(size)]
+        self._step += 1
+        blocks = bruck_allgather(comm, block, sizes)
+        with self.timed("merge"):
+            for j in range(size):
+                m = b[j + 1] - b[j]
+                if bits is None:
+                    decode_stream(blocks[j], n=m, offset=b[j], value_dtype=acc.dtype, receiver=rank,
+                                  sender=j).write_into(out)
+                else:
+                    out[b[j]:b[j + 1]].copy_(_qsgd.dequantize_range(
+                        blocks[j], n=m, offset=b[j], bits=bits, bucket_size=bucket, dtype=acc.dtype,
+                        receiver=rank, sender=j))
+        self.last_nnz = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self._step} if self.options["quantize_bits"] else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._step = int(state.get("step", 0))
+
+
+def choose(n: int, k: int, size: int, observed_k: int | None, value_dtype: torch.dtype = torch.float32,
+           alpha: float = 50e-6, beta: float = 8e-9) -> str:
+    """The ``sparcml`` rule (module docstring): which of the three algorithms to run."""
+    if size == 1 or n == 0:
+        return "sparcml_recursive_double"
+    big_k = min(n, size * k) if observed_k is None else observed_k
+    if big_k >= stream_delta(n, value_dtype):
+        return "topkdsa"
+    isize = torch.empty((), dtype=value_dtype).element_size()
+    item = isize + torch.empty((), dtype=index_dtype_for(n)).element_size()
+    p2 = 1 << (size.bit_length() - 1)
+    rounds = int(math.log2(p2)) + (2 if p2 != size else 0)
+    t_rd = rounds * alpha + beta * item * (sum(min((1 << t) * k, big_k) for t in range(int(math.log2(p2))))
+                                           + (2 * k if p2 != size else 0))
+    t_sag = (size - 1 + math.ceil(math.log2(size))) * alpha + beta * item * (size - 1) / size * (k + big_k)
+    return "sparcml_recursive_double" if t_rd <= t_sag else "sparcml_split_allgather"
+
+
+@register
+class Sparcml(Algorithm):
+    name = "sparcml"
+    lossless = True
+    option_defaults = {"alpha": 50e-6, "beta": 8e-9}
+
+    def __init__(self, comm, **options: Any):
+        super().__init__(comm, **options)
+        for key in ("alpha", "beta"):
+            v = self.options[key]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+                raise ValueError(f"sparcml: {key} must be a number >= 0, got {v!r}")
+        self._algs: dict[str, Algorithm] = {}
+        self.observed_k: int | None = None
+        self.last_choice: str | None = None
+
+    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
+        size = self.comm.size
+        choice = choose(acc.numel(), k, size, self.observed_k, acc.dtype, self.options["alpha"],
+                        self.options["beta"])
+        alg = self._algs.get(choice)
+        if alg is None:
+            alg = self._algs[choice] = get(choice)(self.comm)
+        alg.times = self.times  # phases accumulate into this object's timings
+        alg.reduce(acc, k, out)
+        self.last_choice = choice
+        # observed fill-in: the support of the (identical) output
+        self.observed_k = alg.last_nnz if alg.last_nnz is not None else int(torch.count_nonzero(out))
+        self.last_nnz = self.observed_k
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"observed_k": self.observed_k} if self.observed_k is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.observed_k = state.get("observed_k")

@@ -1,0 +1,262 @@
+"""SparCML's algorithms (sparcml_recursive_double, sparcml_split_allgather, topkdsa,
+sparcml) against the invariants of DESIGN.md: consistency, exactness, conservation, and
+rounds / bytes per rank within the bounds of section 4. The reference is plain numpy
+written here (each rank's top-k of gradient + residual, summed densely)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import sparsecomm as sc
+from sparsecomm.algorithms.sparcml import choose
+from sparsecomm.comm import simulate
+from sparsecomm.formats.stream import stream_delta
+from sparsecomm.testing import spawn
+
+from _reference import make_gradients, ref_k, ref_topk_indices
+
+STEPS = 3
+ALGS = ["sparcml_recursive_double", "sparcml_split_allgather", "topkdsa", "sparcml"]
+
+
+def history(comm, algorithm, density, grads_by_step, **options):
+    reducer = sc.SparseAllreduce(algorithm, density, comm=comm, **options)
+    runs = []
+    for grads in grads_by_step:
+        out = reducer(grads[comm.rank].clone())
+        runs.append((out.clone(), reducer.residual.clone(), dict(reducer.last_stats)))
+    return runs
+
+
+def lg(p):
+    return math.ceil(math.log2(p)) if p > 1 else 0
+
+
+def cost_bounds(algorithm, size, rank, n, k, isize, probe=False):
+    """(min bytes, max bytes, rounds) this rank sends / takes, from section 4's bounds
+    plus headers (56 B per stream message at most) and the counted size rounds."""
+    if size == 1 or n == 0:
+        return 0, 0, 0
+    var = 1 if probe else 2                      # exchange_var: size round unless probing
+    item = isize + 4
+    dense_bytes = n * isize
+    if algorithm == "sparcml_recursive_double":
+        p2 = 1 << (size.bit_length() - 1)
+        L = int(math.log2(p2))
+        if rank >= p2:                           # folded: one message out, the result back
+            return 40, 64 + k * item, 2 * var
+        fold = rank + p2 < size
+        lo = L * (40 + min(k * item, dense_bytes))
+        hi = sum(64 + min((2 ** t) * k * (2 if p2 != size else 1) * item, dense_bytes) for t in range(L))
+        if fold:
+            hi += 64 + min(size * k * item, dense_bytes)
+        return lo, hi, (L + 2 * fold) * var
+    split_lo = 40 * (size - 1)
+    split_hi = 64 * (size - 1) + k * item
+    if algorithm == "sparcml_split_allgather":
+        # Bruck sends the blocks it holds first: its own in every round, others once or more
+        ag_hi = 8 * (size - 1) + lg(size) * (56 * size + min(size * k * item, dense_bytes + 8 * size))
+        return split_lo + 8 * (size - 1), split_hi + ag_hi, var + 2 * lg(size)
+    assert algorithm == "topkdsa"
+    b = [j * n // size for j in range(size + 1)]
+    block = [40 + ((b[j + 1] - b[j]) * isize + 7) // 8 * 8 for j in range(size)]
+    ag, d = 0, 1
+    while d < size:  # Bruck: at distance d a rank sends the first min(d, P - d) blocks it holds
+        ag += sum(block[(rank + j) % size] for j in range(min(d, size - d)))
+        d *= 2
+    return split_lo + ag, split_hi + ag, var + lg(size)
+
+
+def check(size, algorithm, density, n, dtype, pattern, results=None, options=None, seed=0):
+    options = options or {}
+    grads_by_step = [make_gradients(pattern, n, size, step, dtype, seed) for step in range(STEPS)]
+    if results is None:
+        results = simulate(size, lambda comm: history(comm, algorithm, density, grads_by_step, **options)).results
+    k = ref_k(density, n)
+    residuals = [torch.zeros(n, dtype=torch.float64) for _ in range(size)]
+    isize = torch.empty((), dtype=dtype).element_size()
+    for step, grads in enumerate(grads_by_step):
+        expected = np.zeros(n)
+        for rank in range(size):
+            acc = (residuals[rank] + grads[rank].double()).to(dtype)
+            sent = np.zeros(n)
+            sel = ref_topk_indices(acc, k)
+            sent[sel] = acc.double().numpy()[sel]
+            expected += sent
+            residuals[rank] = acc.double() - torch.from_numpy(sent)
+        outs = [results[rank][step][0] for rank in range(size)]
+        for rank in range(1, size):
+            assert torch.equal(outs[rank], outs[0]), f"{algorithm} step {step}: rank {rank} differs from rank 0"
+        tol = {torch.float64: 1e-12, torch.float32: 1e-5}[dtype]
+        scale = max(1.0, float(np.abs(expected).max()) if n else 1.0)
+        np.testing.assert_allclose(outs[0].double().numpy(), expected, rtol=tol, atol=tol * scale * size)
+        for rank in range(size):
+            np.testing.assert_allclose(results[rank][step][1].double().numpy(), residuals[rank].numpy(),
+                                       rtol=1e-6, atol=1e-6 * scale)
+            stats = results[rank][step][2]
+            if algorithm == "sparcml":
+                continue
+            lo, hi, rounds = cost_bounds(algorithm, size, rank, n, k, isize)
+            assert stats["rounds"] == rounds, (algorithm, step, rank, stats, rounds)
+            assert lo <= stats["bytes_sent"] <= hi, (algorithm, step, rank, stats["bytes_sent"], lo, hi)
+    return results
+
+
+SIM = [  # (P, N, density, dtype, pattern)
+    (1, 1025, 0.01, torch.float32, "random"),
+    (2, 1025, 0.01, torch.float32, "random"),
+    (3, 1025, 0.1, torch.float32, "overlap"),
+    (5, 1000, 0.05, torch.float64, "disjoint"),
+    (6, 2, 0.5, torch.float32, "random"),
+    (7, 1, 0.001, torch.float32, "random"),
+    (4, 0, 0.01, torch.float32, "random"),
+    (8, 1025, 1.0, torch.float32, "random"),         # k = N: dense from the start
+    (8, 4099, 0.07, torch.float32, "random"),        # fill-in forces the dense switch mid-reduction
+    (12, 4097, 0.01, torch.float32, "disjoint"),
+    (16, 4097, 0.002, torch.float32, "overlap"),
+    (33, 2053, 0.01, torch.float64, "random"),
+]
+
+
+@pytest.mark.parametrize("algorithm", ALGS)
+@pytest.mark.parametrize("size,n,density,dtype,pattern", SIM)
+def test_invariants_simulated(algorithm, size, n, density, dtype, pattern):
+    check(size, algorithm, density, n, dtype, pattern)
+
+
+def test_dense_switch_happens_mid_reduction(monkeypatch):
+    """P = 8, k = 7% of N: rounds 0 and 1 stay sparse (2k, 4k items), the bound 8k passes
+    delta = N/2 in the last round, where every rank switches its whole vector to dense."""
+    from sparsecomm.formats import stream as fs
+    n, density = 4099, 0.07
+    k = ref_k(density, n)
+    calls = []
+    real = fs.SparseStream.densified
+
+    def spy(self):
+        if not self.is_dense:
+            calls.append((self.count, self.n))
+        return real(self)
+    monkeypatch.setattr(fs.SparseStream, "densified", spy)
+    grads = [make_gradients("random", n, 8, 0, torch.float32)]
+    simulate(8, lambda comm: history(comm, "sparcml_recursive_double", density, grads))
+    full = [c for c in calls if c[1] == n]
+    assert len(full) == 8, calls                      # once per rank
+    assert all(2 * k < count <= 4 * k for count, _ in full), (k, full)  # the 4k-item stream of round 2
+
+
+GLOO = [  # (algorithm, N, density, dtype, pattern, options)
+    ("sparcml_recursive_double", 1025, 0.02, torch.float32, "random", {}),
+    ("sparcml_split_allgather", 3001, 0.05, torch.float64, "disjoint", {}),
+    ("topkdsa", 1003, 0.03, torch.float32, "overlap", {}),
+    ("sparcml", 2001, 0.2, torch.float32, "random", {}),
+]
+
+
+def _gloo_rank(rank, world_size, cases):
+    from sparsecomm.comm import TorchComm
+    comm = TorchComm()
+    runs = []
+    for algorithm, density, grads_by_step, options in cases:
+        runs.append([(o.numpy(), r.numpy(), s) for o, r, s in history(comm, algorithm, density, grads_by_step,
+                                                                         **options)])
+    return runs
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("size", range(1, 9))
+def test_invariants_on_gloo_ranks(size):
+    cases = [(alg, d, [make_gradients(p, n, size, s, dt) for s in range(STEPS)], o) for alg, n, d, dt, p, o in GLOO]
+    runs = spawn(_gloo_rank, size, cases, timeout=180)
+    for i, (alg, n, d, dt, p, o) in enumerate(GLOO):
+        results = [[(torch.from_numpy(a), torch.from_numpy(b), c) for a, b, c in runs[r][i]] for r in range(size)]
+        check(size, alg, d, n, dt, p, results=results, options=o)
+
+
+# -- QSGD -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("size", [3, 4])
+def test_topkdsa_quantized_conservation_and_consistency(bits, size):
+    n, density = 3001, 0.1
+    grads_by_step = [make_gradients("random", n, size, s, torch.float32) for s in range(4)]
+    res = simulate(size, lambda c: history(c, "topkdsa", density, grads_by_step, quantize_bits=bits,
+                                           bucket_size=64)).results
+    carried = [torch.zeros(n, dtype=torch.float64) for _ in range(size)]
+    for step, grads in enumerate(grads_by_step):
+        outs = [res[r][step][0] for r in range(size)]
+        for r in range(1, size):
+            assert torch.equal(outs[r], outs[0])
+        total_in = sum(carried[r] + grads[r].double() for r in range(size))
+        carried = [res[r][step][1].double() for r in range(size)]
+        total_out = outs[0].double() + sum(carried)
+        np.testing.assert_allclose(total_out.numpy(), total_in.numpy(), atol=1e-4)
+        # wire: the all-gather part carries bits per value, not 32
+        stats = res[0][step][2]
+        assert stats["bytes_sent"] < (size - 1) / size * n * 4 * (bits / 32) + n * density * 8 + 4000
+
+
+def test_topkdsa_quantized_unbiased():
+    """The mean dequantized sum over many independent draws converges to the exact sum."""
+    size, n, trials = 4, 512, 150
+    grads = make_gradients("random", n, size, 0, torch.float32)
+    exact = sum(g.double() for g in grads)
+
+    def fn(comm):
+        outs = []
+        for t in range(trials):
+            alg = sc.algorithms.get("topkdsa")(comm, quantize_bits=4, bucket_size=64, seed=t)
+            out = torch.empty(n)
+            alg.reduce(grads[comm.rank].clone(), n, out)
+            outs.append(out.double())
+        return torch.stack(outs)
+    runs = simulate(size, fn).results[0]
+    mean = runs.mean(0)
+    single = (runs[0] - exact).abs().mean()
+    err = (mean - exact).abs().mean()
+    assert err < single / 6, (float(err), float(single))  # ~ 1/sqrt(trials) of one draw's error
+
+
+def test_options_validated():
+    with pytest.raises(ValueError, match="quantize_bits"):
+        sc.algorithms.get("topkdsa")(None, quantize_bits=3)
+    with pytest.raises(ValueError, match="bucket_size"):
+        sc.algorithms.get("topkdsa")(None, quantize_bits=4, bucket_size=63)
+    with pytest.raises(ValueError, match="alpha"):
+        sc.algorithms.get("sparcml")(None, alpha=-1)
+    assert {"sparcml", "topkdsa", "sparcml_recursive_double", "sparcml_split_allgather"} <= set(sc.algorithms.names())
+
+
+# -- the chooser ------------------------------------------------------------------------------
+def test_chooser_regimes():
+    # latency-dominated: little data -> recursive doubling
+    assert choose(100_000, 10, 8, None) == "sparcml_recursive_double"
+    # bandwidth-dominated, static (K << delta) with overlapping supports -> split all-gather
+    n, k = 16_000_000, 160_000
+    assert choose(n, k, 8, observed_k=int(1.5 * k)) == "sparcml_split_allgather"
+    # dynamic: the reduced support passes delta -> dense all-gather (topkdsa)
+    assert choose(n, n // 20, 16, None) == "topkdsa"
+    assert choose(n, k, 8, observed_k=stream_delta(n, torch.float32)) == "topkdsa"
+    # the same k flips from topkdsa to split once the observed fill-in is small
+    assert choose(n, n // 50, 32, None) == "topkdsa"
+    assert choose(n, n // 50, 32, observed_k=n // 40) == "sparcml_split_allgather"
+
+
+def test_chooser_follows_observed_fill_in():
+    n, size = 20_000, 8
+    k = ref_k(0.1, n)   # P k = 0.8 N > delta: first call is dynamic; overlapping supports make K ~ k
+
+    def fn(comm):
+        red = sc.SparseAllreduce("sparcml", 0.1, comm=comm)
+        g = torch.zeros(n)
+        g[:k] = 1.0 + comm.rank
+        choices = []
+        for _ in range(2):
+            red(g.clone())
+            choices.append(red.algorithm.last_choice if hasattr(red, "algorithm") else None)
+        return choices
+    res = simulate(size, fn).results
+    assert res[0][0] == "topkdsa" and res[0][1] != "topkdsa", res[0]
