@@ -58,7 +58,7 @@ class GlobalTopk(Algorithm):
         nbytes = coo_nbytes(k, n, acc.dtype)
 
         def recv(source: int) -> tuple[torch.Tensor, torch.Tensor]:
-            buf = torch.empty(nbytes, dtype=torch.uint8)
+            buf = torch.empty(nbytes, dtype=torch.uint8, device=acc.device)
             comm.exchange([], [(source, buf)])
             return decode_coo(buf, n=n, value_dtype=acc.dtype, receiver=rank, sender=source, count=k)
 
@@ -69,7 +69,7 @@ class GlobalTopk(Algorithm):
             with self.timed("merge"):
                 mi, mv = ops.merge_add(mine[0], mine[1], theirs[0], theirs[1], n)
                 kept_v, pos = ops.topk(mv, k)
-                drop = torch.ones(mi.numel(), dtype=torch.bool)
+                drop = torch.ones(mi.numel(), dtype=torch.bool, device=acc.device)
                 drop[pos] = False
                 ops.scatter_add_(acc, mi[drop], mv[drop])  # what this merge drops stays here
                 return mi[pos], kept_v
@@ -82,11 +82,10 @@ class GlobalTopk(Algorithm):
         else:
             if fold.partner is not None:
                 cur = merge_keep(cur, recv(fold.partner))
-            p2, d, alive = fold.p2, 1, True
+            p2, d = fold.p2, 1
             while d < p2:  # reduce: the tree halves
                 if rank % (2 * d) == d:
                     send(rank - d, cur)
-                    alive = False
                     break
                 cur = merge_keep(cur, recv(rank + d))
                 d *= 2
@@ -98,7 +97,6 @@ class GlobalTopk(Algorithm):
                 elif rank % (2 * d) == d:
                     cur = recv(rank - d)
                 d //= 2
-            assert alive or rank != 0
             final = cur
             if fold.partner is not None:
                 send(fold.partner, final)
