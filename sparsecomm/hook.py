@@ -14,10 +14,27 @@ does not fit (shape or dtype changed) starts from zero with a warning.
 Checkpointing: :meth:`DDPHookState.state_dict` stores the step and the per-parameter
 residuals; the state pickles without its process group (like PowerSGD's state), and the
 default group is used after unpickling unless ``process_group`` is set again.
+
+Non-blocking communication (SparCML section 5; ``async_comm=True``, the default): the hook
+only queues the bucket and returns its Future at once; one background worker thread per
+state runs the collectives in FIFO order (bucket order, the same on every rank, so the
+ranks' point-to-point messages match), so the communication of one bucket overlaps the
+backward pass computing the next. Everything the hook decides from ``state`` (warm-up or
+not, the bucket's reducer and layout, the step count) is decided on the calling thread at
+enqueue time; the worker only runs the reducer on the bucket buffer, which DDP keeps alive
+and untouched until it has waited on the Future. An exception in the worker is set on that
+bucket's Future, so it is raised by DDP's wait in ``loss.backward()``; every later bucket
+fails at once with an error naming the first failure (never a hang on this rank; peers
+then fail on their Comm timeout). ``state_dict``, pickling and DDP's bucket rebuild first
+wait for the queue to drain. The worker thread is not pickled; a new one starts lazily.
+With ``async_comm=False`` the collectives run inside the hook (the Future is complete
+when returned); results are identical either way.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 import warnings
 from typing import Any
 
@@ -43,16 +60,22 @@ class DDPHookState:
             starts (a common remedy for early-training instability).
         comm: a ready :class:`~sparsecomm.comm.Comm` to use instead of a TorchComm over
             ``process_group`` (e.g. an MPIComm).
+        async_comm: run the collectives on a background worker (default True); False
+            runs them inside the hook.
         **options: options of the algorithm, validated here.
     """
 
     def __init__(self, algorithm: str, density: float, process_group: Any = None, warmup_steps: int = 0,
-                 comm: Comm | None = None, **options: Any):
+                 comm: Comm | None = None, async_comm: bool = True, **options: Any):
         if isinstance(density, bool) or not isinstance(density, (int, float)) or not (0.0 < density <= 1.0):
             raise ValueError(f"density must be a number in (0, 1], got {density!r}")
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
+        if not isinstance(async_comm, bool):
+            raise ValueError(f"async_comm must be True or False, got {async_comm!r}")
         algorithms.get(algorithm)(None, **options)  # validates the options now, not at the first bucket
+        self.async_comm = async_comm
+        self._worker: _Worker | None = None
         self.algorithm = algorithm
         self.density = float(density)
         self.options = dict(options)
@@ -96,12 +119,18 @@ class DDPHookState:
         self._reducers.clear()
         self._layouts.clear()
 
+    def _drain(self) -> None:
+        """Wait until the background worker has run every queued bucket."""
+        if self._worker is not None:
+            self._worker.drain()
+
     def _reducer_for(self, bucket: dist.GradBucket) -> SparseAllreduce:
         index = bucket.index()
         layout = self._layout_of(bucket)
         if index in self._reducers and self._layouts[index] == layout:
             return self._reducers[index]
         if index in self._reducers:  # DDP rebuilt its buckets: keep residuals per parameter
+            self._drain()  # no reducer may be running while its residual is cut up
             self._release_all()
         reducer = SparseAllreduce(self.algorithm, self.density, comm=self.comm, **self.options)
         if self._loose_residuals:
@@ -126,6 +155,7 @@ class DDPHookState:
 
     # -- checkpointing ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        self._drain()
         residuals = dict(self._loose_residuals)
         for index, reducer in self._reducers.items():
             if reducer.residual is None:
@@ -145,6 +175,7 @@ class DDPHookState:
         if state.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"state_dict has format version {state.get('format_version')}, "
                              f"this sparsecomm writes {FORMAT_VERSION}")
+        self._drain()
         self.step = int(state["step"])
         self.warmup_steps = int(state.get("warmup_steps", self.warmup_steps))
         self._reducers.clear()
@@ -152,34 +183,101 @@ class DDPHookState:
         self._loose_residuals = {int(k): v for k, v in state["residuals"].items()}
 
     def __getstate__(self) -> dict[str, Any]:
-        # process groups and communicators cannot be pickled; configuration and residuals can
-        return self.state_dict()
+        # process groups, communicators and the worker thread cannot be pickled;
+        # configuration and residuals can
+        return {**self.state_dict(), "async_comm": self.async_comm}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["algorithm"], state["density"], process_group=None,
-                      warmup_steps=state["warmup_steps"], **state["options"])
+                      warmup_steps=state["warmup_steps"], async_comm=state.get("async_comm", True),
+                      **state["options"])
         self.load_state_dict(state)
+
+    def close(self) -> None:
+        """Stop the background worker (after the queued buckets); a later bucket restarts one."""
+        if self._worker is not None:
+            self._worker.stop()
+            self._worker = None
+
+    def _submit(self, job, future: torch.futures.Future) -> None:
+        if self._worker is None or not self._worker.alive():
+            self._worker = _Worker()
+        self._worker.submit(job, future)
+
+
+class _Worker:
+    """One daemon thread running queued (job, future) pairs in FIFO order."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue = queue.Queue()
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="sparsecomm-ddp-hook", daemon=True)
+        self._thread.start()
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def submit(self, job, future: torch.futures.Future) -> None:
+        self._queue.put((job, future))
+
+    def drain(self) -> None:
+        if threading.current_thread() is not self._thread:
+            self._queue.join()
+
+    def stop(self) -> None:
+        self._queue.put(None)
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                job, future = item
+                if self._failure is not None:
+                    future.set_exception(RuntimeError(
+                        f"sparsecomm: an earlier bucket's communication failed "
+                        f"({type(self._failure).__name__}: {self._failure}); this rank stops communicating"))
+                    continue
+                try:
+                    future.set_result(job())
+                except BaseException as exc:  # noqa: BLE001  (reaches the training loop via the Future)
+                    self._failure = exc
+                    future.set_exception(exc)
+            finally:
+                self._queue.task_done()
 
 
 def ddp_hook(state: DDPHookState, bucket: dist.GradBucket) -> torch.futures.Future:
     """DDP communication hook: sparse allreduce of the bucket, averaged over the ranks.
 
-    Register with ``model.register_comm_hook(state, sparsecomm.ddp_hook)``. Runs the
-    collective before returning (the returned Future is already complete).
+    Register with ``model.register_comm_hook(state, sparsecomm.ddp_hook)``. With
+    ``state.async_comm`` (default) the collective is queued on the state's background
+    worker and the Future completes when it has run; otherwise it runs before returning.
     """
     buffer = bucket.buffer()
     comm = state.comm
-    if state.step < state.warmup_steps:
-        comm.allreduce_dense(buffer)
-    else:
-        reducer = state._reducer_for(bucket)
-        reducer(buffer, out=buffer)  # the reducer reads the gradient before writing the sum
-        state.last_stats[bucket.index()] = reducer.last_stats
-    buffer.div_(comm.size)
+    index = bucket.index()
+    reducer = None if state.step < state.warmup_steps else state._reducer_for(bucket)
     if bucket.is_last():
         state.step += 1
+
+    def job() -> torch.Tensor:
+        if reducer is None:
+            comm.allreduce_dense(buffer)
+        else:
+            reducer(buffer, out=buffer)  # the reducer reads the gradient before writing the sum
+            state.last_stats[index] = reducer.last_stats
+        buffer.div_(comm.size)
+        return buffer
+
     future: torch.futures.Future = torch.futures.Future()
-    future.set_result(buffer)
+    if state.async_comm:
+        state._submit(job, future)
+    else:
+        future.set_result(job())
     return future
 
 
