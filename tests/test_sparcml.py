@@ -228,6 +228,8 @@ def test_options_validated():
     with pytest.raises(ValueError, match="alpha"):
         sc.algorithms.get("sparcml")(None, alpha=-1)
     assert {"sparcml", "topkdsa", "sparcml_recursive_double", "sparcml_split_allgather"} <= set(sc.algorithms.names())
+    assert sc.algorithms.get("topkdsa")(None).lossless
+    assert not sc.algorithms.get("topkdsa")(None, quantize_bits=8).lossless
 
 
 # -- the chooser ------------------------------------------------------------------------------

@@ -45,7 +45,8 @@ import torch
 from .. import ops
 from ..comm.collectives import bruck_allgather, bruck_allgather_var
 from ..formats.header import index_dtype_for
-from ..formats.stream import SparseStream, decode_stream, encode_stream, stream_delta, stream_nbytes
+from ..formats.stream import (SparseStream, decode_stream, dense_stream_message, encode_stream, stream_delta,
+                              stream_nbytes)
 from . import _qsgd
 from ._folding import fold_layout
 from .base import Algorithm, get, register
@@ -121,9 +122,11 @@ def _owned(s: SparseStream) -> SparseStream:
 
 
 def _split_phase(alg: Algorithm, indices: torch.Tensor, values: torch.Tensor, n: int, dtype: torch.dtype,
-                 dense_result: bool) -> SparseStream:
+                 into: torch.Tensor | None = None) -> SparseStream:
     """Send every range of the selection to its owner (one round), reduce the own range in
-    rank order. Returns the reduced own range (dense when ``dense_result``)."""
+    rank order (0 + x_0 + x_1 + ... element-wise). With ``into`` (a zeroed dense buffer of
+    the own range) the reduction is dense, in place; otherwise a stream that switches to
+    dense past its delta."""
     comm, rank, size = alg.comm, alg.comm.rank, alg.comm.size
     b = bounds(n, size)
     cuts = torch.searchsorted(indices, torch.tensor(b, dtype=indices.dtype)).tolist()
@@ -139,14 +142,12 @@ def _split_phase(alg: Algorithm, indices: torch.Tensor, values: torch.Tensor, n:
     by_rank = dict(zip(peers, received))
     lo, hi = b[rank], b[rank + 1]
     with alg.timed("merge"):
-        acc_stream: SparseStream | None = None
+        acc_stream = SparseStream(hi - lo, lo, into, None) if into is not None else None
         for j in range(size):
             s = piece(j) if j == rank else decode_stream(by_rank[j], n=hi - lo, offset=lo, value_dtype=dtype,
                                                           receiver=rank, sender=j)
-            if acc_stream is None:
-                acc_stream = s.densified() if dense_result else s  # received buffers are ours to modify
-            else:
-                acc_stream = acc_stream.add(s)
+            # received buffers are ours to modify in place
+            acc_stream = s if acc_stream is None else acc_stream.add(s)
     return acc_stream
 
 
@@ -158,7 +159,7 @@ class SparcmlSplitAllgather(Algorithm):
     def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
         comm, n, rank, size = self.comm, acc.numel(), self.comm.rank, self.comm.size
         indices, values = _select(self, acc, k)
-        mine = _split_phase(self, indices, values, n, acc.dtype, dense_result=False)
+        mine = _split_phase(self, indices, values, n, acc.dtype)
         blocks = bruck_allgather_var(comm, encode_stream(mine, rank)) if size > 1 else [None]
         b = bounds(n, size)
         total, dense = 0, False
@@ -175,7 +176,7 @@ class SparcmlSplitAllgather(Algorithm):
 @register
 class TopkDSA(Algorithm):
     name = "topkdsa"
-    lossless = True  # False in effect when quantize_bits is set (see module docstring)
+    lossless = True  # the instance says False when quantize_bits is set (see module docstring)
     option_defaults = {"quantize_bits": None, "bucket_size": 512, "seed": 0}
 
     def __init__(self, comm, **options: Any):
@@ -188,17 +189,20 @@ class TopkDSA(Algorithm):
                              f"got {bucket!r}")
         if isinstance(self.options["seed"], bool) or not isinstance(self.options["seed"], int):
             raise ValueError(f"topkdsa: seed must be an integer, got {self.options['seed']!r}")
+        self.lossless = bits is None  # quantized: unbiased, error kept in the residual, not exact
         self._step = 0
 
     def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
         comm, n, rank, size = self.comm, acc.numel(), self.comm.rank, self.comm.size
         bits, bucket = self.options["quantize_bits"], self.options["bucket_size"]
         indices, values = _select(self, acc, k)
-        mine = _split_phase(self, indices, values, n, acc.dtype, dense_result=True)
         b = bounds(n, size)
         lo, hi = b[rank], b[rank + 1]
+        # the owner reduces its range straight into the dense message it will send
+        message, dense = dense_stream_message(hi - lo, lo, acc.dtype, rank, acc.device)
+        mine = _split_phase(self, indices, values, n, acc.dtype, into=dense)
         if bits is None:
-            block = encode_stream(mine, rank)
+            block = message
             sizes = [stream_nbytes(b[j + 1] - b[j], 0, acc.dtype, True) for j in range(size)]
         else:
             with self.timed("select"):
@@ -213,7 +217,9 @@ class TopkDSA(Algorithm):
         with self.timed("merge"):
             for j in range(size):
                 m = b[j + 1] - b[j]
-                if bits is None:
+                if bits is None and j == rank:
+                    out[lo:hi].copy_(dense)
+                elif bits is None:
                     decode_stream(blocks[j], n=m, offset=b[j], value_dtype=acc.dtype, receiver=rank,
                                   sender=j).write_into(out)
                 else:

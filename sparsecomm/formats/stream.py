@@ -43,7 +43,7 @@ import torch
 
 from .header import HEADER_NBYTES, Kind, WireFormatError, check_header, index_dtype_for, pack_header, parse_header
 
-__all__ = ["SparseStream", "stream_delta", "stream_nbytes", "encode_stream", "decode_stream",
+__all__ = ["SparseStream", "stream_delta", "stream_nbytes", "encode_stream", "dense_stream_message", "decode_stream",
            "qsgd_nbytes", "encode_qsgd", "decode_qsgd"]
 
 
@@ -179,6 +179,20 @@ def encode_stream(stream: SparseStream, sender: int) -> torch.Tensor:
     payload[pos:vend].view(vdt).copy_(stream.values)
     payload[vend:].zero_()
     return payload
+
+
+def dense_stream_message(n: int, offset: int, value_dtype: torch.dtype, sender: int,
+                         device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """An empty dense stream message to fill in place: returns (payload, its n-value view,
+    zeroed). Lets an owner reduce straight into the bytes it will send."""
+    payload = torch.empty(stream_nbytes(n, n, value_dtype, True), dtype=torch.uint8, device=device)
+    payload[:HEADER_NBYTES].copy_(torch.from_numpy(pack_header(Kind.DENSE, sender, n, n, value_dtype, None)))
+    payload[HEADER_NBYTES:HEADER_NBYTES + 8].view(torch.int64).fill_(offset)
+    pos = HEADER_NBYTES + 8
+    payload[pos + n * _isize(value_dtype):].zero_()
+    values = payload[pos:pos + n * _isize(value_dtype)].view(value_dtype)
+    values.zero_()
+    return payload, values
 
 
 def decode_stream(payload: torch.Tensor, *, n: int, offset: int, value_dtype: torch.dtype, receiver: int,
