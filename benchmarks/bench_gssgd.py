@@ -13,6 +13,10 @@ Usage::
 
     python benchmarks/bench_gssgd.py                 # N = 4M, density 1%, P = 4
     python benchmarks/bench_gssgd.py --n 1M --sizes 2 4 8 --repeats 5
+    # before/after in one run: build an older csrc/cpu/sketch.c as a plain C library
+    git show affd562:csrc/cpu/sketch.c > /tmp/old.c
+    gcc -std=c99 -O3 -fopenmp -fPIC -shared -Icsrc/include -Icsrc/cpu /tmp/old.c -o /tmp/old_sketch.so
+    python benchmarks/bench_gssgd.py --n 1M --baseline-lib /tmp/old_sketch.so
 """
 from __future__ import annotations
 
@@ -66,21 +70,51 @@ def check(size, n, density):
     print(f"correctness: {', '.join(ALGORITHMS)} consistent and conserving over 3 steps at P={size}, N={n}")
 
 
-def bench_sketch(n, k, repeats):
+def baseline_kernels(path, rows, cols, n):
+    """build/estimate of a C-ABI sketch library (an older csrc/cpu/sketch.c), via ctypes."""
+    import ctypes
+    lib = ctypes.CDLL(path)
+    c64, u64, vp, nt = ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p, torch.get_num_threads()
+
+    def build(table, x):
+        assert lib.sc_sketch_build_dense(0, vp(table.data_ptr()), c64(rows), c64(cols), u64(1), 0,
+                                         vp(x.data_ptr()), c64(n), nt) == 0
+
+    def estimate(table):
+        out = torch.empty(n)
+        assert lib.sc_sketch_estimate(0, vp(table.data_ptr()), c64(rows), c64(cols), u64(1), None, c64(n),
+                                      vp(out.data_ptr()), nt) == 0
+        return out
+    return build, estimate
+
+
+def bench_sketch(n, k, repeats, baseline_lib=None):
     x = torch.randn(n)
     rows, cols = 7, max(256, 10 * k)
-    table = sc.ops.sketch_new(rows, cols)
-    t_read, t_build, t_est = [], [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter(); x.sum(); t1 = time.perf_counter()
-        table.zero_(); sc.ops.sketch_build_(table, x, 1); t2 = time.perf_counter()
-        sc.ops.sketch_estimate(table, n, 1); t3 = time.perf_counter()
-        t_read.append(t1 - t0); t_build.append(t2 - t1); t_est.append(t3 - t2)
+    kernels = {"": (lambda t, v: sc.ops.sketch_build_(t, v, 1), lambda t: sc.ops.sketch_estimate(t, n, 1))}
+    if baseline_lib:
+        kernels = {"baseline ": baseline_kernels(baseline_lib, rows, cols, n), **kernels}
+    tables = {name: sc.ops.sketch_new(rows, cols) for name in kernels}
+    t_read, t_build, t_est = [], {name: [] for name in kernels}, {name: [] for name in kernels}
+    ests = {}
+    for _ in range(repeats):  # interleaved so noise hits all alike
+        t0 = time.perf_counter(); x.sum(); t_read.append(time.perf_counter() - t0)
+        for name, (build, estimate) in kernels.items():
+            table = tables[name]
+            t1 = time.perf_counter(); table.zero_(); build(table, x); t2 = time.perf_counter()
+            ests[name] = estimate(table); t3 = time.perf_counter()
+            t_build[name].append(t2 - t1); t_est[name].append(t3 - t2)
+    if baseline_lib:
+        assert torch.equal(tables["baseline "], tables[""]) and torch.equal(ests["baseline "], ests[""]), \
+            "baseline and current sketch kernels disagree"
     gb = n * 4 / 1e9
-    r, b, e = (statistics.median(t) for t in (t_read, t_build, t_est))
-    print(f"sketch {rows}x{cols} of N={n} float32 ({torch.get_num_threads()} threads): "
-          f"read pass {gb / r:.2f} GB/s; build {gb / b:.2f} GB/s ({b * 1e3:.1f} ms, read/build = {r / b:.3f}); "
-          f"estimate all {gb / e:.2f} GB/s ({e * 1e3:.1f} ms, read/estimate = {r / e:.3f})")
+    r = statistics.median(t_read)
+    print(f"sketch {rows}x{cols} of N={n} float32 ({torch.get_num_threads()} threads), medians of {repeats}: "
+          f"read pass {gb / r:.2f} GB/s ({r * 1e3:.2f} ms)")
+    for name in kernels:
+        b, e = statistics.median(t_build[name]), statistics.median(t_est[name])
+        print(f"  {name or 'current '}build {gb / b:.2f} GB/s ({b * 1e3:.1f} ms, read/build = {r / b:.3f}); "
+              f"estimate all {gb / e:.2f} GB/s ({e * 1e3:.1f} ms, read/estimate = {r / e:.3f})")
 
 
 def bench_algorithms(size, n, density, repeats):
@@ -113,9 +147,11 @@ def main(argv=None):
     ap.add_argument("--density", type=float, default=0.01)
     ap.add_argument("--sizes", type=int, nargs="+", default=[4])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--baseline-lib", default=None,
+                    help="C-ABI sketch library (an older csrc/cpu/sketch.c) timed beside the current kernels")
     args = ap.parse_args(argv)
     check(max(args.sizes), 5003, args.density)
-    bench_sketch(args.n, math.ceil(args.density * args.n), max(5, args.repeats))
+    bench_sketch(args.n, math.ceil(args.density * args.n), max(5, args.repeats), args.baseline_lib)
     for size in args.sizes:
         bench_algorithms(size, args.n, args.density, args.repeats)
 
