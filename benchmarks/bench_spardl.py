@@ -19,6 +19,8 @@ Usage::
 
     python benchmarks/bench_spardl.py                       # N = 15M, density 1%, P = 4 and 6
     python benchmarks/bench_spardl.py --n 1M --sizes 2 4 --repeats 3 --json out.json
+    python -m sparsecomm.launch --nproc 4 --bandwidth 1gbit -- python benchmarks/bench_spardl.py
+                                                            # on the emulated 1 Gbit/s cluster
 """
 from __future__ import annotations
 
@@ -155,6 +157,33 @@ def table1_time(size, n, k, label, itemsize=4, alpha=50e-6, beta=GBIT_BETA):
     return 2 * (size - 1) * alpha + 2 * (size - 1) / size * n * itemsize * beta
 
 
+_ROW_KEYS = ("wall_s", "select_s", "merge_s", "comm_s", "bytes_sent", "rounds", "nnz_out")
+
+
+def _gather_launched(local, size: int) -> list:
+    """Under ``python -m sparsecomm.launch``: all-gather every rank's (checks, rows) as
+    plain tensors (nothing pickled between ranks) and rebuild spawn()'s result list."""
+    import torch.distributed as dist
+
+    checks, rows = local
+    check_arr = torch.from_numpy(np.stack([np.stack([np.stack(step) for step in steps]) for _, steps in checks]))
+    labels = list(rows)
+    row_arr = torch.tensor([[[row[key] for key in _ROW_KEYS] for row in rows[label]] for label in labels],
+                           dtype=torch.float64)
+    check_all = [torch.empty_like(check_arr) for _ in range(size)]
+    row_all = [torch.empty_like(row_arr) for _ in range(size)]
+    dist.all_gather(check_all, check_arr)
+    dist.all_gather(row_all, row_arr)
+    results = []
+    for rank in range(size):
+        rank_checks = [(label, [tuple(step.numpy()) for step in check_all[rank][vi]])
+                       for vi, (label, _) in enumerate(checks)]
+        rank_rows = {label: [dict(zip(_ROW_KEYS, rep.tolist())) for rep in row_all[rank][li]]
+                     for li, label in enumerate(labels)}
+        results.append((rank_checks, rank_rows))
+    return results
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", default="15M")
@@ -168,10 +197,25 @@ def main(argv=None) -> dict:
     n = parse_size(args.n)
     k = max(1, math.ceil(args.density * n))
     report = {"n": n, "density": args.density, "k": k, "repeats": args.repeats, "sizes": {}}
-    print(f"N = {n}, density {args.density} (k = {k}), float32, gloo loopback, 1 thread per rank, "
-          f"{os.cpu_count()} CPUs; medians of {args.repeats}")
+    where = (f"ranks started by the launcher (GLOO_SOCKET_IFNAME={os.environ.get('GLOO_SOCKET_IFNAME')})"
+             if "RANK" in os.environ else "gloo loopback")
+    if os.environ.get("RANK", "0") == "0":
+        print(f"N = {n}, density {args.density} (k = {k}), float32, {where}, 1 thread per rank, "
+              f"{os.cpu_count()} CPUs; medians of {args.repeats}")
+    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if launched:  # one P: the launcher's (e.g. on the emulated 1 Gbit/s network)
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        args.sizes = [dist.get_world_size()]
     for size in args.sizes:
-        results = spawn(_rank, size, n, args.density, args.repeats, args.check_n, timeout=1800)
+        if launched:
+            results = _gather_launched(_rank(dist.get_rank(), size, n, args.density, args.repeats, args.check_n),
+                                       size)
+            if dist.get_rank() != 0:
+                continue
+        else:
+            results = spawn(_rank, size, n, args.density, args.repeats, args.check_n, timeout=1800)
         check(size, [r[0] for r in results])
         print(f"\nP = {size}: correctness checked (consistency, conservation over 3 steps)")
         rows = {}
@@ -198,9 +242,11 @@ def main(argv=None) -> dict:
                   f"{dense / row['wall_s']:>8.2f}{topka / row['wall_s']:>8.2f}"
                   + (f"{row['sim_1gbit_s'] * 1e3:>10.1f}{row['table1_s'] * 1e3:>8.1f}" if 'sim_1gbit_s' in row else ""))
         report["sizes"][size] = rows
-    if args.json:
+    if args.json and os.environ.get("RANK", "0") == "0":
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
+    if launched:
+        dist.destroy_process_group()
     return report
 
 
