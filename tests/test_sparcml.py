@@ -262,3 +262,20 @@ def test_chooser_follows_observed_fill_in():
         return choices
     res = simulate(size, fn).results
     assert res[0][0] == "topkdsa" and res[0][1] != "topkdsa", res[0]
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 5, 1025])
+def test_topkdsa_quantized_tiny_and_uneven(n):
+    """N < P, empty ranges, odd lengths with 4-bit packing: consistent and conserving."""
+    size = 5
+
+    def fn(comm):
+        red = sc.SparseAllreduce("topkdsa", 0.5, comm=comm, quantize_bits=4, bucket_size=2)
+        g = torch.randn(n, generator=torch.Generator().manual_seed(comm.rank))
+        out = red(g.clone())
+        return g, out.clone(), red.residual.clone()
+    r = simulate(size, fn).results
+    assert all(torch.equal(x[1], r[0][1]) for x in r)
+    total_in = sum(x[0].double() for x in r)
+    total_out = r[0][1].double() + sum(x[2].double() for x in r)
+    assert torch.allclose(total_in, total_out, atol=1e-5)
