@@ -129,7 +129,7 @@ def _split_phase(alg: Algorithm, indices: torch.Tensor, values: torch.Tensor, n:
     dense past its delta."""
     comm, rank, size = alg.comm, alg.comm.rank, alg.comm.size
     b = bounds(n, size)
-    cuts = torch.searchsorted(indices, torch.tensor(b, dtype=indices.dtype)).tolist()
+    cuts = torch.searchsorted(indices, torch.tensor(b, dtype=indices.dtype, device=indices.device)).tolist()
 
     def piece(j: int) -> SparseStream:
         return SparseStream.sparse(indices[cuts[j]:cuts[j + 1]] - b[j], values[cuts[j]:cuts[j + 1]],
