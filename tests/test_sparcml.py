@@ -71,11 +71,12 @@ def cost_bounds(algorithm, size, rank, n, k, isize, probe=False):
     return split_lo + ag, split_hi + ag, var + lg(size)
 
 
-def check(size, algorithm, density, n, dtype, pattern, results=None, options=None, seed=0):
+def check(size, algorithm, density, n, dtype, pattern, results=None, options=None, seed=0, probe=False):
     options = options or {}
     grads_by_step = [make_gradients(pattern, n, size, step, dtype, seed) for step in range(STEPS)]
     if results is None:
         results = simulate(size, lambda comm: history(comm, algorithm, density, grads_by_step, **options)).results
+    grads_by_step = grads_by_step[:len(results[0])]  # a run may have taken fewer steps
     k = ref_k(density, n)
     residuals = [torch.zeros(n, dtype=torch.float64) for _ in range(size)]
     isize = torch.empty((), dtype=dtype).element_size()
@@ -100,7 +101,7 @@ def check(size, algorithm, density, n, dtype, pattern, results=None, options=Non
             stats = results[rank][step][2]
             if algorithm == "sparcml":
                 continue
-            lo, hi, rounds = cost_bounds(algorithm, size, rank, n, k, isize)
+            lo, hi, rounds = cost_bounds(algorithm, size, rank, n, k, isize, probe)
             assert stats["rounds"] == rounds, (algorithm, step, rank, stats, rounds)
             assert lo <= stats["bytes_sent"] <= hi, (algorithm, step, rank, stats["bytes_sent"], lo, hi)
     return results
@@ -279,3 +280,65 @@ def test_topkdsa_quantized_tiny_and_uneven(n):
     total_in = sum(x[0].double() for x in r)
     total_out = r[0][1].double() + sum(x[2].double() for x in r)
     assert torch.allclose(total_in, total_out, atol=1e-5)
+
+
+# -- MPI: exchange_var probes, so no size rounds ---------------------------------------------
+_MPI_PROGRAM = r'''
+import json, os, sys, traceback
+sys.path[:0] = [sys.argv[2], os.path.join(sys.argv[2], "tests")]
+from mpi4py import MPI
+import torch
+import sparsecomm as sc
+from sparsecomm.comm import MPIComm
+from _reference import make_gradients
+out_dir = sys.argv[1]
+rank = MPI.COMM_WORLD.Get_rank()
+try:
+    comm = MPIComm()
+    res = {}
+    for alg in ["sparcml_recursive_double", "sparcml_split_allgather", "topkdsa", "sparcml"]:
+        red = sc.SparseAllreduce(alg, 0.05, comm=comm)
+        rows = []
+        for step in range(2):
+            g = make_gradients("random", 3001, comm.size, step, torch.float32)
+            out = red(g[comm.rank].clone())
+            rows.append([out.tolist(), red.residual.tolist(), red.last_stats["rounds"],
+                         red.last_stats["bytes_sent"]])
+        res[alg] = rows
+    result = {"rank": rank, "res": res}
+except BaseException:
+    result = {"rank": rank, "error": traceback.format_exc()}
+with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+    json.dump(result, f)
+'''
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("size", [3, 4])
+def test_invariants_under_mpi(size, tmp_path):
+    import importlib.util
+    import os
+    import shutil
+    import subprocess
+    import sys
+    if shutil.which("mpirun") is None or importlib.util.find_spec("mpi4py") is None:
+        pytest.skip("needs mpirun and mpi4py")
+    prog = tmp_path / "prog.py"
+    prog.write_text(_MPI_PROGRAM)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(size), sys.executable, str(prog),
+           str(tmp_path), root]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    import json
+    outs = []
+    for r in range(size):
+        path = tmp_path / f"rank{r}.json"
+        assert path.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+        outs.append(json.loads(path.read_text()))
+        assert "error" not in outs[-1], outs[-1]["error"]
+    for alg in ["sparcml_recursive_double", "sparcml_split_allgather", "topkdsa", "sparcml"]:
+        # exactness, consistency, conservation, and rounds without size rounds (MPI probes)
+        results = [[(torch.tensor(o), torch.tensor(e), {"rounds": rd, "bytes_sent": b})
+                    for o, e, rd, b in outs[r]["res"][alg]] for r in range(size)]
+        check(size, alg, 0.05, 3001, torch.float32, "random", results=results, probe=True)
