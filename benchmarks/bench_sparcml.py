@@ -18,6 +18,8 @@ Usage::
     python benchmarks/bench_sparcml.py                        # everything, N = 16M
     python benchmarks/bench_sparcml.py --n 1M --repeats 3     # quicker
     python benchmarks/bench_sparcml.py --only hook
+    python -m sparsecomm.launch --nproc 4 --bandwidth 1gbit -- \
+        python benchmarks/bench_sparcml.py --only gloo --check-n 10007   # on the emulated GigE cluster
 """
 from __future__ import annotations
 
@@ -56,6 +58,7 @@ def _grad(rank: int, step: int, n: int) -> torch.Tensor:
 
 
 def _sweep_rank(rank, size, n, densities, repeats, check_n):
+    torch.set_num_threads(1)
     comm = TorchComm()
     checks, times = {}, {}
     for density in densities:
@@ -98,10 +101,38 @@ def _check(size, all_checks):
                 raise AssertionError(f"{key} step {step}: conservation off by {err}")
 
 
+def _gather_launched(local, size):
+    """Under ``python -m sparsecomm.launch``: all-gather every rank's checks and timings as
+    plain tensors (nothing pickled between ranks) and rebuild spawn()'s result list."""
+    import torch.distributed as dist
+    checks, times = local
+    ckeys, tkeys = list(checks), list(times)
+    c = torch.from_numpy(np.stack([np.stack([np.stack(step).astype(np.float64) for step in checks[key]])
+                                   for key in ckeys]))
+    t = torch.tensor([times[key] for key in tkeys], dtype=torch.float64)
+    call = [torch.empty_like(c) for _ in range(size)]
+    tall = [torch.empty_like(t) for _ in range(size)]
+    dist.all_gather(call, c)
+    dist.all_gather(tall, t)
+    return [({key: [tuple(step.numpy()) for step in call[r][i]] for i, key in enumerate(ckeys)},
+             {key: [tuple(rep.tolist()) for rep in tall[r][i]] for i, key in enumerate(tkeys)})
+            for r in range(size)]
+
+
 def gloo_sweep(size, n, densities, repeats, check_n):
-    res = spawn(_sweep_rank, size, n, densities, repeats, check_n, timeout=3000)
+    launched = "WORLD_SIZE" in os.environ and "RANK" in os.environ
+    if launched:
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        size = dist.get_world_size()
+        res = _gather_launched(_sweep_rank(dist.get_rank(), size, n, densities, repeats, check_n), size)
+        if dist.get_rank() != 0:
+            return False
+    else:
+        res = spawn(_sweep_rank, size, n, densities, repeats, check_n, timeout=3000)
     _check(size, [r[0] for r in res])
-    print(f"\n## gloo, P = {size}, N = {n:,} float32 (checked: bit-identical, conservation)\n")
+    where = "emulated 1 Gbit/s cluster (sparsecomm.launch)" if launched else "loopback"
+    print(f"\n## gloo, P = {size}, {where}, N = {n:,} float32 (checked: bit-identical, conservation)\n")
     print("| density | algorithm | time ms | wire ms | MB sent/rank | dense time / time |")
     print("|---|---|---|---|---|---|")
     for density in densities:
@@ -115,6 +146,7 @@ def gloo_sweep(size, n, densities, repeats, check_n):
             t, w, b = med[label]
             print(f"| {density} | {label} | {t * 1e3:.1f} | {w * 1e3:.1f} | {b / 1e6:.2f} | "
                   f"{med['dense'][0] / t:.2f} |")
+    return True
 
 
 def sim_sweep(size, n, densities):
@@ -200,7 +232,8 @@ def main(argv=None):
     print(f"# bench_sparcml: {' '.join(sys.argv[1:]) or '(defaults)'}; torch {torch.__version__}, "
           f"{os.cpu_count()} CPUs")
     if args.only in (None, "gloo"):
-        gloo_sweep(args.size, n, args.densities, args.repeats, args.check_n)
+        if not gloo_sweep(args.size, n, args.densities, args.repeats, args.check_n):
+            return  # a launched rank other than 0
     if args.only in (None, "sim"):
         sim_sweep(args.sim_size, n, args.densities)
     if args.only in (None, "hook"):
