@@ -126,7 +126,10 @@ def gloo_sweep(size, n, densities, repeats, check_n):
         dist.init_process_group("gloo")
         size = dist.get_world_size()
         res = _gather_launched(_sweep_rank(dist.get_rank(), size, n, densities, repeats, check_n), size)
-        if dist.get_rank() != 0:
+        rank = dist.get_rank()
+        dist.barrier()
+        dist.destroy_process_group()  # a clean exit: gloo's threads stopped before teardown
+        if rank != 0:
             return False
     else:
         res = spawn(_sweep_rank, size, n, densities, repeats, check_n, timeout=3000)
