@@ -44,7 +44,7 @@ import torch.distributed as dist
 from . import algorithms
 from .comm.base import Comm
 from .formats.header import FORMAT_VERSION
-from .reducer import SparseAllreduce
+from .reducer import SparseAllreduce, check_state_version
 
 __all__ = ["DDPHookState", "ddp_hook"]
 
@@ -172,9 +172,7 @@ class DDPHookState:
             if state.get(key) != getattr(self, key):
                 raise ValueError(f"state_dict has {key}={state.get(key)!r}, this hook state has "
                                  f"{getattr(self, key)!r}")
-        if state.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"state_dict has format version {state.get('format_version')}, "
-                             f"this sparsecomm writes {FORMAT_VERSION}")
+        check_state_version(state)
         self._drain()
         self.step = int(state["step"])
         self.warmup_steps = int(state.get("warmup_steps", self.warmup_steps))

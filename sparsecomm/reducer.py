@@ -41,6 +41,13 @@ def k_for(density: float, n: int) -> int:
     return min(n, max(1, math.ceil(density * n)))
 
 
+def check_state_version(state: dict[str, Any]) -> None:
+    """Refuse a state_dict written by another sparsecomm format version."""
+    if state.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"state_dict has format version {state.get('format_version')}, "
+                         f"this sparsecomm writes {FORMAT_VERSION}")
+
+
 def _crc(text: str) -> int:
     return zlib.crc32(text.encode())
 
@@ -111,9 +118,7 @@ class SparseAllreduce:
         if state.get("algorithm") != self.algorithm_name:
             raise ValueError(f"state_dict is for algorithm {state.get('algorithm')!r}, "
                              f"this reducer runs {self.algorithm_name!r}")
-        if state.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"state_dict has format version {state.get('format_version')}, "
-                             f"this sparsecomm writes {FORMAT_VERSION}")
+        check_state_version(state)
         self.reset()
         self._pending_residual = state.get("residual")
         self.algorithm.load_state_dict(state.get("algorithm_state", {}))

@@ -62,30 +62,9 @@ SK_CLONES static void sk_hash_block(uint64_t key, const int64_t* idx, int64_t ba
  * whole table; the input is re-read once per row, from L3 or memory at streaming speed.
  * Zero values are skipped (sparse inputs skip the hash too; on dense inputs the branch
  * is predicted). */
-#define SK_BUILD_DENSE(TT, XT)                                                          \
-  static void build_dense_##TT##_##XT(TT* table, int64_t rows, int64_t cols, uint64_t seed, \
-                                      const XT* x, int64_t n, int nt) {                 \
-    const uint64_t c = (uint64_t)cols;                                                  \
-    _Pragma("omp parallel for num_threads(nt) schedule(static, 1) if (nt > 1)")         \
-    for (int64_t j = 0; j < rows; ++j) {                                                \
-      const uint64_t key = sk_key(seed, j);                                             \
-      TT* restrict trow = table + j * cols;                                             \
-      uint32_t bk[SK_HBLOCK], sg[SK_HBLOCK];                                            \
-      for (int64_t b = 0; b < n; b += SK_HBLOCK) {                                      \
-        const int64_t len = n - b < SK_HBLOCK ? n - b : SK_HBLOCK;                      \
-        sk_hash_block(key, NULL, b, len, c, bk, sg);                                    \
-        for (int64_t t = 0; t < len; ++t) {                                             \
-          XT v = x[b + t];                                                              \
-          if (v == 0) continue;                                                         \
-          TT s = (TT)v;                                                                 \
-          trow[bk[t]] += sg[t] ? -s : s;                                                \
-        }                                                                               \
-      }                                                                                 \
-    }                                                                                   \
-  }
-
-#define SK_BUILD_COO(TT, XT)                                                            \
-  static void build_coo_##TT##_##XT(TT* table, int64_t rows, int64_t cols, uint64_t seed, \
+/* One builder for both inputs: idx == NULL means a dense vector (coordinate = position). */
+#define SK_BUILD(TT, XT)                                                                \
+  static void build_##TT##_##XT(TT* table, int64_t rows, int64_t cols, uint64_t seed,   \
                                     const int64_t* idx, const XT* val, int64_t m, int nt) { \
     const uint64_t c = (uint64_t)cols;                                                  \
     _Pragma("omp parallel for num_threads(nt) schedule(static, 1) if (nt > 1)")         \
@@ -95,7 +74,7 @@ SK_CLONES static void sk_hash_block(uint64_t key, const int64_t* idx, int64_t ba
       uint32_t bk[SK_HBLOCK], sg[SK_HBLOCK];                                            \
       for (int64_t b = 0; b < m; b += SK_HBLOCK) {                                      \
         const int64_t len = m - b < SK_HBLOCK ? m - b : SK_HBLOCK;                      \
-        sk_hash_block(key, idx + b, b, len, c, bk, sg);                                 \
+        sk_hash_block(key, idx ? idx + b : NULL, b, len, c, bk, sg);                    \
         for (int64_t t = 0; t < len; ++t) {                                             \
           XT v = val[b + t];                                                            \
           if (v == 0) continue;                                                         \
@@ -106,14 +85,10 @@ SK_CLONES static void sk_hash_block(uint64_t key, const int64_t* idx, int64_t ba
     }                                                                                   \
   }
 
-SK_BUILD_DENSE(float, float)
-SK_BUILD_DENSE(float, double)
-SK_BUILD_DENSE(double, float)
-SK_BUILD_DENSE(double, double)
-SK_BUILD_COO(float, float)
-SK_BUILD_COO(float, double)
-SK_BUILD_COO(double, float)
-SK_BUILD_COO(double, double)
+SK_BUILD(float, float)
+SK_BUILD(float, double)
+SK_BUILD(double, float)
+SK_BUILD(double, double)
 
 static int check_shape(int64_t rows, int64_t cols) {
   if (rows < 1 || rows > SC_SKETCH_MAX_ROWS) return 1;
@@ -121,34 +96,29 @@ static int check_shape(int64_t rows, int64_t cols) {
   return 0;
 }
 
-int sc_sketch_build_dense(int tdt, void* table, int64_t rows, int64_t cols, uint64_t seed,
-                          int xdt, const void* x, int64_t n, int nthreads) {
-  int st = check_shape(rows, cols);
-  if (st) return st;
-  int nt = sc_clamp_threads(nthreads);
-  if (nt > rows) nt = (int)rows;
-  if (n < 65536) nt = 1;
-  if (tdt == SC_SK_F32 && xdt == SC_SK_F32) build_dense_float_float(table, rows, cols, seed, x, n, nt);
-  else if (tdt == SC_SK_F32 && xdt == SC_SK_F64) build_dense_float_double(table, rows, cols, seed, x, n, nt);
-  else if (tdt == SC_SK_F64 && xdt == SC_SK_F32) build_dense_double_float(table, rows, cols, seed, x, n, nt);
-  else if (tdt == SC_SK_F64 && xdt == SC_SK_F64) build_dense_double_double(table, rows, cols, seed, x, n, nt);
-  else return 3;
-  return 0;
-}
-
-int sc_sketch_build_coo(int tdt, void* table, int64_t rows, int64_t cols, uint64_t seed,
-                        const int64_t* idx, int vdt, const void* val, int64_t m, int nthreads) {
+static int build(int tdt, void* table, int64_t rows, int64_t cols, uint64_t seed,
+                 const int64_t* idx, int vdt, const void* val, int64_t m, int nthreads) {
   int st = check_shape(rows, cols);
   if (st) return st;
   int nt = sc_clamp_threads(nthreads);
   if (nt > rows) nt = (int)rows;
   if (m < 65536) nt = 1;
-  if (tdt == SC_SK_F32 && vdt == SC_SK_F32) build_coo_float_float(table, rows, cols, seed, idx, val, m, nt);
-  else if (tdt == SC_SK_F32 && vdt == SC_SK_F64) build_coo_float_double(table, rows, cols, seed, idx, val, m, nt);
-  else if (tdt == SC_SK_F64 && vdt == SC_SK_F32) build_coo_double_float(table, rows, cols, seed, idx, val, m, nt);
-  else if (tdt == SC_SK_F64 && vdt == SC_SK_F64) build_coo_double_double(table, rows, cols, seed, idx, val, m, nt);
+  if (tdt == SC_SK_F32 && vdt == SC_SK_F32) build_float_float(table, rows, cols, seed, idx, val, m, nt);
+  else if (tdt == SC_SK_F32 && vdt == SC_SK_F64) build_float_double(table, rows, cols, seed, idx, val, m, nt);
+  else if (tdt == SC_SK_F64 && vdt == SC_SK_F32) build_double_float(table, rows, cols, seed, idx, val, m, nt);
+  else if (tdt == SC_SK_F64 && vdt == SC_SK_F64) build_double_double(table, rows, cols, seed, idx, val, m, nt);
   else return 3;
   return 0;
+}
+
+int sc_sketch_build_dense(int tdt, void* table, int64_t rows, int64_t cols, uint64_t seed,
+                          int xdt, const void* x, int64_t n, int nthreads) {
+  return build(tdt, table, rows, cols, seed, NULL, xdt, x, n, nthreads);
+}
+
+int sc_sketch_build_coo(int tdt, void* table, int64_t rows, int64_t cols, uint64_t seed,
+                        const int64_t* idx, int vdt, const void* val, int64_t m, int nthreads) {
+  return build(tdt, table, rows, cols, seed, idx, vdt, val, m, nthreads);
 }
 
 /* median of r values (r <= SC_SKETCH_MAX_ROWS), insertion sort in place */
