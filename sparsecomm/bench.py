@@ -1,0 +1,371 @@
+"""Benchmark CLI: ``python -m sparsecomm.bench collectives ...`` and ``... kernels ...``.
+
+``collectives`` (issue 6 item 2) is meant to run under the launcher, e.g. on the emulated
+1 Gbit/s cluster::
+
+    python -m sparsecomm.launch --nproc 4 --bandwidth 1gbit -- \\
+        python -m sparsecomm.bench collectives --algorithms all --N 15000000 --density 0.01 --repeats 3
+
+Without a launcher (no RANK / WORLD_SIZE in the environment) it starts ``--nproc`` ranks
+itself on loopback with :func:`sparsecomm.testing.spawn`. On every rank it
+
+1. checks every algorithm on a small vector (``--check-n``, float64, 3 steps with error
+   feedback) against the dense reference:
+
+   * all algorithms: ``out`` is bit-identical on every rank, and conservation
+     ``sum_r (g_r + e_r) == out + sum_r e'_r`` holds (relative tolerance 1e-9);
+   * lossless ones (the instance's ``lossless``): every rank either sends an entry whole or
+     keeps it whole (``e'_r[i]`` is exactly 0 or exactly ``acc_r[i]``), and
+     ``out == sum_r (acc_r - e'_r)`` -- the exact sum of what the ranks let through -- up to
+     the rounding of a float64 sum in another order (relative 1e-12; the JSON says whether
+     it was bit-exact);
+
+2. fits alpha and beta by a ping-pong between ranks 0 and 1 (1 KB .. ``--pingpong-max``,
+   default 64 MB, half round trip, median of a few trips per size), least squares on
+   ``t = alpha + beta * bytes`` weighted by 1/t (relative error, so that alpha is not lost
+   under the large sizes), alpha clamped at >= 0;
+
+3. times every algorithm (interleaved repeats after one warm-up call, a barrier before each
+   call, slowest rank per repeat, medians) and reports the median wall time, bytes sent
+   and rounds per rank, speedup over ``dense``, and ``bound / measured`` where
+   ``bound = rounds * alpha + bytes_sent * beta`` of the slowest rank and ``measured`` its
+   wire time (``last_stats["comm_s"]``);
+
+4. writes ``collectives.csv`` and ``collectives.json`` to ``--out`` and, if matplotlib can be
+   imported, PNG plots (bar charts per algorithm; time vs density when several densities).
+
+Results travel between ranks only as plain tensors (``all_gather``), never pickled.
+
+``kernels`` forwards its arguments to ``benchmarks/bench_kernels.py``'s ``main(argv)``.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib.util
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+_FIELDS = ("wall_s", "comm_s", "bytes_sent", "rounds")
+_CHECK_STEPS = 3
+
+
+# -- helpers shared by every rank -----------------------------------------------------------
+def _gather(t: torch.Tensor) -> list[torch.Tensor]:
+    import torch.distributed as dist
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t.contiguous())
+    return out
+
+
+def _grad(rank: int, step: int, n: int, dtype=torch.float32) -> torch.Tensor:
+    g = torch.Generator().manual_seed(7919 * step + rank)
+    return torch.randn(n, generator=g).to(dtype)
+
+
+def _check_algorithm(name: str, density: float, n: int, comm) -> dict:
+    """Run 3 steps in float64 and check them; identical verdict on every rank."""
+    import sparsecomm as sc
+
+    reducer = sc.SparseAllreduce(name, density, comm=comm)
+    lossless = bool(reducer.algorithm.lossless)
+    carried = torch.zeros(n, dtype=torch.float64)
+    bit_exact = True
+    worst_cons = worst_lossless = 0.0
+    for step in range(_CHECK_STEPS):
+        g = _grad(comm.rank, step, n, torch.float64)
+        acc = carried + g if step else g.clone()       # what the reducer forms: e + g
+        out = reducer(g).clone()
+        res = reducer.residual.clone()
+        outs, accs, ress = _gather(out), _gather(acc), _gather(res)
+        for r in range(1, len(outs)):
+            if not torch.equal(outs[r], outs[0]):
+                raise AssertionError(f"{name} step {step}: rank {r}'s output differs from rank 0's")
+        total_in = torch.stack(accs).sum(0)
+        total_out = outs[0] + torch.stack(ress).sum(0)
+        scale = max(1.0, float(total_in.abs().max()))
+        err = float((total_in - total_out).abs().max()) / scale
+        worst_cons = max(worst_cons, err)
+        if err > 1e-9:
+            raise AssertionError(f"{name} step {step}: conservation off by {err:.3g} (relative)")
+        if lossless:
+            for r, (a, e) in enumerate(zip(accs, ress)):
+                if not bool(((e == 0) | (e == a)).all()):
+                    raise AssertionError(f"{name} (lossless) step {step}: rank {r} kept part of an entry")
+            sent = accs[0] - ress[0]
+            for r in range(1, len(accs)):
+                sent = sent + (accs[r] - ress[r])
+            bit_exact = bit_exact and torch.equal(sent, outs[0])
+            lerr = float((sent - outs[0]).abs().max()) / scale
+            worst_lossless = max(worst_lossless, lerr)
+            if lerr > 1e-12:
+                raise AssertionError(f"{name} (lossless) step {step}: out differs from the sum of the "
+                                     f"sent entries by {lerr:.3g} (relative)")
+        carried = res
+    return {"lossless": lossless, "conservation_rel_err": worst_cons,
+            "lossless_rel_err": worst_lossless if lossless else None,
+            "bit_exact": bit_exact if lossless else None}
+
+
+def _pingpong(sizes: list[int], rank: int) -> list[float]:
+    """Half round-trip seconds per size between ranks 0 and 1 (others just wait)."""
+    import torch.distributed as dist
+
+    halves = []
+    for size in sizes:
+        buf = torch.zeros(size, dtype=torch.uint8)
+        trips = 2 if size >= 16 << 20 else (3 if size >= 1 << 20 else 10)
+        times = []
+        dist.barrier()
+        for trip in range(trips + 1):                 # the first trip warms the connection up
+            if rank == 0:
+                start = time.perf_counter()
+                dist.send(buf, 1)
+                dist.recv(buf, 1)
+                if trip:
+                    times.append((time.perf_counter() - start) / 2)
+            elif rank == 1:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+        halves.append(statistics.median(times) if rank == 0 else 0.0)
+    t = torch.tensor(halves, dtype=torch.float64)
+    dist.broadcast(t, 0)
+    return t.tolist()
+
+
+def fit_alpha_beta(sizes, times) -> tuple[float, float]:
+    """Least squares on t = alpha + beta * bytes, weighted by 1/t; alpha >= 0."""
+    x = np.asarray(sizes, dtype=np.float64)
+    t = np.asarray(times, dtype=np.float64)
+    w = 1.0 / t
+    A = np.stack([np.ones_like(x), x], 1) * w[:, None]
+    alpha, beta = np.linalg.lstsq(A, t * w, rcond=None)[0]
+    if alpha < 0:                                      # refit through the origin
+        alpha = 0.0
+        beta = float(np.sum(w * w * x * t) / np.sum(w * w * x * x))
+    return float(alpha), float(beta)
+
+
+def _worker(rank: int, size: int, cfg: dict) -> dict | None:
+    """Everything one rank does; returns the report on rank 0 (None elsewhere)."""
+    import torch.distributed as dist
+    import sparsecomm as sc
+    from sparsecomm.comm import TorchComm
+
+    torch.set_num_threads(cfg["threads"])
+    comm = TorchComm()
+    say = print if rank == 0 else (lambda *a, **k: None)
+    # 1. correctness
+    checks = {}
+    for name in cfg["algorithms"]:
+        checks[name] = _check_algorithm(name, cfg["densities"][0], cfg["check_n"], comm)
+    say(f"correctness checked on N = {cfg['check_n']} (float64, {_CHECK_STEPS} steps): "
+        + ", ".join(f"{a}{' (lossless)' if c['lossless'] else ''}" for a, c in checks.items()), flush=True)
+    # 2. alpha-beta
+    sizes = []
+    s = 1 << 10
+    while s <= cfg["pingpong_max"]:
+        sizes.append(s)
+        s <<= 2
+    if size >= 2 and sizes:
+        halves = _pingpong(sizes, rank)
+        alpha, beta = fit_alpha_beta(sizes, halves)
+    else:
+        halves, alpha, beta = [], 0.0, 0.0
+    say(f"ping-pong rank 0 <-> 1, {sizes[0] if sizes else 0} B .. {sizes[-1] if sizes else 0} B: "
+        f"alpha = {alpha * 1e6:.1f} us, beta = {beta * 1e9:.3f} ns/B ({8 / beta / 1e9 if beta else 0:.3f} Gbit/s)",
+        flush=True)
+    # 3. timing
+    n, algos, dens = cfg["n"], cfg["algorithms"], cfg["densities"]
+    grads = [_grad(rank, step, n) for step in range(2)]
+    out = torch.empty(n)
+    data = torch.zeros(len(algos), len(dens), cfg["repeats"], len(_FIELDS), dtype=torch.float64)
+    for di, d in enumerate(dens):
+        reducers = [sc.SparseAllreduce(a, d, comm=comm) for a in algos]
+        for red in reducers:                            # warm-up: handshake, plans, buffers
+            red(grads[0], out=out)
+        for rep in range(cfg["repeats"]):
+            for ai, red in enumerate(reducers):
+                dist.barrier()
+                start = time.perf_counter()
+                red(grads[rep % 2], out=out)
+                wall = time.perf_counter() - start
+                st = red.last_stats
+                data[ai, di, rep] = torch.tensor([wall, st["comm_s"], st["bytes_sent"], st["rounds"]],
+                                                 dtype=torch.float64)
+        del reducers
+    everyone = torch.stack(_gather(data))              # [P, algos, dens, repeats, fields]
+    if rank != 0:
+        return None
+    slowest = everyone.amax(0)                         # per repeat: the slowest rank's figures
+    rows = []
+    for di, d in enumerate(dens):
+        med = {a: {f: float(np.median(slowest[ai, di, :, fi].numpy())) for fi, f in enumerate(_FIELDS)}
+               for ai, a in enumerate(algos)}
+        dense_t = med["dense"]["wall_s"] if "dense" in med else None
+        for ai, a in enumerate(algos):
+            m = med[a]
+            bound = m["rounds"] * alpha + m["bytes_sent"] * beta
+            rows.append({"algorithm": a, "P": size, "N": n, "density": d, "k": sc.k_for(d, n),
+                         "lossless": checks[a]["lossless"], "repeats": cfg["repeats"],
+                         "time_s": m["wall_s"], "comm_s": m["comm_s"],
+                         "bytes_sent": int(m["bytes_sent"]), "rounds": int(m["rounds"]),
+                         "speedup_vs_dense": dense_t / m["wall_s"] if dense_t else None,
+                         "bound_s": bound, "bound_over_measured": bound / m["comm_s"] if m["comm_s"] > 0 else None})
+    return {"P": size, "N": n, "densities": dens, "repeats": cfg["repeats"], "alpha_s": alpha,
+            "beta_s_per_byte": beta, "pingpong": {"bytes": sizes, "half_rtt_s": halves},
+            "checks": checks, "rows": rows, "where": cfg["where"]}
+
+
+# -- reporting --------------------------------------------------------------------------------
+_CSV_COLS = ("algorithm", "P", "N", "density", "k", "lossless", "repeats", "time_s", "comm_s", "bytes_sent",
+             "rounds", "speedup_vs_dense", "bound_s", "bound_over_measured")
+
+
+def _table(rows) -> str:
+    lines = [f"{'algorithm':<26}{'density':>8}{'time ms':>10}{'comm ms':>10}{'MB sent':>10}{'rounds':>7}"
+             f"{'speedup':>9}{'bound/meas':>11}"]
+    for r in rows:
+        sp = f"{r['speedup_vs_dense']:.2f}" if r["speedup_vs_dense"] else "-"
+        bm = f"{r['bound_over_measured']:.2f}" if r["bound_over_measured"] else "-"
+        lines.append(f"{r['algorithm']:<26}{r['density']:>8g}{r['time_s'] * 1e3:>10.1f}{r['comm_s'] * 1e3:>10.1f}"
+                     f"{r['bytes_sent'] / 1e6:>10.2f}{r['rounds']:>7}{sp:>9}{bm:>11}")
+    return "\n".join(lines)
+
+
+def _write(report: dict, out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = [out_dir / "collectives.csv", out_dir / "collectives.json"]
+    with open(written[0], "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=_CSV_COLS)
+        w.writeheader()
+        for r in report["rows"]:
+            w.writerow({c: r[c] for c in _CSV_COLS})
+    with open(written[1], "w") as f:
+        json.dump(report, f, indent=1)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: skipping the PNG plots")
+        return written
+    rows, dens = report["rows"], report["densities"]
+    algos = list(dict.fromkeys(r["algorithm"] for r in rows))
+    first = [r for r in rows if r["density"] == dens[0]]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    for ax, key, label in zip(axes, ("time_s", "bytes_sent", "speedup_vs_dense"),
+                              ("median time per call (s)", "bytes sent per rank", "speedup over dense")):
+        ax.bar([r["algorithm"] for r in first], [r[key] or 0 for r in first])
+        ax.set_title(label)
+        ax.tick_params(axis="x", rotation=60)
+    fig.suptitle(f"P = {report['P']}, N = {report['N']}, density {dens[0]} ({report['where']})")
+    fig.tight_layout()
+    fig.savefig(out_dir / "collectives_bars.png", dpi=110)
+    written.append(out_dir / "collectives_bars.png")
+    plt.close(fig)
+    if len(dens) > 1:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for a in algos:
+            pts = sorted((r["density"], r["time_s"]) for r in rows if r["algorithm"] == a)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=a)
+        ax.set_xscale("log")
+        ax.set_xlabel("density")
+        ax.set_ylabel("median time per call (s)")
+        ax.set_title(f"P = {report['P']}, N = {report['N']}")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out_dir / "time_vs_density.png", dpi=110)
+        written.append(out_dir / "time_vs_density.png")
+        plt.close(fig)
+    return written
+
+
+# -- CLI --------------------------------------------------------------------------------------
+def _collectives(argv) -> int:
+    from sparsecomm import algorithms
+
+    ap = argparse.ArgumentParser(prog="python -m sparsecomm.bench collectives",
+                                 description="Check, then time, every sparse allreduce algorithm.")
+    ap.add_argument("--algorithms", nargs="+", default=["all"], help="names, or 'all'")
+    ap.add_argument("--N", type=int, default=15_000_000)
+    ap.add_argument("--density", type=float, nargs="+", default=[0.01])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", default="bench_results")
+    ap.add_argument("--nproc", type=int, default=2, help="ranks to start when not under a launcher")
+    ap.add_argument("--check-n", type=int, default=100_003)
+    ap.add_argument("--pingpong-max", type=int, default=64 << 20, help="largest ping-pong message (bytes)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    ap.add_argument("--timeout", type=float, default=3600.0)
+    args = ap.parse_args(argv)
+    known = algorithms.names()
+    names = known if args.algorithms == ["all"] else args.algorithms
+    bad = [a for a in names if a not in known]
+    if bad:
+        ap.error(f"unknown algorithm(s) {', '.join(map(repr, bad))}; known: {', '.join(known)} (or 'all')")
+    if args.repeats < 1 or args.N < 1 or args.check_n < 1:
+        ap.error("--repeats, --N and --check-n must be >= 1")
+    bad_d = [d for d in args.density if not 0 < d <= 1]
+    if bad_d:
+        ap.error(f"--density values must be in (0, 1], got {bad_d}")
+    names = list(dict.fromkeys(names))
+    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    where = (f"launcher, GLOO_SOCKET_IFNAME={os.environ.get('GLOO_SOCKET_IFNAME')}" if launched
+             else "gloo loopback")
+    cfg = {"algorithms": names, "n": args.N, "densities": args.density, "repeats": args.repeats,
+           "check_n": args.check_n, "pingpong_max": args.pingpong_max, "threads": args.threads, "where": where}
+    if launched:
+        import torch.distributed as dist
+        from datetime import timedelta
+        dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
+        try:
+            report = _worker(dist.get_rank(), dist.get_world_size(), cfg)
+        finally:
+            dist.destroy_process_group()
+    else:
+        from sparsecomm.testing import spawn
+        if args.nproc < 2:
+            ap.error("--nproc must be >= 2")
+        report = spawn(_worker, args.nproc, cfg, timeout=args.timeout)[0]
+    if report is None:
+        return 0
+    print(f"\nP = {report['P']}, N = {report['N']}, {report['where']}, medians of {report['repeats']} "
+          f"(slowest rank), alpha = {report['alpha_s'] * 1e6:.1f} us, beta = {report['beta_s_per_byte'] * 1e9:.3f} ns/B")
+    print(_table(report["rows"]))
+    for p in _write(report, Path(args.out)):
+        print(f"wrote {p}")
+    return 0
+
+
+def _kernels(argv) -> int:
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_kernels.py"
+    if not path.exists():
+        print(f"error: {path} not found (the kernel benchmark ships with the source checkout)", file=sys.stderr)
+        return 2
+    spec = importlib.util.spec_from_file_location("_sparsecomm_bench_kernels", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.main(list(argv))
+    return 0
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = {"collectives": _collectives, "kernels": _kernels}
+    if not argv or argv[0] not in commands:
+        print(__doc__.split("\n")[0] + "\n\nusage: python -m sparsecomm.bench {collectives,kernels} [options]"
+              "\n(add --help after the command for its options)", file=sys.stderr)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    return commands[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

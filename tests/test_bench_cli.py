@@ -1,0 +1,50 @@
+"""The collective benchmark CLI (issue 6 item 2): loopback ranks, no launcher."""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ALGOS = ["dense", "topka", "spardl"]
+
+
+def _run(args, tmp_path, timeout=120):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    return subprocess.run([sys.executable, "-m", "sparsecomm.bench", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=tmp_path)
+
+
+def test_collectives_cli_writes_csv_and_json(tmp_path):
+    out = tmp_path / "out"
+    proc = _run(["collectives", "--algorithms", *ALGOS, "--N", "20000", "--density", "0.01", "--repeats", "2",
+                 "--nproc", "2", "--out", str(out), "--check-n", "20011", "--pingpong-max", str(1 << 20)], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "correctness checked" in proc.stdout
+    with open(out / "collectives.csv") as f:
+        rows = {r["algorithm"]: r for r in csv.DictReader(f)}
+    assert sorted(rows) == sorted(ALGOS)
+    report = json.loads((out / "collectives.json").read_text())
+    assert [r["algorithm"] for r in report["rows"]] == ALGOS
+    assert report["P"] == 2 and report["N"] == 20000
+    assert report["alpha_s"] >= 0 and report["beta_s_per_byte"] > 0
+    by = {r["algorithm"]: r for r in report["rows"]}
+    assert by["topka"]["bytes_sent"] < by["dense"]["bytes_sent"]
+    assert by["dense"]["speedup_vs_dense"] == 1.0
+    assert float(rows["dense"]["speedup_vs_dense"]) == 1.0
+    for r in report["rows"]:
+        assert r["time_s"] > 0 and r["rounds"] >= 1 and r["bytes_sent"] > 0 and r["k"] == 200
+        assert r["bound_over_measured"] is None or r["bound_over_measured"] > 0
+    assert report["checks"]["topka"]["lossless"] and not report["checks"]["spardl"]["lossless"]
+
+
+def test_collectives_cli_rejects_unknown_algorithm(tmp_path):
+    proc = _run(["collectives", "--algorithms", "dense", "nosuchalgo", "--N", "1000"], tmp_path, timeout=60)
+    assert proc.returncode != 0
+    assert "unknown algorithm(s) 'nosuchalgo'" in proc.stderr and "topka" in proc.stderr
+
+
+def test_unknown_command(tmp_path):
+    proc = _run(["frobnicate"], tmp_path, timeout=60)
+    assert proc.returncode == 2 and "collectives" in proc.stderr
