@@ -1,0 +1,161 @@
+"""Shared parts of the training examples: rank start-up, the DDP train loop, logging.
+
+Start-up is that of ``ddp_demo.py``: under torchrun / ``sparsecomm.launch`` (RANK and
+WORLD_SIZE set) the script joins the gloo group itself; otherwise it starts ``--nproc`` ranks
+through ``sparsecomm.launch`` on links shaped to ``--bandwidth`` (root and iproute2 needed),
+or with :func:`sparsecomm.testing.spawn` on plain loopback (``--bandwidth none``, or where
+shaping is impossible).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from typing import Callable, Iterable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import sparsecomm as sc
+from sparsecomm.launch import EmulatedNetwork, NetworkSetupError, launch, parse_rate
+
+
+def add_common_args(parser: argparse.ArgumentParser, *, steps: int | None, epochs: int, batch: int, lr: float,
+                    bandwidth: str = "none") -> None:
+    parser.add_argument("--algorithm", default="spardl", help=f"from: {', '.join(sc.algorithms.names())}")
+    parser.add_argument("--density", type=float, default=0.01, help="ignored (1.0) for dense")
+    parser.add_argument("--data-dir", default=None, help="where the real data set lies (see the module doc)")
+    parser.add_argument("--epochs", type=int, default=epochs)
+    parser.add_argument("--steps", type=int, default=steps, help="stop after this many updates (overrides epochs)")
+    parser.add_argument("--batch", type=int, default=batch, help="per-rank batch size")
+    parser.add_argument("--lr", type=float, default=lr)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--nproc", type=int, default=2, help="ranks to start when not under a launcher")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument("--bandwidth", type=parse_rate, default=bandwidth,
+                        help="emulated link rate per rank (1gbit, 100mbit, ...) or 'none' for loopback")
+    parser.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+
+
+def banner(text: str) -> None:
+    line = "=" * min(100, max(60, len(text) + 4))
+    print(f"{line}\n  {text}\n{line}", flush=True)
+
+
+def start(script: str, argv: list[str] | None, args: argparse.Namespace, spawned: Callable) -> list | None:
+    """Run ``spawned(rank, world, args)`` on every rank: under a launcher, through one, or spawned."""
+    for name in getattr(args, "algorithms", None) or [args.algorithm]:
+        sc.algorithms.get(name)  # a clear error before any rank starts
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        dist.init_process_group("gloo")
+        try:
+            return [spawned(dist.get_rank(), dist.get_world_size(), args)]
+        finally:
+            dist.destroy_process_group()
+    if args.bandwidth:
+        try:
+            EmulatedNetwork.check_possible()
+        except NetworkSetupError as exc:
+            print(f"cannot emulate a {args.bandwidth} network here ({exc}): running on plain loopback", flush=True)
+        else:
+            print(f"running {args.nproc} ranks on an emulated {args.bandwidth} network (sparsecomm.launch)", flush=True)
+            cmd = [sys.executable, os.path.abspath(script), *(sys.argv[1:] if argv is None else argv)]
+            sys.exit(launch(cmd, args.nproc, args.bandwidth))
+    from sparsecomm.testing import spawn
+
+    return spawn(spawned, args.nproc, args, timeout=3600)
+
+
+def shard(n: int, rank: int, world: int) -> slice:
+    """Rank's contiguous share of n (shuffled) samples."""
+    per = n // world
+    return slice(rank * per, (rank + 1) * per)
+
+
+def make_ddp(model: nn.Module, algorithm: str, density: float) -> tuple[nn.Module, sc.DDPHookState]:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ddp = DDP(model)
+    state = sc.DDPHookState(algorithm, 1.0 if algorithm == "dense" else density)
+    ddp.register_comm_hook(state, sc.ddp_hook)
+    return ddp, state
+
+
+def batches(n: int, batch: int, epochs: int, steps: int | None, seed: int) -> Iterable[torch.Tensor]:
+    """Index batches: a fresh permutation per epoch; ``steps`` (if given) caps the total."""
+    gen = torch.Generator().manual_seed(seed)
+    per_epoch = max(1, n // batch)
+    total = steps if steps is not None else epochs * per_epoch
+    done = 0
+    while done < total:
+        perm = torch.randperm(n, generator=gen)
+        for i in range(per_epoch):
+            if done == total:
+                return
+            yield perm[i * batch:(i + 1) * batch]
+            done += 1
+
+
+def train(ddp: nn.Module, state: sc.DDPHookState, optimizer: torch.optim.Optimizer, x: torch.Tensor,
+          y: torch.Tensor, args: argparse.Namespace, rank: int, desc: str,
+          scheduler: torch.optim.lr_scheduler.LRScheduler | None = None) -> dict:
+    """The loop every example uses; returns losses, per-update times and bytes sent per step."""
+    order = list(batches(len(x), args.batch, args.epochs, args.steps, args.seed + rank))
+    bar = None
+    if rank == 0 and not args.no_progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(order), desc=desc, file=sys.stdout, mininterval=1.0, leave=False)
+    losses, times, sent = [], [], []
+    ddp.train()
+    for idx in order:
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(ddp(x[idx]), y[idx])
+        loss.backward()
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        times.append(time.perf_counter() - start)
+        sent.append(sum(s.get("bytes_sent", 0) for s in state.last_stats.values()))
+        losses.append(loss.item())
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", ms=f"{1000 * times[-1]:.0f}", refresh=False)
+    if bar is not None:
+        bar.close()
+    return {"losses": losses, "times": times, "bytes": sent}
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 256) -> float:
+    """Accuracy over the union of every rank's (x, y)."""
+    model.eval()
+    correct = sum((model(x[i:i + batch]).argmax(1) == y[i:i + batch]).sum().item() for i in range(0, len(x), batch))
+    counts = torch.tensor([float(correct), float(len(x))], dtype=torch.float64)
+    dist.all_reduce(counts)
+    model.train()
+    return (counts[0] / counts[1]).item()
+
+
+def summarize(run: dict, acc: float) -> dict:
+    """Median per-update time (after warm-up, max over ranks), median bytes/step, last losses."""
+    measured = run["times"][3:] or run["times"]
+    step_s = torch.tensor([sorted(measured)[len(measured) // 2]])
+    dist.all_reduce(step_s, op=dist.ReduceOp.MAX)
+    tail = run["losses"][-10:]
+    return {"step_s": step_s.item(), "bytes": sorted(run["bytes"])[len(run["bytes"]) // 2],
+            "final_loss": sum(tail) / len(tail), "finite": all(math.isfinite(v) for v in run["losses"]),
+            "accuracy": acc, "steps": len(run["times"])}
+
+
+def print_table(rows: list[dict]) -> None:
+    print("| algorithm | density | updates | per-update (ms) | bytes/step (sent per rank) | final loss | test accuracy |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['algorithm']} | {r['density']:g} | {r['steps']} | {1000 * r['step_s']:.1f} | "
+              f"{r['bytes'] / 1e6:.4f} MB | {r['final_loss']:.4f} | {100 * r['accuracy']:.2f}% |")
+    sys.stdout.flush()

@@ -1,0 +1,162 @@
+"""VGG-16 / VGG-19 / ResNet-20 on CIFAR-10/100 with DDP and a sparsecomm hook.
+
+    python examples/train_image.py --model resnet20 --algorithm spardl --density 0.01 --steps 50
+    python examples/train_image.py --model vgg16 --algorithm dense --data-dir ~/data/cifar-10-batches-py --epochs 1
+    python examples/train_image.py --model vgg16 --bandwidth 1gbit --nproc 4 --steps 20   # emulated cluster (root)
+
+Data, in this order:
+
+1. ``--data-dir`` holding CIFAR-10's python batches (``data_batch_1`` .. ``data_batch_5``,
+   ``test_batch``) or CIFAR-100's (``train``, ``test``; fine labels, 100 classes). These are
+   pickle files in the documented format; they are read with an unpickler that admits only
+   numpy arrays, so a file that is not a CIFAR batch fails instead of running code.
+2. ``--data-dir`` holding the binary version (``data_batch_*.bin`` / ``test_batch.bin``, or
+   CIFAR-100's ``train.bin`` / ``test.bin``), read with numpy alone.
+3. Otherwise GENERATED CIFAR-shaped data (3x32x32, 10 classes): every class has a fixed
+   random low-frequency colour pattern, each image is its class's pattern at a random
+   contrast plus noise, so accuracy can rise. This is announced at start.
+
+Every rank trains on its own shard of the training set with SGD + momentum; the test set is
+split between the ranks for evaluation. Logged: per-update time, bytes each rank sends per
+step (``state.last_stats``), loss, test accuracy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+import models  # noqa: E402
+
+MEAN = torch.tensor([0.4914, 0.4822, 0.4465]).view(1, 3, 1, 1)
+STD = torch.tensor([0.2470, 0.2435, 0.2616]).view(1, 3, 1, 1)
+
+
+class _NumpyOnly(pickle.Unpickler):
+    """Admits the globals a CIFAR python batch needs (numpy array reconstruction) and no other."""
+
+    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+               ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
+               ("numpy._core.multiarray", "scalar"), ("_codecs", "encode")}
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a CIFAR batch")
+        return super().find_class(module, name)
+
+
+def _read_python_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
+    with open(path, "rb") as f:
+        batch = _NumpyOnly(f, encoding="bytes").load()
+    labels = batch.get(b"labels", batch.get(b"fine_labels"))
+    return np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32), np.asarray(labels, dtype=np.int64)
+
+
+def _read_binary_batch(path: str, label_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+    raw = np.fromfile(path, dtype=np.uint8).reshape(-1, label_bytes + 3072)
+    return raw[:, label_bytes:].reshape(-1, 3, 32, 32), raw[:, label_bytes - 1].astype(np.int64)  # fine label last
+
+
+def find_cifar(data_dir: str | None) -> tuple[str, list[str], list[str], object] | None:
+    """(description, train files, test files, reader) for what ``data_dir`` holds, or None."""
+    if not data_dir or not os.path.isdir(data_dir):
+        return None
+    p = lambda *names: [os.path.join(data_dir, n) for n in names]  # noqa: E731
+    exists = lambda files: all(os.path.isfile(f) for f in files)  # noqa: E731
+    options = [
+        ("CIFAR-10 (python batches)", p(*[f"data_batch_{i}" for i in range(1, 6)]), p("test_batch"), _read_python_batch),
+        ("CIFAR-100 (python batches)", p("train"), p("test"), _read_python_batch),
+        ("CIFAR-10 (binary)", p(*[f"data_batch_{i}.bin" for i in range(1, 6)]), p("test_batch.bin"),
+         lambda f: _read_binary_batch(f, 1)),
+        ("CIFAR-100 (binary)", p("train.bin"), p("test.bin"), lambda f: _read_binary_batch(f, 2)),
+    ]
+    for name, train, test, reader in options:
+        if exists(train) and exists(test):
+            return name, train, test, reader
+    return None
+
+
+def load_cifar(found) -> tuple[torch.Tensor, ...]:
+    _, train_files, test_files, reader = found
+    parts = [[reader(f) for f in files] for files in (train_files, test_files)]
+    out = []
+    for batches in parts:
+        x = torch.from_numpy(np.concatenate([b[0] for b in batches])).float().div_(255.0)
+        out += [(x - MEAN) / STD, torch.from_numpy(np.concatenate([b[1] for b in batches]))]
+    return tuple(out)
+
+
+def generated(n_train: int, n_test: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    patterns = torch.nn.functional.interpolate(torch.randn(10, 3, 4, 4, generator=gen), size=32, mode="bilinear",
+                                               align_corners=False)
+    out = []
+    for n in (n_train, n_test):
+        y = torch.randint(0, 10, (n,), generator=gen)
+        contrast = 0.5 + torch.rand(n, 1, 1, 1, generator=gen)
+        out += [patterns[y] * contrast + torch.randn(n, 3, 32, 32, generator=gen), y]
+    return tuple(out)
+
+
+def describe_data(args: argparse.Namespace) -> str:
+    found = find_cifar(args.data_dir)
+    if found:
+        return f"data: {found[0]} from {args.data_dir}: {', '.join(os.path.basename(f) for f in found[1] + found[2])}"
+    why = f"no CIFAR batches in {args.data_dir!r}" if args.data_dir else "no --data-dir"
+    return (f"GENERATED DATA ({why}): CIFAR-shaped 3x32x32, 10 classes, {args.train_size} train / "
+            f"{args.test_size} test images, class patterns + noise -- NOT CIFAR, accuracy is not comparable")
+
+
+def run_rank(rank: int, world: int, args: argparse.Namespace) -> dict:
+    torch.set_num_threads(max(1, args.threads))
+    found = find_cifar(args.data_dir)
+    if rank == 0:
+        _common.banner(describe_data(args))
+    train_x, train_y, test_x, test_y = load_cifar(found) if found else generated(args.train_size, args.test_size)
+    classes = int(train_y.max().item()) + 1 if found else 10
+    classes = 100 if classes > 10 else 10
+    perm = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(args.seed))
+    part = perm[_common.shard(len(train_x), rank, world)]
+    x, y = train_x[part], train_y[part]
+    torch.manual_seed(args.seed)
+    ddp, state = _common.make_ddp(models.build(args.model, classes), args.algorithm, args.density)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
+    run = _common.train(ddp, state, optimizer, x, y, args, rank, desc=f"{args.model} {args.algorithm}")
+    test_part = _common.shard(len(test_x), rank, world)
+    acc = _common.accuracy(ddp.module, test_x[test_part], test_y[test_part], batch=args.batch * 4)
+    row = {"algorithm": args.algorithm, "density": state.density, **_common.summarize(run, acc)}
+    if rank == 0:
+        params = sum(p.numel() for p in ddp.module.parameters())
+        print(f"\n{args.model} ({params / 1e6:.2f} M parameters, {classes} classes): {world} ranks x {len(x)} "
+              f"training images, batch {args.batch} per rank, lr {args.lr}")
+        print("per-update time: median over updates 4..N, max over ranks; bytes: sent per rank per update")
+        _common.print_table([row])
+        print(f"loss finite: {row['finite']}, first {run['losses'][0]:.4f} -> last {run['losses'][-1]:.4f}")
+        sys.stdout.flush()
+    return row
+
+
+def _spawned(rank: int, world: int, args: argparse.Namespace) -> dict:
+    return run_rank(rank, world, args)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common.add_common_args(parser, steps=None, epochs=1, batch=32, lr=0.05)
+    parser.add_argument("--model", choices=["vgg16", "vgg19", "resnet20"], default="resnet20")
+    parser.add_argument("--train-size", type=int, default=5000, help="generated data only")
+    parser.add_argument("--test-size", type=int, default=1000, help="generated data only")
+    args = parser.parse_args(argv)
+    print(describe_data(args), flush=True)  # loud before any rank starts, and again from rank 0
+    _common.start(__file__, argv, args, _spawned)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""The SparDL paper's LSTM task: sentiment classification of IMDB reviews with DDP + a hook.
+
+    python examples/train_lstm.py --algorithm spardl --density 0.01 --steps 100
+    python examples/train_lstm.py --data-dir ~/data/aclImdb --epochs 1 --algorithm topka
+    python -m sparsecomm.launch --nproc 4 --bandwidth 1gbit -- python examples/train_lstm.py --steps 50
+
+Data: IMDB from ``--data-dir`` when it has the aclImdb layout (``train/pos``, ``train/neg``,
+``test/pos``, ``test/neg``, one review per ``.txt``): lower-cased, ``<br />`` and punctuation
+turned into spaces, split on whitespace; the vocabulary is the ``--vocab`` - 2 most frequent
+training words (0 = padding, 1 = unknown); each review is cut or padded to ``--seq-len``.
+Otherwise GENERATED token sequences, announced at start: random tokens, of which a fixed
+tenth of the vocabulary is "positive" and another tenth "negative"; the label says whether a
+sequence holds more positive than negative tokens (a rule the LSTM can learn).
+Model: embedding 64, 2-layer LSTM of 128, linear head (``models.LSTMClassifier``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from collections import Counter
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+from models import LSTMClassifier  # noqa: E402
+
+_SPLITS = [("train", "pos"), ("train", "neg"), ("test", "pos"), ("test", "neg")]
+
+
+def has_imdb(data_dir: str | None) -> bool:
+    return bool(data_dir) and all(os.path.isdir(os.path.join(data_dir, s, c)) for s, c in _SPLITS)
+
+
+def tokenize(text: str) -> list[str]:
+    return re.sub(r"[^a-z0-9']+", " ", text.lower().replace("<br />", " ")).split()
+
+
+def load_imdb(data_dir: str, vocab: int, seq_len: int) -> tuple[torch.Tensor, ...]:
+    texts: dict[str, list[tuple[list[str], int]]] = {"train": [], "test": []}
+    for split, cls in _SPLITS:
+        folder = os.path.join(data_dir, split, cls)
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".txt"):
+                with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as f:
+                    texts[split].append((tokenize(f.read()), int(cls == "pos")))
+    counts = Counter(w for words, _ in texts["train"] for w in words)
+    index = {w: i + 2 for i, (w, _) in enumerate(counts.most_common(vocab - 2))}
+    out = []
+    for split in ("train", "test"):
+        x = torch.zeros(len(texts[split]), seq_len, dtype=torch.long)
+        for row, (words, _) in enumerate(texts[split]):
+            ids = [index.get(w, 1) for w in words[:seq_len]]
+            x[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+        out += [x, torch.tensor([label for _, label in texts[split]], dtype=torch.long)]
+    return tuple(out)
+
+
+def generated(n_train: int, n_test: int, vocab: int, seq_len: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    polarity = torch.zeros(vocab, dtype=torch.long)
+    ids = torch.randperm(vocab - 2, generator=gen) + 2
+    tenth = max(1, vocab // 10)
+    polarity[ids[:tenth]], polarity[ids[tenth:2 * tenth]] = 1, -1
+    out = []
+    for n in (n_train, n_test):
+        x = torch.randint(2, vocab, (n, seq_len), generator=gen)
+        score = polarity[x].sum(dim=1)
+        out += [x, (score > 0).long()]  # ties count as negative
+    return tuple(out)
+
+
+def describe_data(args: argparse.Namespace) -> str:
+    if has_imdb(args.data_dir):
+        return f"data: IMDB (aclImdb layout) from {args.data_dir}: train/pos, train/neg, test/pos, test/neg"
+    why = f"no aclImdb folders in {args.data_dir!r}" if args.data_dir else "no --data-dir"
+    return (f"GENERATED DATA ({why}): random token sequences (vocabulary {args.vocab}, length {args.seq_len}), "
+            f"label = more 'positive' than 'negative' tokens -- NOT IMDB, accuracy is not comparable")
+
+
+def run_rank(rank: int, world: int, args: argparse.Namespace) -> dict:
+    torch.set_num_threads(max(1, args.threads))
+    if rank == 0:
+        _common.banner(describe_data(args))
+    if has_imdb(args.data_dir):
+        train_x, train_y, test_x, test_y = load_imdb(args.data_dir, args.vocab, args.seq_len)
+    else:
+        train_x, train_y, test_x, test_y = generated(args.train_size, args.test_size, args.vocab, args.seq_len)
+    perm = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(args.seed))
+    part = perm[_common.shard(len(train_x), rank, world)]
+    torch.manual_seed(args.seed)
+    ddp, state = _common.make_ddp(LSTMClassifier(args.vocab), args.algorithm, args.density)
+    optimizer = torch.optim.Adam(ddp.parameters(), lr=args.lr)
+    run = _common.train(ddp, state, optimizer, train_x[part], train_y[part], args, rank,
+                        desc=f"lstm {args.algorithm}")
+    test_part = _common.shard(len(test_x), rank, world)
+    acc = _common.accuracy(ddp.module, test_x[test_part], test_y[test_part])
+    row = {"algorithm": args.algorithm, "density": state.density, **_common.summarize(run, acc)}
+    if rank == 0:
+        params = sum(p.numel() for p in ddp.module.parameters())
+        print(f"\nLSTM classifier ({params / 1e6:.2f} M parameters): {world} ranks x {len(part)} training "
+              f"sequences of {args.seq_len} tokens, batch {args.batch} per rank, Adam lr {args.lr}")
+        print("per-update time: median over updates 4..N, max over ranks; bytes: sent per rank per update")
+        _common.print_table([row])
+        print(f"loss finite: {row['finite']}, first {run['losses'][0]:.4f} -> last {run['losses'][-1]:.4f}")
+        sys.stdout.flush()
+    return row
+
+
+def _spawned(rank: int, world: int, args: argparse.Namespace) -> dict:
+    return run_rank(rank, world, args)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common.add_common_args(parser, steps=None, epochs=1, batch=32, lr=0.002)
+    parser.add_argument("--vocab", type=int, default=5000)
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--train-size", type=int, default=4000, help="generated data only")
+    parser.add_argument("--test-size", type=int, default=1000, help="generated data only")
+    args = parser.parse_args(argv)
+    print(describe_data(args), flush=True)
+    _common.start(__file__, argv, args, _spawned)
+
+
+if __name__ == "__main__":
+    main()
