@@ -21,9 +21,9 @@ itself on loopback with :func:`sparsecomm.testing.spawn`. On every rank it
      it was bit-exact);
 
 2. fits alpha and beta by a ping-pong between ranks 0 and 1 (1 KB .. ``--pingpong-max``,
-   default 64 MB, half round trip, median of a few trips per size), least squares on
-   ``t = alpha + beta * bytes`` weighted by 1/t (relative error, so that alpha is not lost
-   under the large sizes), alpha clamped at >= 0;
+   default 64 MB, half round trip, median of a few trips per size), ordinary least squares
+   on ``t = alpha + beta * bytes``; if the intercept is negative, alpha is the smallest
+   message's time less its beta * bytes (see :func:`fit_alpha_beta`);
 
 3. times every algorithm (interleaved repeats after one warm-up call, a barrier before each
    call, slowest rank per repeat, medians) and reports the median wall time, bytes sent
@@ -142,16 +142,22 @@ def _pingpong(sizes: list[int], rank: int) -> list[float]:
 
 
 def fit_alpha_beta(sizes, times) -> tuple[float, float]:
-    """Least squares on t = alpha + beta * bytes, weighted by 1/t; alpha >= 0."""
+    """Ordinary least squares on t = alpha + beta * bytes.
+
+    beta is the slope (the large messages set it, as they should: tbf lets a burst of a few
+    hundred KB through faster than the rate). When the intercept comes out negative,
+    alpha = t - beta * bytes of the smallest message, clamped at 0.
+    """
     x = np.asarray(sizes, dtype=np.float64)
     t = np.asarray(times, dtype=np.float64)
-    w = 1.0 / t
-    A = np.stack([np.ones_like(x), x], 1) * w[:, None]
-    alpha, beta = np.linalg.lstsq(A, t * w, rcond=None)[0]
-    if alpha < 0:                                      # refit through the origin
-        alpha = 0.0
-        beta = float(np.sum(w * w * x * t) / np.sum(w * w * x * x))
-    return float(alpha), float(beta)
+    A = np.stack([np.ones_like(x), x], 1)
+    alpha, beta = (float(v) for v in np.linalg.lstsq(A, t, rcond=None)[0])
+    if beta <= 0:
+        beta = float(np.sum(x * t) / np.sum(x * x))
+    if alpha < 0:
+        i = int(np.argmin(x))
+        alpha = max(0.0, float(t[i] - beta * x[i]))
+    return alpha, beta
 
 
 def _worker(rank: int, size: int, cfg: dict) -> dict | None:
