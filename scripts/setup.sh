@@ -25,9 +25,11 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 PIP="$VENV/bin/python -m pip"
-if ! "$VENV/bin/python" -c "import torch, numpy, pytest, tqdm" >/dev/null 2>&1; then
-  echo "setup: installing $TORCH_SPEC numpy pytest tqdm"
-  $PIP install -q "$TORCH_SPEC" numpy pytest tqdm
+# scikit-learn: the digits data set of examples/train_digits.py ships inside its wheel;
+# matplotlib: plots of `python -m sparsecomm.bench`
+if ! "$VENV/bin/python" -c "import torch, numpy, pytest, tqdm, sklearn, matplotlib" >/dev/null 2>&1; then
+  echo "setup: installing $TORCH_SPEC numpy pytest tqdm scikit-learn matplotlib"
+  $PIP install -q "$TORCH_SPEC" numpy pytest tqdm scikit-learn matplotlib
 fi
 if command -v mpicc >/dev/null 2>&1 && ! "$VENV/bin/python" -c "import mpi4py" >/dev/null 2>&1; then
   echo "setup: installing mpi4py"
