@@ -25,7 +25,9 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import sparsecomm as sc
-from sparsecomm.launch import EmulatedNetwork, NetworkSetupError, launch, parse_rate
+from sparsecomm.launch import parse_rate
+
+from _common import start  # noqa: E402  (examples/ is the script's directory)
 
 INPUTS, CLASSES = 784, 10
 
@@ -116,28 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bandwidth", type=parse_rate, default="1gbit",
                         help="emulated link rate per rank (e.g. 1gbit, 100mbit) or 'none' for loopback")
     args = parser.parse_args(argv)
-    for name in args.algorithms:
-        sc.algorithms.get(name)  # a clear error before any rank starts
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun or another launcher
-        dist.init_process_group("gloo")
-        try:
-            run_rank(dist.get_rank(), dist.get_world_size(), args)
-        finally:
-            dist.destroy_process_group()
-        return
-    if args.bandwidth:
-        try:
-            EmulatedNetwork.check_possible()
-        except NetworkSetupError as exc:
-            print(f"cannot emulate a {args.bandwidth} network here ({exc}): running on plain loopback")
-        else:
-            print(f"running {args.nproc} ranks on an emulated {args.bandwidth} network (sparsecomm.launch)")
-            cmd = [sys.executable, os.path.abspath(__file__), *(sys.argv[1:] if argv is None else argv)]
-            sys.exit(launch(cmd, args.nproc, args.bandwidth))
-    from sparsecomm.testing import spawn
-
-    spawn(_spawned, args.nproc, args, timeout=1800)
-
+    start(__file__, argv, args, _spawned)  # under a launcher, through one, or spawned on loopback
 
 if __name__ == "__main__":
     main()
