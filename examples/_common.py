@@ -159,3 +159,19 @@ def print_table(rows: list[dict]) -> None:
         print(f"| {r['algorithm']} | {r['density']:g} | {r['steps']} | {1000 * r['step_s']:.1f} | "
               f"{r['bytes'] / 1e6:.4f} MB | {r['final_loss']:.4f} | {100 * r['accuracy']:.2f}% |")
     sys.stdout.flush()
+
+
+def report(ddp: nn.Module, state: sc.DDPHookState, run: dict, test_x: torch.Tensor, test_y: torch.Tensor,
+           args: argparse.Namespace, rank: int, world: int, header: str, eval_batch: int | None = None) -> dict:
+    """Test accuracy over the ranks' shares of the test set, and rank 0's summary table."""
+    test_part = shard(len(test_x), rank, world)
+    kwargs = {} if eval_batch is None else {"batch": eval_batch}
+    acc = accuracy(ddp.module, test_x[test_part], test_y[test_part], **kwargs)
+    row = {"algorithm": args.algorithm, "density": state.density, **summarize(run, acc)}
+    if rank == 0:
+        print(f"\n{header}")
+        print("per-update time: median over updates 4..N, max over ranks; bytes: sent per rank per update")
+        print_table([row])
+        print(f"loss finite: {row['finite']}, first {run['losses'][0]:.4f} -> last {run['losses'][-1]:.4f}")
+        sys.stdout.flush()
+    return row

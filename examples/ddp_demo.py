@@ -90,8 +90,8 @@ def run_rank(rank: int, world: int, args: argparse.Namespace) -> list[dict]:
               f"GENERATED data (teacher-labelled, MNIST-shaped)")
         print("per-update time is the median over steps 4..N, max over ranks; bytes are sent per rank per step\n")
         dense = next((r for r in results if r["algorithm"] == "dense"), None)
-        print(f"| algorithm | density | per-update (ms) | speedup vs dense | bytes/step | test accuracy |")
-        print(f"|---|---|---|---|---|---|")
+        print("| algorithm | density | per-update (ms) | speedup vs dense | bytes/step | test accuracy |")
+        print("|---|---|---|---|---|---|")
         for r in results:
             speedup = f"{dense['step_s'] / r['step_s']:.2f}x" if dense else "-"
             print(f"| {r['algorithm']} | {r['density']:g} | {1000 * r['step_s']:.1f} | {speedup} | "

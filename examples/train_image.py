@@ -129,22 +129,11 @@ def run_rank(rank: int, world: int, args: argparse.Namespace) -> dict:
     ddp, state = _common.make_ddp(models.build(args.model, classes), args.algorithm, args.density)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
     run = _common.train(ddp, state, optimizer, x, y, args, rank, desc=f"{args.model} {args.algorithm}")
-    test_part = _common.shard(len(test_x), rank, world)
-    acc = _common.accuracy(ddp.module, test_x[test_part], test_y[test_part], batch=args.batch * 4)
-    row = {"algorithm": args.algorithm, "density": state.density, **_common.summarize(run, acc)}
-    if rank == 0:
-        params = sum(p.numel() for p in ddp.module.parameters())
-        print(f"\n{args.model} ({params / 1e6:.2f} M parameters, {classes} classes): {world} ranks x {len(x)} "
-              f"training images, batch {args.batch} per rank, lr {args.lr}")
-        print("per-update time: median over updates 4..N, max over ranks; bytes: sent per rank per update")
-        _common.print_table([row])
-        print(f"loss finite: {row['finite']}, first {run['losses'][0]:.4f} -> last {run['losses'][-1]:.4f}")
-        sys.stdout.flush()
-    return row
-
-
-def _spawned(rank: int, world: int, args: argparse.Namespace) -> dict:
-    return run_rank(rank, world, args)
+    params = sum(p.numel() for p in ddp.module.parameters())
+    return _common.report(ddp, state, run, test_x, test_y, args, rank, world,
+                          f"{args.model} ({params / 1e6:.2f} M parameters, {classes} classes): {world} ranks x "
+                          f"{len(x)} training images, batch {args.batch} per rank, lr {args.lr}",
+                          eval_batch=args.batch * 4)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -155,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--test-size", type=int, default=1000, help="generated data only")
     args = parser.parse_args(argv)
     print(describe_data(args), flush=True)  # loud before any rank starts, and again from rank 0
-    _common.start(__file__, argv, args, _spawned)
+    _common.start(__file__, argv, args, run_rank)
 
 
 if __name__ == "__main__":

@@ -96,22 +96,10 @@ def run_rank(rank: int, world: int, args: argparse.Namespace) -> dict:
     optimizer = torch.optim.Adam(ddp.parameters(), lr=args.lr)
     run = _common.train(ddp, state, optimizer, train_x[part], train_y[part], args, rank,
                         desc=f"lstm {args.algorithm}")
-    test_part = _common.shard(len(test_x), rank, world)
-    acc = _common.accuracy(ddp.module, test_x[test_part], test_y[test_part])
-    row = {"algorithm": args.algorithm, "density": state.density, **_common.summarize(run, acc)}
-    if rank == 0:
-        params = sum(p.numel() for p in ddp.module.parameters())
-        print(f"\nLSTM classifier ({params / 1e6:.2f} M parameters): {world} ranks x {len(part)} training "
-              f"sequences of {args.seq_len} tokens, batch {args.batch} per rank, Adam lr {args.lr}")
-        print("per-update time: median over updates 4..N, max over ranks; bytes: sent per rank per update")
-        _common.print_table([row])
-        print(f"loss finite: {row['finite']}, first {run['losses'][0]:.4f} -> last {run['losses'][-1]:.4f}")
-        sys.stdout.flush()
-    return row
-
-
-def _spawned(rank: int, world: int, args: argparse.Namespace) -> dict:
-    return run_rank(rank, world, args)
+    params = sum(p.numel() for p in ddp.module.parameters())
+    return _common.report(ddp, state, run, test_x, test_y, args, rank, world,
+                          f"LSTM classifier ({params / 1e6:.2f} M parameters): {world} ranks x {len(part)} training "
+                          f"sequences of {args.seq_len} tokens, batch {args.batch} per rank, Adam lr {args.lr}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -123,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--test-size", type=int, default=1000, help="generated data only")
     args = parser.parse_args(argv)
     print(describe_data(args), flush=True)
-    _common.start(__file__, argv, args, _spawned)
+    _common.start(__file__, argv, args, run_rank)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,6 @@ import argparse
 import csv
 import importlib.util
 import json
-import math
 import os
 import statistics
 import sys
