@@ -33,9 +33,11 @@ when returned); results are identical either way.
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import warnings
+import weakref
 from typing import Any
 
 import torch
@@ -203,6 +205,19 @@ class DDPHookState:
         self._worker.submit(job, future)
 
 
+_LIVE_WORKERS: "weakref.WeakSet[_Worker]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_live_workers() -> None:
+    # A worker thread that ran kernels owns thread-local runtime state (e.g. an OpenMP team);
+    # left running into interpreter shutdown it sometimes aborted the process ("terminate
+    # called without an active exception"). Let every worker return before shutdown; the
+    # bound keeps a worker stuck on a dead peer from holding the exit past its own timeout.
+    for worker in list(_LIVE_WORKERS):
+        worker.stop(timeout=30.0)
+
+
 class _Worker:
     """One daemon thread running queued (job, future) pairs in FIFO order."""
 
@@ -211,6 +226,7 @@ class _Worker:
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="sparsecomm-ddp-hook", daemon=True)
         self._thread.start()
+        _LIVE_WORKERS.add(self)
 
     def alive(self) -> bool:
         return self._thread.is_alive()
@@ -222,10 +238,11 @@ class _Worker:
         if threading.current_thread() is not self._thread:
             self._queue.join()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float | None = None) -> None:
         self._queue.put(None)
         if threading.current_thread() is not self._thread:
-            self._thread.join()
+            self._thread.join(timeout)
+        _LIVE_WORKERS.discard(self)
 
     def _run(self) -> None:
         while True:
