@@ -6,10 +6,9 @@
 #include "common.h"
 #include "sparsecomm/stream.h"
 
-/* ---------------------------------------------------------- sparse + sparse */
-#define DEF_SS(NAME, IT, VT)                                                            \
-  static int NAME(const IT* ia, const VT* va, int64_t na, const IT* ib, const VT* vb,  \
-                  int64_t nb, IT* io, VT* vo, int64_t* out_count, sc_error_info* err) { \
+/* ------------------------------------------------- both inputs strictly ascending */
+#define DEF_ASCENDING(NAME, IT)                                                         \
+  static int NAME(const IT* ia, int64_t na, const IT* ib, int64_t nb, sc_error_info* err) { \
     for (int64_t i = 1; i < na; ++i)                                                    \
       if (ia[i] <= ia[i - 1]) {                                                         \
         err->input = 0; err->position = i; err->value = (int64_t)ia[i];                 \
@@ -20,6 +19,17 @@
         err->input = 1; err->position = i; err->value = (int64_t)ib[i];                 \
         return SC_ERR_INDEX_ORDER;                                                      \
       }                                                                                 \
+    return SC_OK;                                                                       \
+  }
+DEF_ASCENDING(ascending_i32, int32_t)
+DEF_ASCENDING(ascending_i64, int64_t)
+
+/* ---------------------------------------------------------- sparse + sparse */
+#define DEF_SS(NAME, IT, VT, ASCENDING)                                                 \
+  static int NAME(const IT* ia, const VT* va, int64_t na, const IT* ib, const VT* vb,  \
+                  int64_t nb, IT* io, VT* vo, int64_t* out_count, sc_error_info* err) { \
+    int order = ASCENDING(ia, na, ib, nb, err);                                         \
+    if (order != SC_OK) return order;                                                   \
     int64_t i = 0, j = 0, o = 0;                                                        \
     while (i < na && j < nb) {                                                          \
       IT x = ia[i], y = ib[j];                                                          \
@@ -34,10 +44,10 @@
     *out_count = o;                                                                     \
     return SC_OK;                                                                       \
   }
-DEF_SS(ss_i32_f32, int32_t, float)
-DEF_SS(ss_i64_f32, int64_t, float)
-DEF_SS(ss_i32_f64, int32_t, double)
-DEF_SS(ss_i64_f64, int64_t, double)
+DEF_SS(ss_i32_f32, int32_t, float, ascending_i32)
+DEF_SS(ss_i64_f32, int64_t, float, ascending_i64)
+DEF_SS(ss_i32_f64, int32_t, double, ascending_i32)
+DEF_SS(ss_i64_f64, int64_t, double, ascending_i64)
 
 int sc_stream_add_ss(sc_index_t it, sc_dtype vt, const void* ia, const void* va, int64_t na,
                      const void* ib, const void* vb, int64_t nb, void* io, void* vo,
@@ -104,26 +114,18 @@ int sc_stream_add_dd(sc_dtype vt, void* a, const void* b, int64_t n, int nthread
 }
 
 /* ------------------------------------------------------------ concatenation */
-#define DEF_CAT(NAME, IT)                                                               \
+#define DEF_CAT(NAME, IT, ASCENDING)                                                    \
   static int NAME(const IT* ia, int64_t na, const IT* ib, int64_t nb, sc_error_info* err) { \
-    for (int64_t i = 1; i < na; ++i)                                                    \
-      if (ia[i] <= ia[i - 1]) {                                                         \
-        err->input = 0; err->position = i; err->value = (int64_t)ia[i];                 \
-        return SC_ERR_INDEX_ORDER;                                                      \
-      }                                                                                 \
-    for (int64_t i = 1; i < nb; ++i)                                                    \
-      if (ib[i] <= ib[i - 1]) {                                                         \
-        err->input = 1; err->position = i; err->value = (int64_t)ib[i];                 \
-        return SC_ERR_INDEX_ORDER;                                                      \
-      }                                                                                 \
+    int order = ASCENDING(ia, na, ib, nb, err);                                         \
+    if (order != SC_OK) return order;                                                   \
     if (na && nb && ib[0] <= ia[na - 1]) {                                              \
       err->input = 1; err->position = 0; err->value = (int64_t)ib[0];                  \
       return SC_ERR_INDEX_ORDER;                                                        \
     }                                                                                   \
     return SC_OK;                                                                       \
   }
-DEF_CAT(cat_check_i32, int32_t)
-DEF_CAT(cat_check_i64, int64_t)
+DEF_CAT(cat_check_i32, int32_t, ascending_i32)
+DEF_CAT(cat_check_i64, int64_t, ascending_i64)
 
 int sc_stream_concat(sc_index_t it, sc_dtype vt, const void* ia, const void* va, int64_t na,
                      const void* ib, const void* vb, int64_t nb, void* io, void* vo,
