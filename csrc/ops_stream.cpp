@@ -63,23 +63,36 @@ void same_types(const Tensor& ia, const Tensor& va, const Tensor& ib, const Tens
                    " and ", vb.scalar_type());
 }
 
-std::tuple<Tensor, Tensor> add_ss(const Tensor& ia, const Tensor& va, const Tensor& ib,
-                                  const Tensor& vb) {
-  const char* op = "sparsecomm.stream_add_ss";
+// Checked, contiguous inputs of a two-stream op and an output buffer able to hold both.
+struct TwoStreams {
+  sc_index_t it;
+  sc_dtype vt;
+  Tensor a, x, b, y, io, vo;
+};
+
+TwoStreams two_streams(const Tensor& ia, const Tensor& va, const Tensor& ib, const Tensor& vb,
+                       const char* op) {
   check_pair(ia, va, op, "idx_a", "val_a");
   check_pair(ib, vb, op, "idx_b", "val_b");
   same_types(ia, va, ib, vb, op);
-  sc_index_t it = idtype(ia, op, "idx_a");
-  sc_dtype vt = vdtype(va, op, "val_a");
-  Tensor a = ia.contiguous(), b = ib.contiguous(), x = va.contiguous(), y = vb.contiguous();
-  int64_t cap = a.numel() + b.numel();
-  Tensor io = at::empty({cap}, a.options()), vo = at::empty({cap}, x.options());
+  TwoStreams t{idtype(ia, op, "idx_a"), vdtype(va, op, "val_a"), ia.contiguous(), va.contiguous(),
+               ib.contiguous(), vb.contiguous(), Tensor(), Tensor()};
+  int64_t cap = t.a.numel() + t.b.numel();
+  t.io = at::empty({cap}, t.a.options());
+  t.vo = at::empty({cap}, t.x.options());
+  return t;
+}
+
+std::tuple<Tensor, Tensor> add_ss(const Tensor& ia, const Tensor& va, const Tensor& ib,
+                                  const Tensor& vb) {
+  const char* op = "sparsecomm.stream_add_ss";
+  TwoStreams t = two_streams(ia, va, ib, vb, op);
   int64_t count = 0;
   sc_error_info e{0, 0, 0};
-  int st = sc_stream_add_ss(it, vt, a.data_ptr(), x.data_ptr(), a.numel(), b.data_ptr(),
-                            y.data_ptr(), b.numel(), io.data_ptr(), vo.data_ptr(), &count, &e);
+  int st = sc_stream_add_ss(t.it, t.vt, t.a.data_ptr(), t.x.data_ptr(), t.a.numel(), t.b.data_ptr(),
+                            t.y.data_ptr(), t.b.numel(), t.io.data_ptr(), t.vo.data_ptr(), &count, &e);
   if (st) raise(st, op, e, 0);
-  return {io.narrow(0, 0, count), vo.narrow(0, 0, count)};
+  return {t.io.narrow(0, 0, count), t.vo.narrow(0, 0, count)};
 }
 
 Tensor& add_sd_(Tensor& dense, const Tensor& idx, const Tensor& val) {
@@ -119,19 +132,12 @@ Tensor& add_dd_(Tensor& a, const Tensor& b) {
 std::tuple<Tensor, Tensor> concat(const Tensor& ia, const Tensor& va, const Tensor& ib,
                                   const Tensor& vb) {
   const char* op = "sparsecomm.stream_concat";
-  check_pair(ia, va, op, "idx_a", "val_a");
-  check_pair(ib, vb, op, "idx_b", "val_b");
-  same_types(ia, va, ib, vb, op);
-  sc_index_t it = idtype(ia, op, "idx_a");
-  sc_dtype vt = vdtype(va, op, "val_a");
-  Tensor a = ia.contiguous(), b = ib.contiguous(), x = va.contiguous(), y = vb.contiguous();
-  int64_t cap = a.numel() + b.numel();
-  Tensor io = at::empty({cap}, a.options()), vo = at::empty({cap}, x.options());
+  TwoStreams t = two_streams(ia, va, ib, vb, op);
   sc_error_info e{0, 0, 0};
-  int st = sc_stream_concat(it, vt, a.data_ptr(), x.data_ptr(), a.numel(), b.data_ptr(),
-                            y.data_ptr(), b.numel(), io.data_ptr(), vo.data_ptr(), &e);
+  int st = sc_stream_concat(t.it, t.vt, t.a.data_ptr(), t.x.data_ptr(), t.a.numel(), t.b.data_ptr(),
+                            t.y.data_ptr(), t.b.numel(), t.io.data_ptr(), t.vo.data_ptr(), &e);
   if (st) raise(st, op, e, 0);
-  return {io, vo};
+  return {t.io, t.vo};
 }
 
 std::tuple<Tensor, Tensor> qsgd_quantize(const Tensor& x, int64_t bits, int64_t bucket,
