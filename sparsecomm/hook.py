@@ -109,15 +109,20 @@ class DDPHookState:
             layout.append((ordinal, (grad.data_ptr() - base) // item, grad.numel(), param.shape))
         return layout
 
-    def _release_all(self) -> None:
-        """Cut every reducer's residual into per-parameter pieces and drop the reducers."""
+    def _residual_pieces(self) -> dict[int, torch.Tensor]:
+        """Every reducer's residual cut into per-parameter copies, keyed by ordinal."""
+        pieces = {}
         for index, reducer in self._reducers.items():
-            residual = reducer.residual
-            if residual is None:
+            if reducer.residual is None:
                 continue
-            flat = residual.reshape(-1)
+            flat = reducer.residual.detach().reshape(-1)
             for ordinal, offset, numel, _ in self._layouts[index]:
-                self._loose_residuals[ordinal] = flat[offset:offset + numel].clone()
+                pieces[ordinal] = flat[offset:offset + numel].clone()
+        return pieces
+
+    def _release_all(self) -> None:
+        """Keep every reducer's residual as per-parameter pieces and drop the reducers."""
+        self._loose_residuals.update(self._residual_pieces())
         self._reducers.clear()
         self._layouts.clear()
 
@@ -158,13 +163,7 @@ class DDPHookState:
     # -- checkpointing ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         self._drain()
-        residuals = dict(self._loose_residuals)
-        for index, reducer in self._reducers.items():
-            if reducer.residual is None:
-                continue
-            flat = reducer.residual.reshape(-1)
-            for ordinal, offset, numel, _ in self._layouts[index]:
-                residuals[ordinal] = flat[offset:offset + numel].detach().clone()
+        residuals = {**self._loose_residuals, **self._residual_pieces()}
         return {"format_version": FORMAT_VERSION, "algorithm": self.algorithm, "density": self.density,
                 "options": dict(self.options), "warmup_steps": self.warmup_steps, "step": self.step,
                 "residuals": residuals}
