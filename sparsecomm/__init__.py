@@ -9,11 +9,11 @@ Quick use::
 or, functionally, ``sc.SparseAllreduce("topka", 0.01, comm)(grad)``.
 """
 
-from . import algorithms, comm, formats, ops
+from . import algorithms, baselines, comm, formats, ops
 from .hook import DDPHookState, ddp_hook
 from .reducer import SparseAllreduce, k_for
 
 __version__ = "0.1.0"
 
-__all__ = ["algorithms", "comm", "formats", "ops", "SparseAllreduce", "k_for", "DDPHookState", "ddp_hook",
+__all__ = ["algorithms", "baselines", "comm", "formats", "ops", "SparseAllreduce", "k_for", "DDPHookState", "ddp_hook",
            "__version__"]

@@ -31,8 +31,16 @@ itself on loopback with :func:`sparsecomm.testing.spawn`. On every rank it
    ``bound = rounds * alpha + bytes_sent * beta`` of the slowest rank and ``measured`` its
    wire time (``last_stats["comm_s"]``);
 
-4. writes ``collectives.csv`` and ``collectives.json`` to ``--out`` and, if matplotlib can be
-   imported, PNG plots (bar charts per algorithm; time vs density when several densities).
+4. writes ``collectives.csv``, ``collectives.json`` and ``collectives_P{P}.json`` to ``--out``
+   and, if matplotlib can be imported, PNG plots: bar charts per algorithm, time vs density
+   when several densities were given, and time vs P when ``--out`` holds runs at several P
+   (one launch per P into the same folder, same N and first density).
+
+``--algorithms`` also takes PyTorch's own hooks, ``torch_fp16`` (``fp16_compress_hook``) and
+``torch_powersgd`` (``powerSGD_hook``, rank 4), through :mod:`sparsecomm.baselines` on the
+same flat gradient cut into VGG-like matrices; ``all`` includes them. They are checked for
+consistency across ranks and, for fp16, closeness to the mean, for PowerSGD conservation
+with its error feedback.
 
 Results travel between ranks only as plain tensors (``all_gather``), never pickled.
 
@@ -114,6 +122,68 @@ def _check_algorithm(name: str, density: float, n: int, comm) -> dict:
             "bit_exact": bit_exact if lossless else None}
 
 
+def _check_baseline(name: str, n: int, comm) -> dict:
+    """PyTorch's hooks (average, not sum): identical on every rank, and for fp16 the mean up to
+    half-precision rounding, for PowerSGD conservation with its error feedback
+    ``sum_r acc_r == P out + sum_r e'_r`` once it compresses (vanilla allreduce before)."""
+    from sparsecomm.baselines import TorchHook, bucket_shapes
+
+    hook = TorchHook(name)
+    shapes = bucket_shapes(n, rows=64, cols=576)     # small matrices, so PowerSGD compresses
+    steps = _CHECK_STEPS + (2 if name == "torch_powersgd" else 0)
+    worst = 0.0
+    for step in range(steps):
+        g = _grad(comm.rank, step, n, torch.float64)
+        carried = hook.residual()
+        acc = g + carried if carried is not None else g.clone()
+        out = hook.allreduce(g.clone(), shapes).clone()
+        outs, accs = _gather(out), _gather(acc)
+        for r in range(1, len(outs)):
+            if not torch.equal(outs[r], outs[0]):
+                raise AssertionError(f"{name} step {step}: rank {r}'s output differs from rank 0's")
+        total_in = torch.stack(accs).sum(0)
+        scale = max(1.0, float(total_in.abs().max()))
+        res = hook.residual()
+        if res is None:   # fp16, or PowerSGD's vanilla warm-up steps: out is the mean
+            err = float((total_in / len(outs) - outs[0]).abs().max()) / scale
+            limit = 4 * 2.0 ** -10 if name == "torch_fp16" else 1e-12
+        else:
+            total_out = len(outs) * outs[0] + torch.stack(_gather(res.clone())).sum(0)
+            err = float((total_in - total_out).abs().max()) / scale
+            limit = 1e-9
+        worst = max(worst, err)
+        if err > limit:
+            raise AssertionError(f"{name} step {step}: off by {err:.3g} (relative), more than {limit:.3g}")
+    return {"lossless": False, "conservation_rel_err": worst, "lossless_rel_err": None, "bit_exact": None,
+            "baseline": True}
+
+
+class _BaselineRunner:
+    """A PyTorch hook in the timing loop: ``runner(grad, out=out)`` and ``last_stats`` like a reducer.
+
+    The hook works in place on its bucket, so each call copies the gradient into a buffer
+    first (the sparse reducers also form gradient + residual inside the call). Its wire time
+    cannot be told apart from its compression compute: ``comm_s`` is the wall time.
+    """
+
+    def __init__(self, name: str, n: int) -> None:
+        from sparsecomm.baselines import TorchHook, bucket_shapes
+
+        self.hook = TorchHook(name)
+        self.shapes = bucket_shapes(n)
+        self.bucket = torch.empty(n)
+        self.warmup_calls = 3 if name == "torch_powersgd" else 1   # past PowerSGD's 2 vanilla steps
+        self.last_stats: dict = {}
+
+    def __call__(self, grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        start = time.perf_counter()
+        self.bucket.copy_(grad)
+        out.copy_(self.hook.allreduce(self.bucket, self.shapes))
+        wall = time.perf_counter() - start
+        self.last_stats = {**self.hook.last_stats[0], "comm_s": wall}
+        return out
+
+
 def _pingpong(sizes: list[int], rank: int) -> list[float]:
     """Half round-trip seconds per size between ranks 0 and 1 (others just wait)."""
     import torch.distributed as dist
@@ -169,9 +239,12 @@ def _worker(rank: int, size: int, cfg: dict) -> dict | None:
     comm = TorchComm()
     say = print if rank == 0 else (lambda *a, **k: None)
     # 1. correctness
+    from sparsecomm.baselines import is_baseline
+
     checks = {}
     for name in cfg["algorithms"]:
-        checks[name] = _check_algorithm(name, cfg["densities"][0], cfg["check_n"], comm)
+        checks[name] = (_check_baseline(name, cfg["check_n"], comm) if is_baseline(name)
+                        else _check_algorithm(name, cfg["densities"][0], cfg["check_n"], comm))
     say(f"correctness checked on N = {cfg['check_n']} (float64, {_CHECK_STEPS} steps): "
         + ", ".join(f"{a}{' (lossless)' if c['lossless'] else ''}" for a, c in checks.items()), flush=True)
     # 2. alpha-beta
@@ -194,9 +267,11 @@ def _worker(rank: int, size: int, cfg: dict) -> dict | None:
     out = torch.empty(n)
     data = torch.zeros(len(algos), len(dens), cfg["repeats"], len(_FIELDS), dtype=torch.float64)
     for di, d in enumerate(dens):
-        reducers = [sc.SparseAllreduce(a, d, comm=comm) for a in algos]
+        reducers = [_BaselineRunner(a, n) if is_baseline(a) else sc.SparseAllreduce(a, d, comm=comm)
+                    for a in algos]
         for red in reducers:                            # warm-up: handshake, plans, buffers
-            red(grads[0], out=out)
+            for _ in range(getattr(red, "warmup_calls", 1)):
+                red(grads[0], out=out)
         for rep in range(cfg["repeats"]):
             for ai, red in enumerate(reducers):
                 dist.barrier()
@@ -219,7 +294,8 @@ def _worker(rank: int, size: int, cfg: dict) -> dict | None:
         for ai, a in enumerate(algos):
             m = med[a]
             bound = m["rounds"] * alpha + m["bytes_sent"] * beta
-            rows.append({"algorithm": a, "P": size, "N": n, "density": d, "k": sc.k_for(d, n),
+            rows.append({"algorithm": a, "P": size, "N": n, "density": d,      # baselines ignore d
+                         "k": None if is_baseline(a) else sc.k_for(d, n), "baseline": is_baseline(a),
                          "lossless": checks[a]["lossless"], "repeats": cfg["repeats"],
                          "time_s": m["wall_s"], "comm_s": m["comm_s"],
                          "bytes_sent": int(m["bytes_sent"]), "rounds": int(m["rounds"]),
@@ -231,7 +307,7 @@ def _worker(rank: int, size: int, cfg: dict) -> dict | None:
 
 
 # -- reporting --------------------------------------------------------------------------------
-_CSV_COLS = ("algorithm", "P", "N", "density", "k", "lossless", "repeats", "time_s", "comm_s", "bytes_sent",
+_CSV_COLS = ("algorithm", "P", "N", "density", "k", "baseline", "lossless", "repeats", "time_s", "comm_s", "bytes_sent",
              "rounds", "speedup_vs_dense", "bound_s", "bound_over_measured")
 
 
@@ -256,6 +332,11 @@ def _write(report: dict, out_dir: Path) -> list[Path]:
             w.writerow({c: r[c] for c in _CSV_COLS})
     with open(written[1], "w") as f:
         json.dump(report, f, indent=1)
+    # one file per P as well: runs at several P (one launch each) into the same --out make the
+    # time-vs-P plot below
+    per_p = out_dir / f"collectives_P{report['P']}.json"
+    per_p.write_text(json.dumps(report, indent=1))
+    written.append(per_p)
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -291,7 +372,38 @@ def _write(report: dict, out_dir: Path) -> list[Path]:
         fig.savefig(out_dir / "time_vs_density.png", dpi=110)
         written.append(out_dir / "time_vs_density.png")
         plt.close(fig)
+    by_p = _runs_by_p(out_dir, report)
+    if len(by_p) > 1:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for a in algos:
+            pts = [(p, r["time_s"]) for p, run in sorted(by_p.items()) for r in run["rows"]
+                   if r["algorithm"] == a and r["density"] == dens[0]]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=a)
+        ax.set_yscale("log")
+        ax.set_xticks(sorted(by_p))
+        ax.set_xlabel("P (ranks)")
+        ax.set_ylabel("median time per call (s)")
+        ax.set_title(f"N = {report['N']}, density {dens[0]} ({report['where']})")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out_dir / "time_vs_P.png", dpi=110)
+        written.append(out_dir / "time_vs_P.png")
+        plt.close(fig)
     return written
+
+
+def _runs_by_p(out_dir: Path, report: dict) -> dict[int, dict]:
+    """The ``collectives_P*.json`` runs in ``out_dir`` with this run's N and first density."""
+    runs = {}
+    for path in sorted(out_dir.glob("collectives_P*.json")):
+        try:
+            run = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue   # a file we did not write, or a half-written one: not ours to plot
+        if run.get("N") == report["N"] and report["densities"][0] in run.get("densities", []):
+            runs[int(run["P"])] = run
+    return runs
 
 
 # -- CLI --------------------------------------------------------------------------------------
@@ -300,7 +412,9 @@ def _collectives(argv) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m sparsecomm.bench collectives",
                                  description="Check, then time, every sparse allreduce algorithm.")
-    ap.add_argument("--algorithms", nargs="+", default=["all"], help="names, or 'all'")
+    ap.add_argument("--algorithms", nargs="+", default=["all"],
+                    help="names of sparsecomm algorithms and/or PyTorch hook baselines (torch_fp16, "
+                         "torch_powersgd), or 'all' for every one of both")
     ap.add_argument("--N", type=int, default=15_000_000)
     ap.add_argument("--density", type=float, nargs="+", default=[0.01])
     ap.add_argument("--repeats", type=int, default=5)
@@ -311,7 +425,9 @@ def _collectives(argv) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     ap.add_argument("--timeout", type=float, default=3600.0)
     args = ap.parse_args(argv)
-    known = algorithms.names()
+    from sparsecomm import baselines
+
+    known = algorithms.names() + baselines.names()
     names = known if args.algorithms == ["all"] else args.algorithms
     bad = [a for a in names if a not in known]
     if bad:

@@ -48,3 +48,27 @@ def test_collectives_cli_rejects_unknown_algorithm(tmp_path):
 def test_unknown_command(tmp_path):
     proc = _run(["frobnicate"], tmp_path, timeout=60)
     assert proc.returncode == 2 and "collectives" in proc.stderr
+
+
+def test_baselines_join_and_runs_at_two_p_make_a_time_vs_p_plot(tmp_path):
+    out = tmp_path / "out"
+    names = ["dense", "topka", "torch_fp16", "torch_powersgd"]
+    for nproc in (2, 3):
+        proc = _run(["collectives", "--algorithms", *names, "--N", "30000", "--density", "0.01", "--repeats", "1",
+                     "--nproc", str(nproc), "--out", str(out), "--check-n", "20011",
+                     "--pingpong-max", str(1 << 16)], tmp_path)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = {p: json.loads((out / f"collectives_P{p}.json").read_text()) for p in (2, 3)}
+    for p, run in runs.items():
+        by = {r["algorithm"]: r for r in run["rows"]}
+        assert sorted(by) == sorted(names) and run["P"] == p
+        assert by["torch_fp16"]["baseline"] and not by["topka"]["baseline"]
+        # fp16 is one ring allreduce of 2 bytes per element, half of dense's 4
+        assert by["torch_fp16"]["bytes_sent"] * 2 == pytest.approx(by["dense"]["bytes_sent"], rel=1e-3)
+        assert by["torch_powersgd"]["bytes_sent"] < by["torch_fp16"]["bytes_sent"]
+        assert run["checks"]["torch_powersgd"]["baseline"]
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        pytest.skip("matplotlib not installed: the plots are not written")
+    assert (out / "time_vs_P.png").stat().st_size > 0
