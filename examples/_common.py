@@ -14,7 +14,7 @@ import math
 import os
 import sys
 import time
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -26,7 +26,7 @@ from sparsecomm.launch import EmulatedNetwork, NetworkSetupError, launch, parse_
 
 def add_common_args(parser: argparse.ArgumentParser, *, steps: int | None, epochs: int, batch: int, lr: float,
                     bandwidth: str = "none") -> None:
-    parser.add_argument("--algorithm", default="spardl", help=f"from: {', '.join(sc.algorithms.names())}")
+    parser.add_argument("--algorithm", default="spardl", help=f"from: {', '.join(algorithm_names())}")
     parser.add_argument("--density", type=float, default=0.01, help="ignored (1.0) for dense")
     parser.add_argument("--data-dir", default=None, help="where the real data set lies (see the module doc)")
     parser.add_argument("--epochs", type=int, default=epochs)
@@ -41,6 +41,33 @@ def add_common_args(parser: argparse.ArgumentParser, *, steps: int | None, epoch
     parser.add_argument("--no-progress", action="store_true", help="no tqdm bar")
 
 
+def algorithm_names() -> list[str]:
+    """What ``--algorithm(s)`` accepts: the registered algorithms and PyTorch's hooks as baselines."""
+    return sc.algorithms.names() + sc.baselines.names()
+
+
+def check_algorithm(name: str) -> None:
+    """A clear error, before any rank starts, for a name that is neither."""
+    if not sc.baselines.is_baseline(name):
+        sc.algorithms.get(name)
+
+
+def expand_algorithms(names: list[str] | None, default: str) -> list[str]:
+    """``--algorithms`` as given, ``all`` for every name, or ``[default]`` when not given."""
+    if names is None:
+        return [default]
+    return algorithm_names() if names == ["all"] else names
+
+
+def link() -> tuple[str, str]:
+    """(where the ranks run, the emulated link rate or '') as the launcher left it in the environment."""
+    rate = os.environ.get("SPARSECOMM_BANDWIDTH", "")
+    iface = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
+    if rate:
+        return f"emulated cluster, {rate} links (interface {iface})", rate
+    return f"plain loopback (interface {iface})", ""
+
+
 def banner(text: str) -> None:
     line = "=" * min(100, max(60, len(text) + 4))
     print(f"{line}\n  {text}\n{line}", flush=True)
@@ -49,7 +76,7 @@ def banner(text: str) -> None:
 def start(script: str, argv: list[str] | None, args: argparse.Namespace, spawned: Callable) -> list | None:
     """Run ``spawned(rank, world, args)`` on every rank: under a launcher, through one, or spawned."""
     for name in getattr(args, "algorithms", None) or [args.algorithm]:
-        sc.algorithms.get(name)  # a clear error before any rank starts
+        check_algorithm(name)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         dist.init_process_group("gloo")
         try:
@@ -64,6 +91,7 @@ def start(script: str, argv: list[str] | None, args: argparse.Namespace, spawned
         else:
             print(f"running {args.nproc} ranks on an emulated {args.bandwidth} network (sparsecomm.launch)", flush=True)
             cmd = [sys.executable, os.path.abspath(script), *(sys.argv[1:] if argv is None else argv)]
+            os.environ["SPARSECOMM_BANDWIDTH"] = args.bandwidth  # the ranks report what link they ran on
             sys.exit(launch(cmd, args.nproc, args.bandwidth))
     from sparsecomm.testing import spawn
 
@@ -76,10 +104,18 @@ def shard(n: int, rank: int, world: int) -> slice:
     return slice(rank * per, (rank + 1) * per)
 
 
-def make_ddp(model: nn.Module, algorithm: str, density: float) -> tuple[nn.Module, sc.DDPHookState]:
+def make_ddp(model: nn.Module, algorithm: str, density: float) -> tuple[nn.Module, Any]:
+    """DDP with sparsecomm's hook for ``algorithm`` (or PyTorch's, for a baseline name).
+
+    The state returned has ``density`` and per-bucket ``last_stats`` either way.
+    """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ddp = DDP(model)
+    if sc.baselines.is_baseline(algorithm):
+        state = sc.baselines.TorchHook(algorithm)
+        state.register(ddp)
+        return ddp, state
     state = sc.DDPHookState(algorithm, 1.0 if algorithm == "dense" else density)
     ddp.register_comm_hook(state, sc.ddp_hook)
     return ddp, state
@@ -161,13 +197,25 @@ def print_table(rows: list[dict]) -> None:
     sys.stdout.flush()
 
 
+def print_comparison(rows: list[dict]) -> None:
+    """Rows of several algorithms side by side, with the speedup of each over ``dense``."""
+    dense = next((r for r in rows if r["algorithm"] == "dense"), None)
+    print("| algorithm | per-update (ms) | speedup vs dense | bytes/step | test accuracy |")
+    print("|---|---:|---:|---:|---:|")
+    for r in rows:
+        speedup = f"{dense['step_s'] / r['step_s']:.2f}x" if dense else "-"
+        print(f"| {r['algorithm']} | {1000 * r['step_s']:.0f} | {speedup} | {r['bytes'] / 1e6:.3f} MB | "
+              f"{100 * r['accuracy']:.1f}% |")
+    sys.stdout.flush()
+
+
 def report(ddp: nn.Module, state: sc.DDPHookState, run: dict, test_x: torch.Tensor, test_y: torch.Tensor,
            args: argparse.Namespace, rank: int, world: int, header: str, eval_batch: int | None = None) -> dict:
     """Test accuracy over the ranks' shares of the test set, and rank 0's summary table."""
     test_part = shard(len(test_x), rank, world)
     kwargs = {} if eval_batch is None else {"batch": eval_batch}
     acc = accuracy(ddp.module, test_x[test_part], test_y[test_part], **kwargs)
-    row = {"algorithm": args.algorithm, "density": state.density, **summarize(run, acc)}
+    row = {"algorithm": getattr(state, "label", state.algorithm), "density": state.density, **summarize(run, acc)}
     if rank == 0:
         print(f"\n{header}")
         print("per-update time: median over updates 4..N, max over ranks; bytes: sent per rank per update")

@@ -114,7 +114,7 @@ def describe_data(args: argparse.Namespace) -> str:
             f"{args.test_size} test images, class patterns + noise -- NOT CIFAR, accuracy is not comparable")
 
 
-def run_rank(rank: int, world: int, args: argparse.Namespace) -> dict:
+def run_rank(rank: int, world: int, args: argparse.Namespace) -> list[dict]:
     torch.set_num_threads(max(1, args.threads))
     found = find_cifar(args.data_dir)
     if rank == 0:
@@ -125,15 +125,23 @@ def run_rank(rank: int, world: int, args: argparse.Namespace) -> dict:
     perm = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(args.seed))
     part = perm[_common.shard(len(train_x), rank, world)]
     x, y = train_x[part], train_y[part]
-    torch.manual_seed(args.seed)
-    ddp, state = _common.make_ddp(models.build(args.model, classes), args.algorithm, args.density)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
-    run = _common.train(ddp, state, optimizer, x, y, args, rank, desc=f"{args.model} {args.algorithm}")
-    params = sum(p.numel() for p in ddp.module.parameters())
-    return _common.report(ddp, state, run, test_x, test_y, args, rank, world,
-                          f"{args.model} ({params / 1e6:.2f} M parameters, {classes} classes): {world} ranks x "
-                          f"{len(x)} training images, batch {args.batch} per rank, lr {args.lr}",
-                          eval_batch=args.batch * 4)
+    rows = []
+    for algorithm in args.algorithms:   # each from the same initial weights
+        torch.manual_seed(args.seed)
+        ddp, state = _common.make_ddp(models.build(args.model, classes), algorithm, args.density)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
+        run = _common.train(ddp, state, optimizer, x, y, args, rank, desc=f"{args.model} {algorithm}")
+        params = sum(p.numel() for p in ddp.module.parameters())
+        rows.append(_common.report(ddp, state, run, test_x, test_y, args, rank, world,
+                                   f"{args.model} ({params / 1e6:.2f} M parameters, {classes} classes): {world} "
+                                   f"ranks x {len(x)} training images, batch {args.batch} per rank, lr {args.lr}",
+                                   eval_batch=args.batch * 4))
+        del ddp, state, optimizer
+    if rank == 0 and len(rows) > 1:
+        print(f"\n{args.model}, {world} ranks, {_common.link()[0]}, density {args.density:g}, "
+              f"{args.steps or args.epochs} {'updates' if args.steps else 'epochs'} each:")
+        _common.print_comparison(rows)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -142,7 +150,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", choices=["vgg16", "vgg19", "resnet20"], default="resnet20")
     parser.add_argument("--train-size", type=int, default=5000, help="generated data only")
     parser.add_argument("--test-size", type=int, default=1000, help="generated data only")
+    parser.add_argument("--algorithms", nargs="+", default=None,
+                        help="compare these in turn (from the same weights; 'all' = dense, every algorithm and "
+                             "the PyTorch hooks); default: just --algorithm")
     args = parser.parse_args(argv)
+    args.algorithms = _common.expand_algorithms(args.algorithms, args.algorithm)
     print(describe_data(args), flush=True)  # loud before any rank starts, and again from rank 0
     _common.start(__file__, argv, args, run_rank)
 

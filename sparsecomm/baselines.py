@@ -163,6 +163,7 @@ class TorchHook:
         self.process_group = process_group
         self.powersgd_rank = powersgd_rank
         self.last_stats: dict[int, dict[str, Any]] = {}
+        self._executor = None  # for PowerSGD off NCCL, see _serialize_buckets
         if name == "torch_fp16":
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 
@@ -201,11 +202,43 @@ class TorchHook:
     def _record(self, index: int, shapes: Sequence[Sequence[int]], element_size: int) -> None:
         self.last_stats[index] = self.wire_stats(shapes, element_size)
 
+    def _serialize_buckets(self) -> bool:
+        """Whether bucket reductions must run one after another (PowerSGD off NCCL).
+
+        PowerSGD issues its second and third allreduce from the completion callback of the
+        previous one. On gloo those callbacks run on the backend's threads, so with several
+        buckets in flight the ranks issue their collectives in different orders, and gloo
+        aborts the process ("Received data size doesn't match expected size"). Seen here on
+        a 784-4096-4096-10 MLP (3 buckets) on 2 and 4 ranks.
+        """
+        import torch.distributed as dist
+
+        return self.name == "torch_powersgd" and dist.get_backend(self.process_group) != "nccl"
+
+    def _run_in_order(self, bucket) -> torch.futures.Future:
+        """PyTorch's hook on one worker thread, bucket after bucket; backward goes on meanwhile."""
+        if self._executor is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparsecomm-powersgd")
+        result: torch.futures.Future = torch.futures.Future()
+
+        def reduce_bucket() -> None:
+            try:
+                result.set_result(self._hook(self._state, bucket).wait())
+            except BaseException as exc:  # handed to DDP, which raises it in backward
+                result.set_exception(exc)
+
+        self._executor.submit(reduce_bucket)
+        return result
+
     @staticmethod
     def ddp_hook(state: "TorchHook", bucket) -> torch.futures.Future[torch.Tensor]:
         """DDP comm hook: record the bucket's wire figures, then run PyTorch's hook."""
         grads = bucket.gradients()
         state._record(bucket.index(), [tuple(g.shape) for g in grads], bucket.buffer().element_size())
+        if state._serialize_buckets():
+            return state._run_in_order(bucket)
         return state._hook(state._state, bucket)
 
     def register(self, ddp_model: torch.nn.Module) -> None:

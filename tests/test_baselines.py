@@ -108,8 +108,10 @@ def _ddp_worker(rank, world, name):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
-    ddp = DDP(model)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 4))
+    # several buckets in flight at once: PowerSGD on gloo must not interleave their collectives
+    ddp = DDP(model, bucket_cap_mb=0.01)
     hook = TorchHook(name, powersgd_rank=2)
     hook.register(ddp)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
@@ -128,11 +130,13 @@ def _ddp_worker(rank, world, name):
     return losses, sent, params
 
 
+@pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("name", ["torch_fp16", "torch_powersgd"])
-def test_registered_on_ddp_keeps_replicas_identical_and_counts_bytes(name):
-    results = spawn(_ddp_worker, 2, name)
-    assert np.array_equal(results[0][2], results[1][2])   # the same update on both replicas
+def test_registered_on_ddp_keeps_replicas_identical_and_counts_bytes(name, world):
+    results = spawn(_ddp_worker, world, name)
+    for r in range(1, world):
+        assert np.array_equal(results[r][2], results[0][2])   # the same update on every replica
     losses, sent, _ = results[0]
     assert all(math.isfinite(v) for v in losses)
-    dense_bytes = ring_allreduce_cost(4 * sum(32 * 64 + 64 + 64 * 4 + 4 for _ in [0]), 2)[0]
+    dense_bytes = ring_allreduce_cost(4 * (32 * 64 + 64 + 64 * 64 + 64 + 64 * 4 + 4), world)[0]
     assert 0 < sent[-1] < dense_bytes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -13,18 +14,32 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_ddp_demo_prints_a_row_per_algorithm():
-    algorithms = ["dense", "topka", "spardl"]
+_ROW = re.compile(r"^(?:\[rank 0\] )?\| ([\w ()]+?) \| (\d+) \| ([\d.]+)x \| ([\d.]+) MB \| ([\d.]+)% \|$",
+                  re.MULTILINE)
+
+
+@pytest.mark.parametrize("algorithms", [["dense", "topka", "spardl"], ["dense", "gtopk", "torch_fp16", "torch_powersgd"]])
+def test_ddp_demo_prints_a_row_per_algorithm_and_writes_json_and_plot(algorithms, tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "ddp_demo.py"), "--nproc", "2",
                            "--steps", "6", "--hidden", "64", "--batch", "16", "--bandwidth", "none",
-                           "--algorithms", *algorithms],
+                           "--algorithms", *algorithms, "--out", str(tmp_path), "--no-progress"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    rows = {m.group(1): m for m in re.finditer(r"^\| (\w+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+)x \| ([\d.]+) MB \| "
-                                               r"([\d.]+)% \|$", proc.stdout, re.MULTILINE)}
+    rows = {m.group(1).split(" ")[0]: m for m in _ROW.finditer(proc.stdout)}
     assert sorted(rows) == sorted(algorithms), proc.stdout
-    assert float(rows["dense"].group(5)) > 10 * float(rows["topka"].group(5)), "topka should send far fewer bytes"
+    assert float(rows["dense"].group(3)) == 1.0
+    for name in algorithms[1:]:
+        assert float(rows["dense"].group(4)) > float(rows[name].group(4)), f"{name} should send fewer bytes"
     assert "GENERATED data" in proc.stdout
+    assert re.search(r"communication = [\d.]+x compute", proc.stdout), proc.stdout
+    result = json.loads((tmp_path / "demo.json").read_text())
+    assert [r["algorithm"].split(" ")[0] for r in result["rows"]] == algorithms
+    assert result["compute_s"] > 0 and result["world"] == 2
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    assert (tmp_path / "demo.png").stat().st_size > 0
 
 
 def test_ddp_demo_rejects_unknown_algorithm():
@@ -35,10 +50,12 @@ def test_ddp_demo_rejects_unknown_algorithm():
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("tc") is None,
                     reason="emulating links needs root and iproute2 (ip, tc)")
-def test_ddp_demo_runs_on_the_emulated_network():
+def test_ddp_demo_runs_on_the_emulated_network(tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "ddp_demo.py"), "--nproc", "2",
-                           "--steps", "5", "--hidden", "64", "--batch", "16", "--algorithms", "dense", "topka"],
+                           "--steps", "5", "--hidden", "64", "--batch", "16", "--algorithms", "dense", "topka",
+                           "--out", str(tmp_path), "--no-progress"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert "emulated 1gbit network" in proc.stdout and "(network interface eth0)" in proc.stdout
-    assert "[rank 0] | topka | 0.01 |" in proc.stdout
+    assert "emulated 1gbit network" in proc.stdout and "1gbit links (interface eth0)" in proc.stdout
+    assert re.search(r"^\[rank 0\] \| topka \| \d+ \| [\d.]+x \|", proc.stdout, re.MULTILINE), proc.stdout
+    assert "--bandwidth 50mbit (20x)" in proc.stdout

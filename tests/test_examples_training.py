@@ -53,6 +53,16 @@ def test_image_resnet20_on_generated_data():
     assert "loss finite: True" in proc.stdout
 
 
+def test_image_compares_algorithms_and_pytorch_hooks_in_one_run():
+    names = ["dense", "topka", "torch_fp16", "torch_powersgd"]
+    proc = _run("train_image.py", "--model", "resnet20", "--algorithms", *names, "--density", "0.01",
+                "--steps", "4", "--batch", "4", "--train-size", "32", "--test-size", "16")
+    table = proc.stdout[proc.stdout.index("updates each:"):]
+    speedups = dict(re.findall(r"^\| (\w+)[^|]* \| \d+ \| ([\d.]+)x \|", table, re.MULTILINE))
+    assert sorted(speedups) == sorted(names), proc.stdout
+    assert float(speedups["dense"]) == 1.0
+
+
 def test_lstm_on_generated_data():
     proc = _run("train_lstm.py", "--algorithm", "topka", "--density", "0.01", "--steps", "3", "--batch", "4",
                 "--train-size", "32", "--test-size", "16", "--vocab", "300", "--seq-len", "12")
