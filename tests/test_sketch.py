@@ -1,5 +1,5 @@
 """Count-Sketch kernels against a numpy Count-Sketch written here (same hash family,
-re-implemented with numpy uint64 arithmetic)."""
+re-implemented with numpy uint64 arithmetic, one coordinate at a time)."""
 
 from __future__ import annotations
 
@@ -23,11 +23,15 @@ def mix(z):
 
 
 def ref_hash(seed, rows, cols, n):
+    """Runs of 16 coordinates: one hash per run and row gives the run's first bucket
+    (consecutive buckets for the run, wrapping mod cols) and the 16 sign bits."""
     keys = [mix(np.uint64((seed + 0x9E3779B97F4A7C15 * (j + 1)) & 0xFFFFFFFFFFFFFFFF)) for j in range(rows)]
     i = np.arange(n, dtype=np.uint64)
-    h = np.stack([mix(key ^ i) for key in keys])
-    bucket = ((h >> np.uint64(32)) * np.uint64(cols)) >> np.uint64(32)
-    sign = np.where(h & np.uint64(1), -1.0, 1.0)
+    run, off = i >> np.uint64(4), i & np.uint64(15)
+    h = np.stack([mix(key ^ run) for key in keys])
+    first = ((h >> np.uint64(32)) * np.uint64(cols)) >> np.uint64(32)
+    bucket = (first + off) % np.uint64(cols)
+    sign = np.where((h >> off) & np.uint64(1), -1.0, 1.0)
     return bucket.astype(np.int64), sign
 
 
@@ -45,22 +49,33 @@ def ref_estimate(table, seed, n):
     return np.median(np.stack([sign[j] * table[j, bucket[j]] for j in range(rows)]), axis=0)
 
 
+# shapes cover: runs that wrap around the row end (cols 64, 1000: offset + 16 > cols),
+# cols < 16 (a run wraps onto itself), a partial last run (n % 16 != 0), n < 16, several
+# estimate chunks of 2048 with 7 rows (the min/max network), even rows (mean of the middle
+# two), and the multi-threaded paths (n >= 65536)
 @pytest.mark.parametrize("rows,cols,n,seed", [(5, 64, 1000, 0), (4, 7, 300, 2**64 - 3), (1, 1, 5, 9),
-                                              (3, 1000, 70000, 123)])
+                                              (3, 1000, 70000, 123), (7, 16, 4099, 5), (7, 5003, 100_001, 6),
+                                              (2, 17, 15, 7)])
 def test_build_and_estimate_match_numpy_reference(rows, cols, n, seed):
     rng = np.random.default_rng(rows + n)
     x = rng.integers(-50, 50, n).astype(np.float64)  # integer values: every sum is exact
     want = ref_sketch(x, seed, rows, cols)
+    want_est = ref_estimate(want, seed, n)
     for tdtype in (torch.float32, torch.float64):
-        table = sc.ops.sketch_new(rows, cols, tdtype)
-        sc.ops.sketch_build_(table, torch.from_numpy(x).to(torch.float32), seed)
-        np.testing.assert_array_equal(table.double().numpy(), want)
+        for xdtype in (torch.float32, torch.float64):
+            table = sc.ops.sketch_new(rows, cols, tdtype)
+            sc.ops.sketch_build_(table, torch.from_numpy(x).to(xdtype), seed)
+            np.testing.assert_array_equal(table.double().numpy(), want)
         est = sc.ops.sketch_estimate(table, n, seed)
-        np.testing.assert_array_equal(est.double().numpy(), ref_estimate(want, seed, n))
-        idx = torch.from_numpy(rng.integers(0, n, 17))
-        np.testing.assert_array_equal(sc.ops.sketch_estimate_at(table, idx, seed).double().numpy(),
-                                      ref_estimate(want, seed, n)[idx.numpy()])
+        np.testing.assert_array_equal(est.double().numpy(), want_est)
+        for m in (17, 5000):  # one chunk, and several (the threaded path)
+            idx = torch.from_numpy(rng.integers(0, n, m))
+            np.testing.assert_array_equal(sc.ops.sketch_estimate_at(table, idx, seed).double().numpy(),
+                                          want_est[idx.numpy()])
         # the torch fallback (non-CPU devices) computes the same
+        fallback = sc._sketch_ops._build_torch(sc.ops.sketch_new(rows, cols, tdtype), torch.arange(n),
+                                               torch.from_numpy(x).to(tdtype), seed)
+        np.testing.assert_array_equal(fallback.double().numpy(), want)
         np.testing.assert_array_equal(sc._sketch_ops._estimate_torch(table, torch.arange(n), seed).double().numpy(),
                                       est.double().numpy())
 
@@ -83,6 +98,25 @@ def test_linearity_exact_and_coo_equals_dense():
     torch.testing.assert_close(sx + sy, sxy, rtol=0, atol=1e-9)
     # different seeds give different sketches
     assert not torch.equal(sc.ops.sketch_build_(sc.ops.sketch_new(5, 4096), a, seed + 1), sa)
+
+
+def test_results_do_not_depend_on_the_thread_count():
+    rng = np.random.default_rng(3)
+    n, seed = 300_007, 11
+    x = torch.from_numpy(rng.standard_normal(n).astype(np.float32))
+    nz = torch.from_numpy(rng.choice(n, 70_000, replace=False))
+    before = torch.get_num_threads()
+    got = []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            table = sc.ops.sketch_build_(sc.ops.sketch_new(7, 30_011), x, seed)
+            coo = sc.ops.sketch_build_coo_(sc.ops.sketch_new(7, 30_011), nz, x[nz], n, seed)
+            got.append((table, coo, sc.ops.sketch_estimate(table, n, seed), sc.ops.sketch_estimate_at(table, nz, seed)))
+    finally:
+        torch.set_num_threads(before)
+    for other in got[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(got[0], other))
 
 
 def test_heavy_hitters_and_estimate_error():

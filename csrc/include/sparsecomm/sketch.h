@@ -1,16 +1,23 @@
 /* Count-Sketch kernels of sparsecomm (C ABI, no torch, no Python).
  *
- * A sketch is a rows x cols table T (row-major, float32 or float64). For row j
- * the bucket and sign of coordinate i come from a 64-bit hash computed on the
- * fly (no rows x N tables):
+ * A sketch is a rows x cols table T (row-major, float32 or float64). Coordinates
+ * come in runs of SC_SKETCH_RUN = 16 consecutive ones (run r = i / 16, offset
+ * o = i % 16); for row j one 64-bit hash of the run, computed on the fly (no
+ * rows x N tables), gives the buckets and signs of all 16:
  *
  *   mix(z)     = splitmix64 finaliser:
  *                z ^= z >> 30; z *= 0xBF58476D1CE4E5B9; z ^= z >> 27;
  *                z *= 0x94D049BB133111EB; z ^= z >> 31
  *   key_j      = mix(seed + 0x9E3779B97F4A7C15 * (j + 1))      (mod 2^64)
- *   h          = mix(key_j ^ i)
- *   bucket_j(i)= ((h >> 32) * cols) >> 32                        (Lemire range reduction)
- *   sign_j(i)  = +1 if (h & 1) == 0 else -1
+ *   h          = mix(key_j ^ r)
+ *   base_j(r)  = ((h >> 32) * cols) >> 32                        (Lemire range reduction)
+ *   bucket_j(i)= (base_j(r) + o) mod cols
+ *   sign_j(i)  = +1 if bit o of h is 0 else -1
+ *
+ * So a run occupies 16 consecutive buckets (wrapping at the row end): one vector
+ * access instead of 16 random ones. Two coordinates of different runs still collide
+ * with probability 1/cols (the offsets of two runs are independent and uniform), two
+ * of the same run never (when cols >= 16), and signs are independent bits.
  *
  * build:    T[j][bucket_j(i)] += sign_j(i) * x[i], in increasing i for every row
  *           (so the result does not depend on the thread count);
@@ -28,6 +35,7 @@ extern "C" {
 #endif
 
 #define SC_SKETCH_MAX_ROWS 64
+#define SC_SKETCH_RUN 16 /* coordinates per run (part of the hash family) */
 
 /* dtype codes: 0 = float32, 1 = float64 (for both table and values). */
 enum { SC_SK_F32 = 0, SC_SK_F64 = 1 };
