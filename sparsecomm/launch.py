@@ -2,6 +2,7 @@
 
     python -m sparsecomm.launch --nproc 4 --bandwidth 1gbit -- python train.py --epochs 1
     python -m sparsecomm.launch --nproc 2 --bandwidth none -- python train.py
+    python -m sparsecomm.launch --nproc 2 --bandwidth 1gbit --backend mpi -- python -m mpi4py prog.py
 
 With ``--bandwidth RATE`` (e.g. ``1gbit``, ``100mbit``) every rank runs in its own network
 namespace with one veth link into a bridge namespace (a switch), and both ends of each link
@@ -14,6 +15,20 @@ LOCAL_RANK, LOCAL_WORLD_SIZE) plus GLOO_SOCKET_IFNAME, so a script calling
 ``torch.distributed.init_process_group("gloo")`` works unchanged. Output lines are prefixed
 with the rank. When a rank fails, the others are stopped and the launch exits non-zero.
 Every namespace the launch made is removed on exit, also on Ctrl-C or a crash of a rank.
+
+``--backend gloo`` (the default) starts the P ranks itself. ``--backend mpi`` starts them with
+one Open MPI ``mpirun`` (tested with 4.1), so mpi4py programs (``sparsecomm.comm.MPIComm``) run
+too, and gloo programs still get the variables above. MPI's traffic (``--mca btl self,tcp``)
+goes over the shaped links; mpirun's PMIx server is reached through one extra, unshaped veth
+from the root namespace into the bridge, which only the mpi backend creates and which is
+removed with the namespaces. Each rank starts through this module (``--mpi-rank``, internal),
+which sets the rank's variables from ``OMPI_COMM_WORLD_*`` and execs the command inside the
+rank's namespace. mpirun's tagged output is turned into the same ``[rank N]`` lines (its own
+messages get ``[mpirun]``). mpirun stops the other ranks when one exits non-zero. Note that
+an mpi4py program which exits non-zero after MPI was initialized first waits in
+``MPI_Finalize`` for the other ranks; run it as ``python -m mpi4py prog.py`` so that an exit
+or an uncaught exception aborts the whole job at once. With ``--bandwidth none`` mpirun runs
+on loopback (TCP over ``lo``).
 """
 
 from __future__ import annotations
@@ -29,12 +44,18 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-__all__ = ["EmulatedNetwork", "launch", "main", "parse_rate", "NetworkSetupError"]
+__all__ = ["EmulatedNetwork", "launch", "main", "parse_rate", "find_mpirun", "LaunchError", "NetworkSetupError"]
 
 _SUBNET = "10.213.0"  # private addresses inside the launch's own namespaces only
+_HOST_BYTE = 254  # last byte of the root namespace's address on the bridge (mpi backend)
+_MPI_RANK = "--mpi-rank"  # internal: how mpirun starts each rank through this module (see _mpi_rank)
 
 
-class NetworkSetupError(RuntimeError):
+class LaunchError(RuntimeError):
+    """The launch cannot start on this machine."""
+
+
+class NetworkSetupError(LaunchError):
     """The emulated network cannot be built on this machine."""
 
 
@@ -47,20 +68,28 @@ def parse_rate(text: str) -> str | None:
     return text.lower()
 
 
-def _run(cmd: list[str]) -> None:
+def _run(cmd: list[str]) -> str:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise NetworkSetupError(f"{' '.join(cmd)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc.stdout
 
 
 @dataclass
 class EmulatedNetwork:
-    """P rank namespaces joined through a bridge namespace by shaped veth links."""
+    """P rank namespaces joined through a bridge namespace by shaped veth links.
+
+    With ``host_link=True`` (the mpi backend) an unshaped veth also joins the root namespace
+    to the bridge, at ``host_address``, in a /24 the root namespace does not use yet.
+    """
 
     size: int
     rate: str
     prefix: str = field(default_factory=lambda: f"sc{os.getpid()}")
+    host_link: bool = False
+    subnet: str = _SUBNET
     created: list[str] = field(default_factory=list)
+    host_made: bool = False
 
     @staticmethod
     def check_possible() -> None:
@@ -77,16 +106,31 @@ class EmulatedNetwork:
         return f"eth{rank}"
 
     def address(self, rank: int) -> str:
-        return f"{_SUBNET}.{rank + 1}"
+        return f"{self.subnet}.{rank + 1}"
+
+    @property
+    def cidr(self) -> str:
+        return f"{self.subnet}.0/24"
 
     @property
     def bridge_namespace(self) -> str:
         return f"{self.prefix}br"
 
+    @property
+    def host_interface(self) -> str:
+        """The root namespace's end of the host link (at most 15 characters)."""
+        return f"{self.prefix}h"
+
+    @property
+    def host_address(self) -> str:
+        return f"{self.subnet}.{_HOST_BYTE}"
+
     def up(self) -> None:
         self.check_possible()
         if self.size > 250:
             raise NetworkSetupError("at most 250 ranks fit the emulated subnet")
+        if self.host_link:
+            self.subnet = _free_subnet()
         shape = ["tbf", "rate", self.rate, "burst", "256kb", "latency", "10ms"]
         bridge_ns = self.bridge_namespace
         self._add_namespace(bridge_ns)
@@ -103,6 +147,14 @@ class EmulatedNetwork:
             # both directions of the switch port: the rank's egress and the bridge port's egress
             _run(["tc", "-n", ns, "qdisc", "add", "dev", iface, "root", *shape])
             _run(["tc", "-n", bridge_ns, "qdisc", "add", "dev", port, "root", *shape])
+        if self.host_link:  # unshaped: only mpirun's control traffic (PMIx) uses it
+            host = self.host_interface
+            _run(["ip", "link", "add", host, "type", "veth", "peer", "name", "host", "netns", bridge_ns])
+            self.host_made = True
+            _run(["ip", "-n", bridge_ns, "link", "set", "host", "master", "br0"])
+            _run(["ip", "-n", bridge_ns, "link", "set", "host", "up"])
+            _run(["ip", "addr", "add", f"{self.host_address}/24", "dev", host])
+            _run(["ip", "link", "set", host, "up"])
 
     def _add_namespace(self, name: str) -> None:
         _run(["ip", "netns", "add", name])
@@ -110,8 +162,21 @@ class EmulatedNetwork:
         _run(["ip", "-n", name, "link", "set", "lo", "up"])
 
     def down(self) -> None:
-        """Remove every namespace this network made (their links go with them)."""
+        """Remove the host link and every namespace this network made (their links go with them).
+
+        Processes still inside a namespace (a rank that escaped its launcher) are killed
+        first, since a namespace and its links live on as long as a process is in it.
+        """
+        if self.host_made:  # deleted here, not left to the (asynchronous) namespace teardown
+            subprocess.run(["ip", "link", "del", self.host_interface], capture_output=True)
+            self.host_made = False
         for name in reversed(self.created):
+            pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
         self.created.clear()
 
@@ -119,18 +184,160 @@ class EmulatedNetwork:
         return ["ip", "netns", "exec", self.namespace(rank), *cmd]
 
 
-def _pump(stream, rank: int, out) -> None:
+def _free_subnet() -> str:
+    """A 10.213.X /24 with no address in the root namespace (the host link is visible there)."""
+    used = set(re.findall(r"\binet 10\.213\.(\d+)\.", _run(["ip", "-4", "-o", "addr", "show"])))
+    for third in range(256):
+        if str(third) not in used:
+            return f"10.213.{third}"
+    raise NetworkSetupError("no free 10.213.X.0/24 subnet left in the root namespace")
+
+
+def find_mpirun() -> str:
+    """Path of Open MPI's mpirun, or LaunchError saying what is missing."""
+    path = shutil.which("mpirun")
+    if path is None:
+        raise LaunchError("--backend mpi needs Open MPI's mpirun on PATH (e.g. apt-get install openmpi-bin)")
+    version = subprocess.run([path, "--version"], capture_output=True, text=True)
+    text = (version.stdout + version.stderr).strip()
+    if "Open MPI" not in text and "OpenRTE" not in text:
+        raise LaunchError(f"--backend mpi needs Open MPI's mpirun, but {path} is {text.splitlines()[0] if text else '?'}")
+    return path
+
+
+def _rank_env(rank: int, size: int, master: str, port: int | str, ifname: str,
+              local_rank: int | str | None = None, local_size: int | str | None = None) -> dict[str, str]:
+    """The variables every rank gets, from either backend (torchrun's, plus gloo's interface)."""
+    return dict(MASTER_ADDR=master, MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(size),
+                LOCAL_RANK=str(rank if local_rank is None else local_rank),
+                LOCAL_WORLD_SIZE=str(size if local_size is None else local_size),
+                GLOO_SOCKET_IFNAME=ifname, PYTHONUNBUFFERED="1")
+
+
+def _mpirun_command(mpirun: str, cmd: list[str], nproc: int, network: EmulatedNetwork | None,
+                    master: str, port: int) -> tuple[list[str], dict[str, str]]:
+    """One mpirun for all ranks, each started through ``_mpi_rank`` (this file, run by path)."""
+    argv = [mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "--tag-output",
+            "-np", str(nproc), "--mca", "btl", "self,tcp",
+            "--mca", "btl_tcp_if_include", network.cidr if network else "lo",
+            # -I: the wrapper needs only the standard library, not the package (which imports torch)
+            sys.executable, "-I", os.path.abspath(__file__), _MPI_RANK,
+            network.prefix if network else "", master, str(port), "--", *cmd]
+    env = dict(os.environ)
+    if network:  # ranks in their namespaces reach mpirun's PMIx server through the host link
+        env.update(PMIX_MCA_ptl_tcp_remote_connections="1", PMIX_MCA_ptl_tcp_if_include=network.host_interface)
+    return argv, env
+
+
+def _mpi_rank(argv: list[str]) -> int:
+    """Run by mpirun for each rank: set the rank's variables, enter its namespace, exec the command."""
+    if len(argv) < 5 or argv[3] != "--":
+        raise SystemExit(f"usage: {_MPI_RANK} PREFIX MASTER PORT -- CMD... (started by mpirun, see launch())")
+    prefix, master, port, _, *cmd = argv
+    rank, size = int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    network = EmulatedNetwork(size, "", prefix=prefix) if prefix else None
+    os.environ.update(_rank_env(rank, size, master, port, network.interface(rank) if network else "lo",
+                                os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK"),
+                                os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE")))
+    try:  # die with mpirun even if it is killed outright (survives the execs below)
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    argv = network.wrap(rank, cmd) if network else cmd
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as exc:
+        print(f"sparsecomm.launch: rank {rank} cannot run {argv[0]}: {exc}", file=sys.stderr, flush=True)
+        return 127
+
+
+class _RankLines:
+    """Prefix each line of one rank's output (the gloo backend: one pipe per rank)."""
+
+    def __init__(self, out, rank: int):
+        self.out, self.rank = out, rank
+
+    def feed(self, text: str) -> None:
+        self.out.write(f"[rank {self.rank}] {text}")
+        self.out.flush()
+
+    def close(self) -> None:
+        pass
+
+
+class _MPIOutput:
+    """Turn mpirun's ``--tag-output`` stream into the same ``[rank N] line`` lines.
+
+    mpirun puts ``[job,rank]<stdout>:`` before every chunk a rank writes and after every
+    newline inside one, so chunks of different ranks can share a line of mpirun's output;
+    the rank's own text is reassembled per (rank, stream) and written line by line. Text
+    after a newline and before the next tag is mpirun's own and gets ``[mpirun]``. The
+    first failing rank named in mpirun's report is kept in ``failed_rank``.
+    """
+
+    _TAG = re.compile(r"\[\d+,(\d+)\]<(stdout|stderr|stddiag)>:")
+    _FAILED = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]|MPI_ABORT was invoked on rank (\d+)")
+
+    def __init__(self, out):
+        self.out = out
+        self.owner: tuple[str, str] | None = None  # whose text continues the current line
+        self.pending: dict[tuple[str, str] | None, str] = {}
+        self.failed_rank: int | None = None
+
+    def feed(self, text: str) -> None:
+        pos = 0
+        for tag in self._TAG.finditer(text):
+            self._text(text[pos:tag.start()])
+            self.owner = (tag.group(1), tag.group(2))
+            pos = tag.end()
+        self._text(text[pos:])
+
+    def _text(self, text: str) -> None:
+        while text:
+            line, newline, text = text.partition("\n")
+            line = self.pending.pop(self.owner, "") + line
+            if not newline:
+                self.pending[self.owner] = line
+                return
+            self._write(self.owner, line)
+            self.owner = None  # after a newline, a rank's text always starts with a new tag
+
+    def _write(self, owner, line: str) -> None:
+        if owner is None:
+            found = self._FAILED.search(line)
+            if found and self.failed_rank is None:
+                self.failed_rank = int(found.group(1) or found.group(2))
+        self.out.write(f"[rank {owner[0]}] {line}\n" if owner else f"[mpirun] {line}\n")
+        self.out.flush()
+
+    def close(self) -> None:
+        for owner, line in list(self.pending.items()):
+            if line:
+                self._write(owner, line)
+        self.pending.clear()
+
+
+def _pump(stream, sink) -> None:
     for line in iter(stream.readline, b""):
-        out.write(f"[rank {rank}] {line.decode(errors='replace')}")
-        out.flush()
+        sink.feed(line.decode(errors="replace"))
+    sink.close()
     stream.close()
 
 
-def launch(cmd: list[str], nproc: int, rate: str | None, port: int = 29500, out=None) -> int:
-    """Run ``cmd`` as ``nproc`` ranks; returns the exit code (first failing rank's, or 0)."""
+def launch(cmd: list[str], nproc: int, rate: str | None, port: int = 29500, out=None,
+           backend: str = "gloo") -> int:
+    """Run ``cmd`` as ``nproc`` ranks; returns the exit code (first failing rank's, or 0).
+
+    ``backend="gloo"`` starts one process per rank; ``"mpi"`` starts one mpirun for all.
+    """
+    if backend not in ("gloo", "mpi"):
+        raise ValueError(f"backend must be 'gloo' or 'mpi', got {backend!r}")
     out = out or sys.stdout
-    network = EmulatedNetwork(nproc, rate) if rate else None
+    mpirun = find_mpirun() if backend == "mpi" else None
+    network = EmulatedNetwork(nproc, rate, host_link=mpirun is not None) if rate else None
     procs: list[subprocess.Popen] = []
+    sinks: list = []
     pumps: list[threading.Thread] = []
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
 
@@ -142,29 +349,31 @@ def launch(cmd: list[str], nproc: int, rate: str | None, port: int = 29500, out=
         if network:
             network.up()
         master = network.address(0) if network else "127.0.0.1"
-        for rank in range(nproc):
-            env = dict(os.environ, MASTER_ADDR=master, MASTER_PORT=str(port), RANK=str(rank),
-                       WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(nproc),
-                       GLOO_SOCKET_IFNAME=network.interface(rank) if network else "lo",
-                       PYTHONUNBUFFERED="1")
-            argv = network.wrap(rank, cmd) if network else cmd
+        if mpirun:
+            argv, env = _mpirun_command(mpirun, cmd, nproc, network, master, port)
+            jobs = [(argv, env, _MPIOutput(out))]
+        else:
+            jobs = [(network.wrap(rank, cmd) if network else cmd,
+                     dict(os.environ, **_rank_env(rank, nproc, master, port,
+                                                  network.interface(rank) if network else "lo")),
+                     _RankLines(out, rank))
+                    for rank in range(nproc)]
+        for argv, env, sink in jobs:
             proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     start_new_session=True)
             procs.append(proc)
-            pump = threading.Thread(target=_pump, args=(proc.stdout, rank, out), daemon=True)
+            sinks.append(sink)
+            pump = threading.Thread(target=_pump, args=(proc.stdout, sink), daemon=True)
             pump.start()
             pumps.append(pump)
-        status = 0
-        while True:
-            codes = [p.poll() for p in procs]
-            failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-            if failed:
-                rank, status = failed[0]
-                out.write(f"sparsecomm.launch: rank {rank} exited with {status}; stopping the other ranks\n")
-                break
-            if all(c == 0 for c in codes):
-                break
-            time.sleep(0.05)
+        index, status = _wait_first_failure(procs)
+        if status and mpirun:  # mpirun has stopped the others already; it names the rank
+            pumps[0].join(timeout=5)
+            rank = sinks[0].failed_rank
+            out.write(f"sparsecomm.launch: rank {rank} exited with {status}; mpirun stopped the other ranks\n"
+                      if rank is not None else f"sparsecomm.launch: mpirun exited with {status}; ranks stopped\n")
+        elif status:
+            out.write(f"sparsecomm.launch: rank {index} exited with {status}; stopping the other ranks\n")
         return status
     except KeyboardInterrupt:
         out.write("sparsecomm.launch: interrupted; stopping the ranks\n")
@@ -177,6 +386,18 @@ def launch(cmd: list[str], nproc: int, rate: str | None, port: int = 29500, out=
             network.down()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _wait_first_failure(procs: list[subprocess.Popen]) -> tuple[int, int]:
+    """Wait until all exit 0 (returns (-1, 0)) or one fails (returns its index and code)."""
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+        if failed:
+            return failed[0]
+        if all(c == 0 for c in codes):
+            return -1, 0
+        time.sleep(0.05)
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -193,13 +414,17 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [_MPI_RANK]:
+        return _mpi_rank(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m sparsecomm.launch", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nproc", type=int, required=True, help="number of ranks")
     parser.add_argument("--bandwidth", type=parse_rate, default="1gbit",
                         help="link rate per rank (tc syntax, e.g. 1gbit, 100mbit) or 'none' for loopback")
-    parser.add_argument("--backend", choices=["gloo"], default="gloo",
-                        help="what the ranks are prepared for (gloo: torchrun-style variables)")
+    parser.add_argument("--backend", choices=["gloo", "mpi"], default="gloo",
+                        help="how the ranks start: gloo (one process each, torchrun-style variables) "
+                             "or mpi (one Open MPI mpirun, the same variables too)")
     parser.add_argument("--port", type=int, default=29500, help="MASTER_PORT")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- followed by the command each rank runs")
     args = parser.parse_args(argv)
@@ -208,6 +433,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give the command to run after --")
     if args.nproc < 1:
         parser.error("--nproc must be >= 1")
+    if args.backend == "mpi":
+        try:
+            find_mpirun()
+        except LaunchError as exc:
+            print(f"sparsecomm.launch: {exc}", file=sys.stderr)
+            return 2
     if args.bandwidth:
         try:
             EmulatedNetwork.check_possible()
@@ -216,9 +447,12 @@ def main(argv: list[str] | None = None) -> int:
                   "rerun with --bandwidth none to use plain loopback", file=sys.stderr)
             return 2
     try:
-        return launch(cmd, args.nproc, args.bandwidth, args.port)
+        return launch(cmd, args.nproc, args.bandwidth, args.port, backend=args.backend)
     except NetworkSetupError as exc:
         print(f"sparsecomm.launch: {exc}; rerun with --bandwidth none to use plain loopback", file=sys.stderr)
+        return 2
+    except LaunchError as exc:
+        print(f"sparsecomm.launch: {exc}", file=sys.stderr)
         return 2
 
 

@@ -1,8 +1,15 @@
-"""The launcher: ranks over an emulated 1 Gbit/s network, failure propagation, cleanup."""
+"""The launcher: ranks over an emulated 1 Gbit/s network, failure propagation, cleanup.
+
+Both backends run the same table of cases: ``gloo`` (the launcher starts each rank) and
+``mpi`` (one Open MPI ``mpirun`` starts them; mpi4py programs and gloo programs both run).
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -11,11 +18,17 @@ import time
 
 import pytest
 
-from sparsecomm.launch import parse_rate
+from sparsecomm.launch import _MPIOutput, main, parse_rate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CAN_SHAPE = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
 needs_shaping = pytest.mark.skipif(not CAN_SHAPE, reason="emulating links needs root and iproute2 (ip, tc)")
+MPIRUN = shutil.which("mpirun")
+HAVE_MPI4PY = importlib.util.find_spec("mpi4py") is not None
+needs_mpi = pytest.mark.skipif(
+    MPIRUN is None or not HAVE_MPI4PY,
+    reason="--backend mpi needs Open MPI's mpirun on PATH and mpi4py "
+           f"[mpirun: {MPIRUN or 'missing'}, mpi4py: {'ok' if HAVE_MPI4PY else 'missing'}]")
 
 RANK_SCRIPT = textwrap.dedent("""
     import os, sys, time, torch, torch.distributed as dist
@@ -39,50 +52,152 @@ RANK_SCRIPT = textwrap.dedent("""
     dist.destroy_process_group()
 """)
 
+# Run as ``python -m mpi4py``: then an exit after MPI_Init aborts the job instead of waiting
+# in MPI_Finalize for the other ranks.
+MPI_SCRIPT = textwrap.dedent("""
+    import os, sys, time
+    import numpy as np
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    assert (os.environ["RANK"], os.environ["WORLD_SIZE"]) == (str(rank), str(size)), "torchrun variables"
+    mode = sys.argv[1]
+    if mode == "fail" and rank == 1:
+        print("rank 1 fails on purpose", flush=True)
+        sys.exit(3)
+    if mode == "fail":
+        time.sleep(120)  # must be stopped by mpirun, not waited for
+    payload = np.zeros(12_500_000, dtype=np.uint8)  # 100 Mbit, ping-ponged twice
+    comm.Barrier()
+    start = time.perf_counter()
+    for _ in range(2):
+        if rank == 0:
+            comm.Send(payload, 1)
+            comm.Recv(payload, 1)
+        elif rank == 1:
+            comm.Recv(payload, 0)
+            comm.Send(payload, 0)
+    comm.Barrier()
+    seconds = time.perf_counter() - start
+    print(f"ifname={os.environ['GLOO_SOCKET_IFNAME']} world={size} gbit_s={0.4 / seconds:.3f}")
+""")
+
+PROGRAMS = {"gloo": (RANK_SCRIPT, []), "mpi4py": (MPI_SCRIPT, ["-m", "mpi4py"])}
+
 
 def _namespaces() -> set[str]:
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     return {line.split()[0] for line in out.splitlines() if line.strip()}
 
 
-def _launch(tmp_path, bandwidth: str, mode: str, nproc: int = 2, timeout: float = 120):
+def _links() -> set[str]:
+    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    return {line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if line.strip()}
+
+
+def _leftovers(launcher_pid: int) -> list[str]:
+    """Namespaces and root-namespace links still named after that launch (prefix sc<pid>)."""
+    own = re.compile(rf"sc{launcher_pid}(r\d+|br|h)")
+    return sorted(name for name in _namespaces() | _links() if own.fullmatch(name))
+
+
+def _launch(tmp_path, bandwidth: str, mode: str, nproc: int = 2, timeout: float = 120,
+            backend: str = "gloo", program: str = "gloo"):
+    """Run the launcher on a test program; returns (CompletedProcess, seconds, launcher pid)."""
+    source, runner = PROGRAMS[program]
     script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT)
+    script.write_text(source)
+    cmd = [sys.executable, "-m", "sparsecomm.launch", "--nproc", str(nproc), "--bandwidth", bandwidth,
+           "--backend", backend, "--", sys.executable, *runner, str(script), mode]
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "sparsecomm.launch", "--nproc", str(nproc), "--bandwidth", bandwidth,
-                           "--", sys.executable, str(script), mode],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    return proc, time.monotonic() - start
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) as popen:
+        try:
+            stdout, stderr = popen.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            popen.terminate()  # the launcher cleans up on SIGTERM
+            stdout, stderr = popen.communicate()
+            raise AssertionError(f"launch did not finish in {timeout} s:\n{stdout}\n{stderr}") from None
+    proc = subprocess.CompletedProcess(cmd, popen.returncode, stdout, stderr)
+    return proc, time.monotonic() - start, popen.pid
 
 
-@needs_shaping
-def test_shaped_link_runs_ranks_at_the_given_rate_and_cleans_up(tmp_path):
-    before = _namespaces()
-    proc, _ = _launch(tmp_path, "1gbit", "ok")
+shaped_mpi = [needs_shaping, needs_mpi]
+
+# backend, program, bandwidth, GLOO_SOCKET_IFNAME of rank 0 and 1, Gbit/s range of the slowest rank
+RUNS = [
+    pytest.param("gloo", "gloo", "1gbit", ("eth0", "eth1"), (0.5, 1.1), marks=needs_shaping, id="gloo-shaped"),
+    pytest.param("gloo", "gloo", "none", ("lo", "lo"), (0, float("inf")), id="gloo-loopback"),
+    pytest.param("mpi", "mpi4py", "1gbit", ("eth0", "eth1"), (0.5, 1.1), marks=shaped_mpi, id="mpi-mpi4py-shaped"),
+    pytest.param("mpi", "gloo", "1gbit", ("eth0", "eth1"), (0.5, 1.1), marks=shaped_mpi, id="mpi-gloo-shaped"),
+    pytest.param("mpi", "mpi4py", "none", ("lo", "lo"), (0, float("inf")), marks=needs_mpi, id="mpi-mpi4py-loopback"),
+]
+
+
+@pytest.mark.parametrize("backend,program,bandwidth,ifnames,rates", RUNS)
+def test_ranks_run_at_the_given_rate_and_clean_up(tmp_path, backend, program, bandwidth, ifnames, rates):
+    proc, _, pid = _launch(tmp_path, bandwidth, "ok", backend=backend, program=program)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = [line for line in proc.stdout.splitlines() if "gbit_s=" in line]
-    assert sorted(line.split("]")[0] for line in lines) == ["[rank 0", "[rank 1"]
-    assert "ifname=eth0" in proc.stdout and "ifname=eth1" in proc.stdout
+    lines = sorted(line for line in proc.stdout.splitlines() if "gbit_s=" in line)
+    assert [line.split("]")[0] for line in lines] == ["[rank 0", "[rank 1"], proc.stdout
+    for line, ifname in zip(lines, ifnames):
+        assert f"ifname={ifname} world=2" in line
     rate = min(float(line.rsplit("gbit_s=", 1)[1]) for line in lines)
-    assert 0.5 < rate < 1.1, f"expected about 1 Gbit/s through the shaped link, measured {rate}"
-    assert _namespaces() == before
+    assert rates[0] < rate < rates[1], f"expected {rates} Gbit/s over {bandwidth}, measured {rate}"
+    if CAN_SHAPE:
+        assert _leftovers(pid) == []
 
 
-@needs_shaping
-def test_failing_rank_fails_the_launch_and_leaves_no_namespace(tmp_path):
-    before = _namespaces()
-    proc, seconds = _launch(tmp_path, "1gbit", "fail")
+# backend, program, what the launcher says about the failure
+FAILURES = [
+    pytest.param("gloo", "gloo", "rank 1 exited with 3", marks=needs_shaping, id="gloo"),
+    pytest.param("mpi", "gloo", "rank 1 exited with 3", marks=shaped_mpi, id="mpi-plain-exit"),
+    # MPI_Abort from mpi4py; mpirun's report naming the rank does not always come through
+    pytest.param("mpi", "mpi4py", r"(rank 1|mpirun) exited with 3", marks=shaped_mpi, id="mpi-mpi4py-abort"),
+]
+
+
+@pytest.mark.parametrize("backend,program,message", FAILURES)
+def test_failing_rank_fails_the_launch_and_leaves_no_namespace(tmp_path, backend, program, message):
+    proc, seconds, pid = _launch(tmp_path, "1gbit", "fail", backend=backend, program=program)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "[rank 1] rank 1 fails on purpose" in proc.stdout
-    assert "rank 1 exited with 3" in proc.stdout
+    assert re.search(message, proc.stdout), proc.stdout
     assert seconds < 60, "the sleeping rank was waited for instead of stopped"
-    assert _namespaces() == before
+    assert _leftovers(pid) == []
 
 
-def test_loopback_mode_needs_no_privileges(tmp_path):
-    proc, _ = _launch(tmp_path, "none", "ok")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("ifname=lo world=2") == 2
+def test_missing_mpirun_is_one_clear_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no mpirun
+    assert main(["--nproc", "2", "--bandwidth", "none", "--backend", "mpi", "--", "true"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "needs Open MPI's mpirun on PATH" in err
+
+
+# chunks as mpirun --tag-output writes them -> lines the launcher prints, failing rank it reads
+TAGGED = [
+    pytest.param(["[1,0]<stdout>:hello\n", "[1,1]<stderr>:oops\n"], ["[rank 0] hello", "[rank 1] oops"], None,
+                 id="whole-lines"),
+    pytest.param(["[1,0]<stdout>:line 0[1,1]<stdout>:line 1[1,0]<stdout>:\n", "[1,1]<stdout>:\n"],
+                 ["[rank 0] line 0", "[rank 1] line 1"], None, id="interleaved-chunks"),
+    pytest.param(["[1,0]<stdout>:out [1,0]<stderr>:err\n", "[1,0]<stdout>:more\n"],
+                 ["[rank 0] err", "[rank 0] out more"], None, id="stdout-and-stderr-apart"),
+    pytest.param(["----\n", "  Process name: [[57613,1],1]\n", "  Exit code:    3\n", "[1,0]<stdout>:last"],
+                 ["[mpirun] ----", "[mpirun]   Process name: [[57613,1],1]", "[mpirun]   Exit code:    3",
+                  "[rank 0] last"], 1, id="mpirun-report-and-unfinished-line"),
+    pytest.param(["MPI_ABORT was invoked on rank 2 in communicator MPI_COMM_WORLD\n"],
+                 ["[mpirun] MPI_ABORT was invoked on rank 2 in communicator MPI_COMM_WORLD"], 2, id="abort"),
+]
+
+
+@pytest.mark.parametrize("chunks,lines,failed_rank", TAGGED)
+def test_mpirun_output_is_prefixed_by_rank(chunks, lines, failed_rank):
+    out = io.StringIO()
+    sink = _MPIOutput(out)
+    for chunk in chunks:
+        sink.feed(chunk)
+    sink.close()
+    assert out.getvalue().splitlines() == lines
+    assert sink.failed_rank == failed_rank
 
 
 @pytest.mark.parametrize("text,expected", [("1gbit", "1gbit"), ("100MBIT", "100mbit"), ("none", None)])
