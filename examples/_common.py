@@ -91,7 +91,6 @@ def start(script: str, argv: list[str] | None, args: argparse.Namespace, spawned
         else:
             print(f"running {args.nproc} ranks on an emulated {args.bandwidth} network (sparsecomm.launch)", flush=True)
             cmd = [sys.executable, os.path.abspath(script), *(sys.argv[1:] if argv is None else argv)]
-            os.environ["SPARSECOMM_BANDWIDTH"] = args.bandwidth  # the ranks report what link they ran on
             sys.exit(launch(cmd, args.nproc, args.bandwidth))
     from sparsecomm.testing import spawn
 

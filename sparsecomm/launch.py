@@ -12,7 +12,8 @@ is). This needs root and iproute2. ``--bandwidth none`` runs the ranks on plain 
 
 Each rank gets the variables torchrun sets (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE) plus GLOO_SOCKET_IFNAME, so a script calling
-``torch.distributed.init_process_group("gloo")`` works unchanged. Output lines are prefixed
+``torch.distributed.init_process_group("gloo")`` works unchanged, and SPARSECOMM_BANDWIDTH
+(the link rate, empty on loopback) so it can say what network it ran on. Output lines are prefixed
 with the rank. When a rank fails, the others are stopped and the launch exits non-zero.
 Every namespace the launch made is removed on exit, also on Ctrl-C or a crash of a rank.
 
@@ -349,12 +350,13 @@ def launch(cmd: list[str], nproc: int, rate: str | None, port: int = 29500, out=
         if network:
             network.up()
         master = network.address(0) if network else "127.0.0.1"
+        link_env = {"SPARSECOMM_BANDWIDTH": rate or ""}  # lets a program report the link it ran on
         if mpirun:
             argv, env = _mpirun_command(mpirun, cmd, nproc, network, master, port)
-            jobs = [(argv, env, _MPIOutput(out))]
+            jobs = [(argv, {**env, **link_env}, _MPIOutput(out))]
         else:
             jobs = [(network.wrap(rank, cmd) if network else cmd,
-                     dict(os.environ, **_rank_env(rank, nproc, master, port,
+                     dict(os.environ, **link_env, **_rank_env(rank, nproc, master, port,
                                                   network.interface(rank) if network else "lo")),
                      _RankLines(out, rank))
                     for rank in range(nproc)]

@@ -48,7 +48,8 @@ RANK_SCRIPT = textwrap.dedent("""
         dist.recv(payload, 0)
     dist.barrier()
     seconds = time.perf_counter() - start
-    print(f"ifname={os.environ['GLOO_SOCKET_IFNAME']} world={dist.get_world_size()} gbit_s={0.1 / seconds:.3f}")
+    print(f"ifname={os.environ['GLOO_SOCKET_IFNAME']} world={dist.get_world_size()} "
+          f"link={os.environ['SPARSECOMM_BANDWIDTH']} gbit_s={0.1 / seconds:.3f}")
     dist.destroy_process_group()
 """)
 
@@ -79,7 +80,8 @@ MPI_SCRIPT = textwrap.dedent("""
             comm.Send(payload, 0)
     comm.Barrier()
     seconds = time.perf_counter() - start
-    print(f"ifname={os.environ['GLOO_SOCKET_IFNAME']} world={size} gbit_s={0.4 / seconds:.3f}")
+    print(f"ifname={os.environ['GLOO_SOCKET_IFNAME']} world={size} "
+          f"link={os.environ['SPARSECOMM_BANDWIDTH']} gbit_s={0.4 / seconds:.3f}")
 """)
 
 PROGRAMS = {"gloo": (RANK_SCRIPT, []), "mpi4py": (MPI_SCRIPT, ["-m", "mpi4py"])}
@@ -140,7 +142,7 @@ def test_ranks_run_at_the_given_rate_and_clean_up(tmp_path, backend, program, ba
     lines = sorted(line for line in proc.stdout.splitlines() if "gbit_s=" in line)
     assert [line.split("]")[0] for line in lines] == ["[rank 0", "[rank 1"], proc.stdout
     for line, ifname in zip(lines, ifnames):
-        assert f"ifname={ifname} world=2" in line
+        assert f"ifname={ifname} world=2 link={'' if bandwidth == 'none' else bandwidth} " in line
     rate = min(float(line.rsplit("gbit_s=", 1)[1]) for line in lines)
     assert rates[0] < rate < rates[1], f"expected {rates} Gbit/s over {bandwidth}, measured {rate}"
     if CAN_SHAPE:
