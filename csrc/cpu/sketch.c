@@ -51,7 +51,8 @@ static inline uint64_t sk_base(uint64_t h, uint64_t cols) { return ((h >> 32) * 
  * vector read-modify-writes into an L3-resident row run 4x slower (the out-of-order
  * window covers only a few of them). Measured at N = 15M, 7 x 1.5M: SK_PF = 8 was
  * slower, 16 and 32 equal within noise (32 slightly ahead for builds); SK_RB = 64..256
- * made no difference. 2 MB pages for the table did not help either (not TLB-bound). */
+ * made no difference. 2 MB pages for the table did not help either (not TLB-bound).
+ * Both can be overridden with -D to re-tune on another machine. */
 #ifndef SK_RB
 #define SK_RB 128 /* runs per block; the estimate buffers rows x SK_RB x 16 values */
 #endif
