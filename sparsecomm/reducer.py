@@ -191,7 +191,8 @@ class SparseAllreduce:
         """Exchange a signature; raise the same ValueError on every rank on any difference."""
         options = repr(sorted((key, repr(value)) for key, value in self.algorithm.options.items()))
         density_bits = torch.tensor([self.density], dtype=torch.float64).view(torch.int64).item()
-        mine = torch.tensor([MAGIC, FORMAT_VERSION, _crc(self.algorithm_name), _crc(options), density_bits,
+        algorithm_id = f"{self.algorithm_name}/{self.algorithm.wire_revision}"
+        mine = torch.tensor([MAGIC, FORMAT_VERSION, _crc(algorithm_id), _crc(options), density_bits,
                              n, DTYPE_CODES.get(dtype, 0), self.k_for(n)], dtype=torch.int64)
         table = self.comm.allgather_small(mine).cpu()
         differing = [i for i in range(len(_SIGNATURE_FIELDS)) if not bool((table[:, i] == table[0, i]).all())]

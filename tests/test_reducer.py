@@ -54,6 +54,27 @@ def test_rank_mismatch_raises_on_every_rank(field, tweak):
     assert len({m.split(":", 1)[1].split("\n", 1)[1] for m in messages}) == 1
 
 
+def test_builds_with_another_wire_revision_refuse_on_every_rank():
+    """A rank whose build hashes sketches differently (wire_revision) is caught by the handshake."""
+    from sparsecomm.algorithms.gssgd import GlobalSketchSGD
+
+    class OtherHashFamily(GlobalSketchSGD):
+        wire_revision = "sketch-per-coordinate"
+
+    def fn(comm):
+        reducer = sc.SparseAllreduce("gssgd", 0.1, comm=comm)
+        if comm.rank == 1:
+            reducer.algorithm.__class__ = OtherHashFamily
+        try:
+            reducer(torch.ones(1000))
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    messages = simulate(3, fn).results
+    assert all(m is not None and "algorithm: " in m and "ranks [1]" in m for m in messages), messages
+
+
 def test_shape_dtype_and_out_are_kept():
     def fn(comm):
         reducer = sc.SparseAllreduce("topka", 0.25, comm=comm)

@@ -64,6 +64,9 @@ class Algorithm(ABC):
     name: ClassVar[str] = ""
     #: True when out is exactly the dense sum of the locally selected vectors
     lossless: ClassVar[bool] = True
+    #: what else the ranks must share beyond name and options, e.g. a sketch's hash family
+    #: (part of the reducer's handshake: ranks on builds that differ here refuse to reduce)
+    wire_revision: ClassVar[str] = ""
     #: the keyword options the constructor accepts, with their defaults
     option_defaults: ClassVar[dict[str, Any]] = {}
 

@@ -113,6 +113,9 @@ class GlobalSketchSGD(Algorithm):
     name = "gssgd"
     lossless = False
     option_defaults = {"rows": 7, "columns": None, "seed": 0x5EED, "heavymix": "topk"}
+    # the Count-Sketch hash family of csrc/include/sparsecomm/sketch.h (runs of 16 coordinates
+    # on consecutive buckets): ranks whose builds hash differently would sum unrelated sketches
+    wire_revision = "sketch-runs16"
 
     def __init__(self, comm: Comm, **options: Any):
         super().__init__(comm, **options)
