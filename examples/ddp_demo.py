@@ -164,14 +164,14 @@ def _plot(result: dict, path: str) -> None:
     rows = result["rows"]
     names = [r["algorithm"] for r in rows]
     colors = ["tab:gray" if n == "dense" else "tab:orange" if n.startswith("torch_") else "tab:blue" for n in names]
-    fig, axes = plt.subplots(1, 3, figsize=(16, 5))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5.5))
     panels = [([1000 * r["step_s"] for r in rows], "per-update time (ms)"),
               ([r["bytes"] / 1e6 for r in rows], "MB sent per rank per update (log)"),
               ([100 * r["accuracy"] for r in rows], f"test accuracy after {result['steps']} updates (%)")]
     for ax, (values, title) in zip(axes, panels):
         ax.bar(names, values, color=colors)
         ax.set_title(title)
-        ax.tick_params(axis="x", rotation=60)
+        plt.setp(ax.get_xticklabels(), rotation=50, ha="right", rotation_mode="anchor")
     axes[0].axhline(1000 * result["compute_s"], color="black", linestyle="--", linewidth=1,
                     label="compute alone")
     axes[0].legend()

@@ -352,45 +352,49 @@ def _write(report: dict, out_dir: Path) -> list[Path]:
                               ("median time per call (s)", "bytes sent per rank", "speedup over dense")):
         ax.bar([r["algorithm"] for r in first], [r[key] or 0 for r in first])
         ax.set_title(label)
-        ax.tick_params(axis="x", rotation=60)
+        plt.setp(ax.get_xticklabels(), rotation=50, ha="right", rotation_mode="anchor")
     fig.suptitle(f"P = {report['P']}, N = {report['N']}, density {dens[0]} ({report['where']})")
     fig.tight_layout()
     fig.savefig(out_dir / "collectives_bars.png", dpi=110)
     written.append(out_dir / "collectives_bars.png")
     plt.close(fig)
     if len(dens) > 1:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for a in algos:
-            pts = sorted((r["density"], r["time_s"]) for r in rows if r["algorithm"] == a)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=a)
-        ax.set_xscale("log")
-        ax.set_xlabel("density")
-        ax.set_ylabel("median time per call (s)")
-        ax.set_title(f"P = {report['P']}, N = {report['N']}")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out_dir / "time_vs_density.png", dpi=110)
-        written.append(out_dir / "time_vs_density.png")
-        plt.close(fig)
+        series = {a: sorted((r["density"], r["time_s"]) for r in rows if r["algorithm"] == a) for a in algos}
+        written.append(_line_plot(plt, out_dir / "time_vs_density.png", series, "density",
+                                  f"P = {report['P']}, N = {report['N']}", log_x=True))
     by_p = _runs_by_p(out_dir, report)
     if len(by_p) > 1:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for a in algos:
-            pts = [(p, r["time_s"]) for p, run in sorted(by_p.items()) for r in run["rows"]
-                   if r["algorithm"] == a and r["density"] == dens[0]]
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=a)
-        ax.set_yscale("log")
-        ax.set_xticks(sorted(by_p))
-        ax.set_xlabel("P (ranks)")
-        ax.set_ylabel("median time per call (s)")
-        ax.set_title(f"N = {report['N']}, density {dens[0]} ({report['where']})")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out_dir / "time_vs_P.png", dpi=110)
-        written.append(out_dir / "time_vs_P.png")
-        plt.close(fig)
+        series = {a: [(p, r["time_s"]) for p, run in sorted(by_p.items()) for r in run["rows"]
+                      if r["algorithm"] == a and r["density"] == dens[0]] for a in algos}
+        written.append(_line_plot(plt, out_dir / "time_vs_P.png", series, "P (ranks)",
+                                  f"N = {report['N']}, density {dens[0]} ({report['where']})", xticks=sorted(by_p)))
     return written
+
+
+def _line_plot(plt, path: Path, series: dict[str, list[tuple[float, float]]], xlabel: str, title: str,
+               log_x: bool = False, xticks: list | None = None) -> Path:
+    """Median time per call against x, one line per algorithm (PyTorch's hooks dashed)."""
+    from sparsecomm.baselines import is_baseline
+
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    colors = plt.get_cmap("tab20").colors
+    for i, (name, pts) in enumerate(series.items()):
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="os^Dv"[i % 5], color=colors[(2 * i) % 20 + i // 10],
+                    linestyle="--" if is_baseline(name) else "-", label=name)
+    ax.set_yscale("log")
+    if log_x:
+        ax.set_xscale("log")
+    if xticks:
+        ax.set_xticks(xticks)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("median time per call (s, log)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def _runs_by_p(out_dir: Path, report: dict) -> dict[int, dict]:
@@ -439,8 +443,9 @@ def _collectives(argv) -> int:
         ap.error(f"--density values must be in (0, 1], got {bad_d}")
     names = list(dict.fromkeys(names))
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    where = (f"launcher, GLOO_SOCKET_IFNAME={os.environ.get('GLOO_SOCKET_IFNAME')}" if launched
-             else "gloo loopback")
+    rate = os.environ.get("SPARSECOMM_BANDWIDTH")
+    where = ("gloo loopback" if not launched else f"sparsecomm.launch, {rate} links" if rate
+             else f"launcher, GLOO_SOCKET_IFNAME={os.environ.get('GLOO_SOCKET_IFNAME')}")
     cfg = {"algorithms": names, "n": args.N, "densities": args.density, "repeats": args.repeats,
            "check_n": args.check_n, "pingpong_max": args.pingpong_max, "threads": args.threads, "where": where}
     if launched:
