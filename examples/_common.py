@@ -141,9 +141,15 @@ def train(ddp: nn.Module, state: sc.DDPHookState, optimizer: torch.optim.Optimiz
     """The loop every example uses; returns losses, per-update times and bytes sent per step."""
     order = list(batches(len(x), args.batch, args.epochs, args.steps, args.seed + rank))
     bar = None
+    # a redrawn bar needs a terminal; through a pipe (e.g. the launcher, which prefixes whole
+    # lines) it would arrive as one line at the end, so print a plain line every fifth instead
+    plain_every = 0
     if rank == 0 and not args.no_progress:
-        from tqdm import tqdm
-        bar = tqdm(total=len(order), desc=desc, file=sys.stdout, mininterval=1.0, leave=False)
+        if sys.stdout.isatty():
+            from tqdm import tqdm
+            bar = tqdm(total=len(order), desc=desc, file=sys.stdout, mininterval=1.0, leave=False)
+        else:
+            plain_every = max(1, len(order) // 5)
     losses, times, sent = [], [], []
     ddp.train()
     for idx in order:
@@ -160,6 +166,9 @@ def train(ddp: nn.Module, state: sc.DDPHookState, optimizer: torch.optim.Optimiz
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{losses[-1]:.3f}", ms=f"{1000 * times[-1]:.0f}", refresh=False)
+        elif plain_every and len(times) % plain_every == 0:
+            print(f"{desc}: {len(times)}/{len(order)} updates, loss {losses[-1]:.3f}, "
+                  f"{1000 * times[-1]:.0f} ms", flush=True)
     if bar is not None:
         bar.close()
     return {"losses": losses, "times": times, "bytes": sent}
