@@ -32,8 +32,10 @@ import math
 from typing import Any, Sequence
 
 import torch
+import torch.distributed as dist
 
 from .comm.base import ring_allreduce_cost
+from .hook import _Worker
 
 __all__ = ["TorchHook", "names", "is_baseline", "powersgd_plan", "bucket_shapes"]
 
@@ -46,6 +48,7 @@ def names() -> list[str]:
 
 
 def is_baseline(name: str) -> bool:
+    """Whether ``name`` is one of PyTorch's hooks here rather than a registered algorithm."""
     return name in _NAMES
 
 
@@ -108,9 +111,6 @@ class _FlatBucket:
     def buffer(self) -> torch.Tensor:
         return self._buffer
 
-    def set_buffer(self, tensor: torch.Tensor) -> None:
-        self._buffer.copy_(tensor)
-
     def gradients(self) -> list[torch.Tensor]:
         views, offset = [], 0
         for shape in self._shapes:
@@ -158,12 +158,11 @@ class TorchHook:
         if not min_compression_rate > 0:
             raise ValueError(f"min_compression_rate must be > 0, got {min_compression_rate!r}")
         self.name = name
-        self.algorithm = name
         self.density = 1.0  # not a top-k method; kept for the tables that print density
         self.process_group = process_group
         self.powersgd_rank = powersgd_rank
         self.last_stats: dict[int, dict[str, Any]] = {}
-        self._executor = None  # for PowerSGD off NCCL, see _serialize_buckets
+        self._worker: _Worker | None = None  # for PowerSGD off NCCL, see _serialize_buckets
         if name == "torch_fp16":
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 
@@ -177,13 +176,16 @@ class TorchHook:
                                              min_compression_rate=min_compression_rate)
 
     @property
+    def algorithm(self) -> str:
+        """The name, under the attribute :class:`sparsecomm.DDPHookState` has it."""
+        return self.name
+
+    @property
     def label(self) -> str:
         """The name with its setting, for tables: ``torch_powersgd (rank 4)``."""
         return f"{self.name} (rank {self.powersgd_rank})" if self.name == "torch_powersgd" else self.name
 
     def _world(self) -> int:
-        import torch.distributed as dist
-
         return dist.get_world_size(self.process_group)
 
     def wire_stats(self, shapes: Sequence[Sequence[int]], element_size: int) -> dict[str, int]:
@@ -211,29 +213,29 @@ class TorchHook:
         aborts the process ("Received data size doesn't match expected size"). Seen here on
         a 784-4096-4096-10 MLP (3 buckets) on 2 and 4 ranks.
         """
-        import torch.distributed as dist
-
         return self.name == "torch_powersgd" and dist.get_backend(self.process_group) != "nccl"
 
-    def _run_in_order(self, bucket) -> torch.futures.Future:
-        """PyTorch's hook on one worker thread, bucket after bucket; backward goes on meanwhile."""
-        if self._executor is None:
-            from concurrent.futures import ThreadPoolExecutor
+    def _run_in_order(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        """PyTorch's hook on one worker thread, bucket after bucket; backward goes on meanwhile.
 
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparsecomm-powersgd")
+        The worker is the DDP hook's own (:class:`sparsecomm.hook._Worker`): after a failed
+        bucket it fails every later one at once instead of issuing collectives that would
+        pair with other ranks' earlier ones, and it is stopped (bounded) at interpreter exit.
+        """
+        if self._worker is None or not self._worker.alive():
+            self._worker = _Worker()
         result: torch.futures.Future = torch.futures.Future()
-
-        def reduce_bucket() -> None:
-            try:
-                result.set_result(self._hook(self._state, bucket).wait())
-            except BaseException as exc:  # handed to DDP, which raises it in backward
-                result.set_exception(exc)
-
-        self._executor.submit(reduce_bucket)
+        self._worker.submit(lambda: self._hook(self._state, bucket).wait(), result)
         return result
 
+    def close(self) -> None:
+        """Stop the worker thread, if any (it restarts on the next bucket)."""
+        if self._worker is not None:
+            self._worker.stop()
+            self._worker = None
+
     @staticmethod
-    def ddp_hook(state: "TorchHook", bucket) -> torch.futures.Future[torch.Tensor]:
+    def ddp_hook(state: "TorchHook", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         """DDP comm hook: record the bucket's wire figures, then run PyTorch's hook."""
         grads = bucket.gradients()
         state._record(bucket.index(), [tuple(g.shape) for g in grads], bucket.buffer().element_size())
@@ -242,7 +244,18 @@ class TorchHook:
         return state._hook(state._state, bucket)
 
     def register(self, ddp_model: torch.nn.Module) -> None:
-        """``ddp_model.register_comm_hook`` with this baseline."""
+        """``ddp_model.register_comm_hook`` with this baseline.
+
+        Raises ValueError for PowerSGD off NCCL on DDP's own group with
+        ``find_unused_parameters=True``: DDP then issues a collective of its own during
+        backward, which the worker thread's collectives could interleave with differently on
+        each rank. Pass ``process_group=dist.new_group()`` to the constructor instead.
+        """
+        if (self._serialize_buckets() and self.process_group is None
+                and getattr(ddp_model, "find_unused_parameters", False)):
+            raise ValueError("torch_powersgd on gloo runs its buckets on a worker thread, which must not share "
+                             "DDP's process group when find_unused_parameters=True; construct "
+                             "TorchHook('torch_powersgd', process_group=torch.distributed.new_group())")
         ddp_model.register_comm_hook(self, TorchHook.ddp_hook)
 
     def allreduce(self, flat: torch.Tensor, shapes: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
