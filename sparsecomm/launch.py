@@ -35,12 +35,15 @@ on loopback (TCP over ``lo``).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -130,32 +133,35 @@ class EmulatedNetwork:
         self.check_possible()
         if self.size > 250:
             raise NetworkSetupError("at most 250 ranks fit the emulated subnet")
-        if self.host_link:
-            self.subnet = _free_subnet()
-        shape = ["tbf", "rate", self.rate, "burst", "256kb", "latency", "10ms"]
-        bridge_ns = self.bridge_namespace
-        self._add_namespace(bridge_ns)
-        _run(["ip", "-n", bridge_ns, "link", "add", "br0", "type", "bridge"])
-        _run(["ip", "-n", bridge_ns, "link", "set", "br0", "up"])
-        for rank in range(self.size):
-            ns, port, iface = self.namespace(rank), f"p{rank}", self.interface(rank)
-            self._add_namespace(ns)
-            _run(["ip", "-n", bridge_ns, "link", "add", port, "type", "veth", "peer", "name", iface, "netns", ns])
-            _run(["ip", "-n", bridge_ns, "link", "set", port, "master", "br0"])
-            _run(["ip", "-n", bridge_ns, "link", "set", port, "up"])
-            _run(["ip", "-n", ns, "addr", "add", f"{self.address(rank)}/24", "dev", iface])
-            _run(["ip", "-n", ns, "link", "set", iface, "up"])
-            # both directions of the switch port: the rank's egress and the bridge port's egress
-            _run(["tc", "-n", ns, "qdisc", "add", "dev", iface, "root", *shape])
-            _run(["tc", "-n", bridge_ns, "qdisc", "add", "dev", port, "root", *shape])
-        if self.host_link:  # unshaped: only mpirun's control traffic (PMIx) uses it
-            host = self.host_interface
-            _run(["ip", "link", "add", host, "type", "veth", "peer", "name", "host", "netns", bridge_ns])
-            self.host_made = True
-            _run(["ip", "-n", bridge_ns, "link", "set", "host", "master", "br0"])
-            _run(["ip", "-n", bridge_ns, "link", "set", "host", "up"])
-            _run(["ip", "addr", "add", f"{self.host_address}/24", "dev", host])
-            _run(["ip", "link", "set", host, "up"])
+        # two mpi launches at once must not both pick the same free subnet: hold a lock from
+        # the choice until the host link has its address (then the next launch sees it)
+        with _subnet_lock() if self.host_link else contextlib.nullcontext():
+            if self.host_link:
+                self.subnet = _free_subnet()
+            shape = ["tbf", "rate", self.rate, "burst", "256kb", "latency", "10ms"]
+            bridge_ns = self.bridge_namespace
+            self._add_namespace(bridge_ns)
+            _run(["ip", "-n", bridge_ns, "link", "add", "br0", "type", "bridge"])
+            _run(["ip", "-n", bridge_ns, "link", "set", "br0", "up"])
+            for rank in range(self.size):
+                ns, port, iface = self.namespace(rank), f"p{rank}", self.interface(rank)
+                self._add_namespace(ns)
+                _run(["ip", "-n", bridge_ns, "link", "add", port, "type", "veth", "peer", "name", iface, "netns", ns])
+                _run(["ip", "-n", bridge_ns, "link", "set", port, "master", "br0"])
+                _run(["ip", "-n", bridge_ns, "link", "set", port, "up"])
+                _run(["ip", "-n", ns, "addr", "add", f"{self.address(rank)}/24", "dev", iface])
+                _run(["ip", "-n", ns, "link", "set", iface, "up"])
+                # both directions of the switch port: the rank's egress and the bridge port's egress
+                _run(["tc", "-n", ns, "qdisc", "add", "dev", iface, "root", *shape])
+                _run(["tc", "-n", bridge_ns, "qdisc", "add", "dev", port, "root", *shape])
+            if self.host_link:  # unshaped: only mpirun's control traffic (PMIx) uses it
+                host = self.host_interface
+                _run(["ip", "link", "add", host, "type", "veth", "peer", "name", "host", "netns", bridge_ns])
+                self.host_made = True
+                _run(["ip", "-n", bridge_ns, "link", "set", "host", "master", "br0"])
+                _run(["ip", "-n", bridge_ns, "link", "set", "host", "up"])
+                _run(["ip", "addr", "add", f"{self.host_address}/24", "dev", host])
+                _run(["ip", "link", "set", host, "up"])
 
     def _add_namespace(self, name: str) -> None:
         _run(["ip", "netns", "add", name])
@@ -183,6 +189,14 @@ class EmulatedNetwork:
 
     def wrap(self, rank: int, cmd: list[str]) -> list[str]:
         return ["ip", "netns", "exec", self.namespace(rank), *cmd]
+
+
+@contextlib.contextmanager
+def _subnet_lock():
+    """An exclusive lock shared by every launch on this machine (a file in the temp folder)."""
+    with open(os.path.join(tempfile.gettempdir(), "sparsecomm-launch-subnet.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield   # closing the file releases the lock
 
 
 def _free_subnet() -> str:
@@ -305,10 +319,10 @@ class _MPIOutput:
             self.owner = None  # after a newline, a rank's text always starts with a new tag
 
     def _write(self, owner, line: str) -> None:
-        if owner is None:
-            found = self._FAILED.search(line)
-            if found and self.failed_rank is None:
-                self.failed_rank = int(found.group(1) or found.group(2))
+        # mpirun's own report and the rank's tagged <stddiag> lines both may name the failure
+        found = self._FAILED.search(line)
+        if found and self.failed_rank is None:
+            self.failed_rank = int(found.group(1) or found.group(2))
         self.out.write(f"[rank {owner[0]}] {line}\n" if owner else f"[mpirun] {line}\n")
         self.out.flush()
 
