@@ -59,6 +59,9 @@ static inline uint64_t sk_base(uint64_t h, uint64_t cols) { return ((h >> 32) * 
 #ifndef SK_PF
 #define SK_PF 32
 #endif
+/* the last element of the run at bucket b, kept inside the row: prefetch pointers must not
+ * point past the table (the wrapping runs' tails are at the row's start, and not prefetched) */
+#define SK_RUN_LAST(b, cols) ((uint64_t)(b) + SK_RUN - 1 < (uint64_t)(cols) ? (uint64_t)(b) + SK_RUN - 1 : (uint64_t)(cols) - 1)
 #define SK_CHUNK (SK_RB * SK_RUN)
 
 static inline void sk_hash_runs(uint64_t key, int64_t r0, int64_t len, uint64_t cols,
@@ -126,7 +129,7 @@ static inline void sk_hash_coords(uint64_t key, const int64_t* idx, int64_t i0, 
       for (int64_t t = 0; t < len; ++t) {                                                     \
         if (t + SK_PF < ahead) {                                                              \
           __builtin_prefetch(trow + base[t + SK_PF], 1);                                      \
-          __builtin_prefetch(trow + base[t + SK_PF] + (SK_RUN - 1), 1);                       \
+          __builtin_prefetch(trow + SK_RUN_LAST(base[t + SK_PF], cols), 1);                   \
         }                                                                                     \
         const XT* src = val + (r + t) * SK_RUN;                                               \
         if (base[t] + (uint64_t)SK_RUN <= cols) {                                             \
@@ -248,10 +251,11 @@ static size_t sk_ws_bytes(int64_t rows, size_t esz) {
         const uint32_t* sj = bits + j * SK_RB;                                               \
         TT* restrict o = buf + j * SK_CHUNK;                                                 \
         for (int64_t t = 0; t < nr; ++t) {                                                   \
-          const TT* p = NULL;                                                                \
-          if (t + SK_PF < nr) p = trow + bj[t + SK_PF];                                      \
-          else if (j + 1 < rows && t + SK_PF - nr < nr) p = nrow + bj[SK_RB + t + SK_PF - nr]; \
-          if (p) { __builtin_prefetch(p); __builtin_prefetch(p + (SK_RUN - 1)); }            \
+          const TT* prow = NULL;                                                             \
+          uint64_t pb = 0;                                                                   \
+          if (t + SK_PF < nr) { prow = trow; pb = bj[t + SK_PF]; }                           \
+          else if (j + 1 < rows && t + SK_PF - nr < nr) { prow = nrow; pb = bj[SK_RB + t + SK_PF - nr]; } \
+          if (prow) { __builtin_prefetch(prow + pb); __builtin_prefetch(prow + SK_RUN_LAST(pb, cols)); } \
           TT* restrict ot = o + t * SK_RUN;                                                  \
           const uint64_t q = bj[t];                                                          \
           const uint32_t s = sj[t];                                                          \
