@@ -70,7 +70,12 @@ def make_data(stream: int, samples: int, seed: int = 0, separation: float = 0.2
 
 
 def compute_only_step_s(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, steps: int = 6) -> float:
-    """Median forward + backward + step time of the bare model (no DDP), slowest rank."""
+    """Median forward + backward + step time of the bare model (no DDP), slowest rank.
+
+    Uses the first ``min(steps, args.steps)`` batches of ``x`` (which holds ``args.steps``
+    of them), so no step runs on an empty batch.
+    """
+    steps = min(steps, args.steps)
     torch.manual_seed(args.seed)
     model = MLP(INPUTS, args.hidden, CLASSES)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)

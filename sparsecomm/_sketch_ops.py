@@ -13,8 +13,8 @@ whole run on 16 consecutive buckets and gives its 16 signs::
     sign_j(i)    +1 if bit o of h is 0, -1 if it is 1
 
 A run is then one vector access to the table instead of 16 random ones (the kernels are
-memory-bound: 5-7x faster builds and estimates than with one hash per coordinate at
-N = 15M, see docs/gssgd.md). Two coordinates of different runs collide with probability
+memory-bound: 6-7x faster builds and 4-5x faster estimates than with one hash per
+coordinate at N = 15M, see docs/gssgd.md). Two coordinates of different runs collide with probability
 1/cols, as with one hash per coordinate; two of the same run never do (cols >= 16).
 
 Every rank that shares ``seed`` (and rows, cols) builds compatible sketches. The sketch is
