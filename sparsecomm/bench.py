@@ -407,14 +407,15 @@ def _line_plot(plt, path: Path, series: dict[str, list[tuple[float, float]]], xl
 
 
 def _runs_by_p(out_dir: Path, report: dict) -> dict[int, dict]:
-    """The ``collectives_P*.json`` runs in ``out_dir`` with this run's N and first density."""
+    """The ``collectives_P*.json`` runs in ``out_dir`` with this run's N, first density and link."""
     runs = {}
     for path in sorted(out_dir.glob("collectives_P*.json")):
         try:
             run = json.loads(path.read_text())
         except (OSError, ValueError):
             continue   # a file we did not write, or a half-written one: not ours to plot
-        if run.get("N") == report["N"] and report["densities"][0] in run.get("densities", []):
+        if (run.get("N") == report["N"] and report["densities"][0] in run.get("densities", [])
+                and run.get("where") == report["where"]):
             runs[int(run["P"])] = run
     return runs
 
