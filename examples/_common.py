@@ -14,7 +14,7 @@ import math
 import os
 import sys
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Protocol
 
 import torch
 import torch.distributed as dist
@@ -39,6 +39,13 @@ def add_common_args(parser: argparse.ArgumentParser, *, steps: int | None, epoch
     parser.add_argument("--bandwidth", type=parse_rate, default=bandwidth,
                         help="emulated link rate per rank (1gbit, 100mbit, ...) or 'none' for loopback")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+
+
+class HookState(Protocol):
+    """What the examples read from a hook's state: sparsecomm's DDPHookState or a baseline's TorchHook."""
+
+    density: float
+    last_stats: dict[int, dict[str, Any]]
 
 
 def algorithm_names() -> list[str]:
@@ -103,7 +110,7 @@ def shard(n: int, rank: int, world: int) -> slice:
     return slice(rank * per, (rank + 1) * per)
 
 
-def make_ddp(model: nn.Module, algorithm: str, density: float) -> tuple[nn.Module, Any]:
+def make_ddp(model: nn.Module, algorithm: str, density: float) -> tuple[nn.Module, HookState]:
     """DDP with sparsecomm's hook for ``algorithm`` (or PyTorch's, for a baseline name).
 
     The state returned has ``density`` and per-bucket ``last_stats`` either way.
@@ -135,7 +142,7 @@ def batches(n: int, batch: int, epochs: int, steps: int | None, seed: int) -> It
             done += 1
 
 
-def train(ddp: nn.Module, state: sc.DDPHookState, optimizer: torch.optim.Optimizer, x: torch.Tensor,
+def train(ddp: nn.Module, state: HookState, optimizer: torch.optim.Optimizer, x: torch.Tensor,
           y: torch.Tensor, args: argparse.Namespace, rank: int, desc: str,
           scheduler: torch.optim.lr_scheduler.LRScheduler | None = None) -> dict:
     """The loop every example uses; returns losses, per-update times and bytes sent per step."""
@@ -217,7 +224,7 @@ def print_comparison(rows: list[dict]) -> None:
     sys.stdout.flush()
 
 
-def report(ddp: nn.Module, state: sc.DDPHookState, run: dict, test_x: torch.Tensor, test_y: torch.Tensor,
+def report(ddp: nn.Module, state: HookState, run: dict, test_x: torch.Tensor, test_y: torch.Tensor,
            args: argparse.Namespace, rank: int, world: int, header: str, eval_batch: int | None = None) -> dict:
     """Test accuracy over the ranks' shares of the test set, and rank 0's summary table."""
     test_part = shard(len(test_x), rank, world)

@@ -188,7 +188,7 @@ def _row_keys(rows: int, seed: int, device) -> torch.Tensor:
 def _hashes(table: torch.Tensor, idx: torch.Tensor, seed: int) -> Tuple[torch.Tensor, torch.Tensor]:
     rows, cols = table.shape
     off = idx & (RUN - 1)
-    h = _mix(_row_keys(rows, seed, table.device)[:, None] ^ (idx >> 4)[None, :])
+    h = _mix(_row_keys(rows, seed, table.device)[:, None] ^ (idx // RUN)[None, :])
     hi = (h >> 32) & 0xFFFFFFFF
     first = (hi * cols) >> 32 if cols < 2**31 else ((hi.double() * cols) / 2**32).floor().long()
     bucket = (first + off[None, :]) % cols
