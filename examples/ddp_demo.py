@@ -140,10 +140,13 @@ def _report(rows: list[dict], compute_s: float, world: int, args: argparse.Names
         print(f"\ncompute-to-communication: forward + backward + step alone takes {1000 * compute_s:.0f} ms per "
               f"update ({world} ranks sharing this machine's {os.cpu_count()} cores); dense spends "
               f"{1000 * comm_s:.0f} ms more communicating: communication = {ratio:.1f}x compute.")
-        if rate:
+        if rate and ratio < 10:
             print(f"A GPU computes this step 10-50x faster, so on {rate} links a GPU cluster's ratio is "
                   f"{10 * ratio:.0f}-{50 * ratio:.0f}x; to reproduce a GPU-like ratio here, scale the link down by "
                   f"the same factor: --bandwidth {_suggested_rate(rate, 20)} (20x).")
+        elif rate:
+            print(f"That is about the ratio of a GPU cluster (10-50x faster compute) on links 10-50x faster "
+                  f"than {rate}.")
         else:
             print("On loopback communication is nearly free; run on emulated links (--bandwidth 1gbit, as root) "
                   "for the papers' setting.")
