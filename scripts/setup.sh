@@ -26,7 +26,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PIP="$VENV/bin/python -m pip"
 # scikit-learn: the digits data set of examples/train_digits.py ships inside its wheel;
-# matplotlib: plots of `python -m sparsecomm.bench`
+# matplotlib: plots of `python -m sparsecomm.bench` and of the demo (demo_results/demo.png)
 if ! "$VENV/bin/python" -c "import torch, numpy, pytest, tqdm, sklearn, matplotlib" >/dev/null 2>&1; then
   echo "setup: installing $TORCH_SPEC numpy pytest tqdm scikit-learn matplotlib"
   $PIP install -q "$TORCH_SPEC" numpy pytest tqdm scikit-learn matplotlib
