@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import sparsecomm as sc
-from sparsecomm.launch import EmulatedNetwork, NetworkSetupError, launch, parse_rate
+from sparsecomm.launch import EmulatedNetwork, NetworkSetupError, describe_link, launch, parse_rate
 
 
 def add_common_args(parser: argparse.ArgumentParser, *, steps: int | None, epochs: int, batch: int, lr: float,
@@ -64,15 +64,6 @@ def expand_algorithms(names: list[str] | None, default: str) -> list[str]:
     if names is None:
         return [default]
     return algorithm_names() if names == ["all"] else names
-
-
-def link() -> tuple[str, str]:
-    """(where the ranks run, the emulated link rate or '') as the launcher left it in the environment."""
-    rate = os.environ.get("SPARSECOMM_BANDWIDTH", "")
-    iface = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
-    if rate:
-        return f"emulated cluster, {rate} links (interface {iface})", rate
-    return f"plain loopback (interface {iface})", ""
 
 
 def banner(text: str) -> None:

@@ -48,7 +48,7 @@ import torch.nn as nn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 from models import MLP  # noqa: E402
-from sparsecomm.launch import parse_rate  # noqa: E402
+from sparsecomm.launch import describe_link, parse_rate  # noqa: E402
 
 INPUTS, CLASSES = 784, 10
 
@@ -125,7 +125,7 @@ def _suggested_rate(rate: str, factor: float) -> str:
 
 
 def _report(rows: list[dict], compute_s: float, world: int, args: argparse.Namespace) -> None:
-    where, rate = _common.link()
+    where, rate = describe_link()
     params = sum(p.numel() for p in MLP(INPUTS, args.hidden, CLASSES).parameters())
     dense = next((r for r in rows if r["algorithm"] == "dense"), None)
     print(f"\nsparsecomm demo: {world} ranks on {where}; MLP {INPUTS}-{args.hidden}-{args.hidden}-{CLASSES} "

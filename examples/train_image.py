@@ -34,6 +34,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 import models  # noqa: E402
+from sparsecomm.launch import describe_link  # noqa: E402
 
 MEAN = torch.tensor([0.4914, 0.4822, 0.4465]).view(1, 3, 1, 1)
 STD = torch.tensor([0.2470, 0.2435, 0.2616]).view(1, 3, 1, 1)
@@ -138,7 +139,7 @@ def run_rank(rank: int, world: int, args: argparse.Namespace) -> list[dict]:
                                    eval_batch=args.batch * 4))
         del ddp, state, optimizer
     if rank == 0 and len(rows) > 1:
-        print(f"\n{args.model}, {world} ranks, {_common.link()[0]}, density {args.density:g}, "
+        print(f"\n{args.model}, {world} ranks, {describe_link()[0]}, density {args.density:g}, "
               f"{args.steps or args.epochs} {'updates' if args.steps else 'epochs'} each:")
         _common.print_comparison(rows)
     return rows

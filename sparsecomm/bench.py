@@ -453,9 +453,9 @@ def _collectives(argv) -> int:
         ap.error(f"--density values must be in (0, 1], got {bad_d}")
     names = list(dict.fromkeys(names))
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    rate = os.environ.get("SPARSECOMM_BANDWIDTH")
-    where = ("gloo loopback" if not launched else f"sparsecomm.launch, {rate} links" if rate
-             else f"launcher, GLOO_SOCKET_IFNAME={os.environ.get('GLOO_SOCKET_IFNAME')}")
+    from sparsecomm.launch import describe_link
+
+    where = describe_link()[0] if launched else "gloo loopback"
     cfg = {"algorithms": names, "n": args.N, "densities": args.density, "repeats": args.repeats,
            "check_n": args.check_n, "pingpong_max": args.pingpong_max, "threads": args.threads, "where": where}
     if launched:

@@ -48,7 +48,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-__all__ = ["EmulatedNetwork", "launch", "main", "parse_rate", "find_mpirun", "LaunchError", "NetworkSetupError"]
+__all__ = ["EmulatedNetwork", "launch", "main", "parse_rate", "find_mpirun", "describe_link", "LaunchError",
+           "NetworkSetupError"]
 
 _SUBNET = "10.213.0"  # private addresses inside the launch's own namespaces only
 _HOST_BYTE = 254  # last byte of the root namespace's address on the bridge (mpi backend)
@@ -218,6 +219,21 @@ def find_mpirun() -> str:
     if "Open MPI" not in text and "OpenRTE" not in text:
         raise LaunchError(f"--backend mpi needs Open MPI's mpirun, but {path} is {text.splitlines()[0] if text else '?'}")
     return path
+
+
+def describe_link() -> tuple[str, str]:
+    """(where this rank's traffic goes, the emulated rate or ''), from what the launcher set.
+
+    Programs started by this launcher have SPARSECOMM_BANDWIDTH (empty on loopback); under
+    another launcher (torchrun, mpirun) the link is unknown and only the interface is named.
+    """
+    iface = os.environ.get("GLOO_SOCKET_IFNAME")
+    rate = os.environ.get("SPARSECOMM_BANDWIDTH")
+    if rate:
+        return f"emulated cluster, {rate} links (interface {iface})", rate
+    if rate is not None:
+        return f"plain loopback (interface {iface or 'lo'})", ""
+    return f"network interface {iface or 'chosen by the backend'}, link not emulated by sparsecomm.launch", ""
 
 
 def _rank_env(rank: int, size: int, master: str, port: int | str, ifname: str,

@@ -211,3 +211,19 @@ def test_rate_parsing(text, expected):
 def test_bad_rate_is_rejected(text):
     with pytest.raises(Exception, match="bandwidth must look like"):
         parse_rate(text)
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"SPARSECOMM_BANDWIDTH": "1gbit", "GLOO_SOCKET_IFNAME": "eth0"},
+     ("emulated cluster, 1gbit links (interface eth0)", "1gbit")),
+    ({"SPARSECOMM_BANDWIDTH": "", "GLOO_SOCKET_IFNAME": "lo"}, ("plain loopback (interface lo)", "")),
+    ({"GLOO_SOCKET_IFNAME": "ib0"}, ("network interface ib0, link not emulated by sparsecomm.launch", "")),
+])
+def test_describe_link_says_only_what_the_launcher_set(monkeypatch, env, expected):
+    from sparsecomm.launch import describe_link
+
+    for name in ("SPARSECOMM_BANDWIDTH", "GLOO_SOCKET_IFNAME"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert describe_link() == expected
