@@ -124,6 +124,22 @@ def _suggested_rate(rate: str, factor: float) -> str:
     return f"{bits / 1e6:.0f}mbit" if bits >= 1e6 else f"{bits / 1e3:.0f}kbit"
 
 
+def _ratio_advice(ratio: float, rate: str | None) -> str:
+    """What the measured communication-to-compute ``ratio`` means on links of ``rate``.
+
+    Below 10x the run is CPU-like (a GPU computes 10-50x faster), so it suggests a link 20x
+    slower for a GPU-like ratio; at 10x or more the ratio already is GPU-like.
+    """
+    if not rate:
+        return ("On loopback communication is nearly free; run on emulated links (--bandwidth 1gbit, as root) "
+                "for the papers' setting.")
+    if ratio < 10:
+        return (f"A GPU computes this step 10-50x faster, so on {rate} links a GPU cluster's ratio is "
+                f"{10 * ratio:.0f}-{50 * ratio:.0f}x; to reproduce a GPU-like ratio here, scale the link down by "
+                f"the same factor: --bandwidth {_suggested_rate(rate, 20)} (20x).")
+    return f"That is about the ratio of a GPU cluster (10-50x faster compute) on links 10-50x faster than {rate}."
+
+
 def _report(rows: list[dict], compute_s: float, world: int, args: argparse.Namespace) -> None:
     where, rate = describe_link()
     params = sum(p.numel() for p in MLP(INPUTS, args.hidden, CLASSES).parameters())
@@ -140,16 +156,7 @@ def _report(rows: list[dict], compute_s: float, world: int, args: argparse.Names
         print(f"\ncompute-to-communication: forward + backward + step alone takes {1000 * compute_s:.0f} ms per "
               f"update ({world} ranks sharing this machine's {os.cpu_count()} cores); dense spends "
               f"{1000 * comm_s:.0f} ms more communicating: communication = {ratio:.1f}x compute.")
-        if rate and ratio < 10:
-            print(f"A GPU computes this step 10-50x faster, so on {rate} links a GPU cluster's ratio is "
-                  f"{10 * ratio:.0f}-{50 * ratio:.0f}x; to reproduce a GPU-like ratio here, scale the link down by "
-                  f"the same factor: --bandwidth {_suggested_rate(rate, 20)} (20x).")
-        elif rate:
-            print(f"That is about the ratio of a GPU cluster (10-50x faster compute) on links 10-50x faster "
-                  f"than {rate}.")
-        else:
-            print("On loopback communication is nearly free; run on emulated links (--bandwidth 1gbit, as root) "
-                  "for the papers' setting.")
+        print(_ratio_advice(ratio, rate))
     result = {"world": world, "where": where, "rate": rate, "params": params, "steps": args.steps,
               "batch": args.batch, "density": args.density, "compute_s": compute_s,
               "comm_over_compute": ratio, "rows": rows}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -58,4 +59,28 @@ def test_ddp_demo_runs_on_the_emulated_network(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "emulated 1gbit network" in proc.stdout and "1gbit links (interface eth0)" in proc.stdout
     assert re.search(r"^\[rank 0\] \| topka \| \d+ \| [\d.]+x \|", proc.stdout, re.MULTILINE), proc.stdout
-    assert "--bandwidth 50mbit (20x)" in proc.stdout
+    # Which advice follows depends on this machine's compute speed; it must match the measured ratio.
+    ratio = json.loads((tmp_path / "demo.json").read_text())["comm_over_compute"]
+    assert re.search(r"communication = [\d.]+x compute", proc.stdout), proc.stdout
+    assert _load_demo()._ratio_advice(ratio, "1gbit") in proc.stdout
+
+
+def _load_demo():
+    spec = importlib.util.spec_from_file_location("ddp_demo", os.path.join(ROOT, "examples", "ddp_demo.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("ratio,rate,expected", [
+    (2.0, "1gbit", "--bandwidth 50mbit (20x)"),
+    (9.9, "10gbit", "--bandwidth 500mbit (20x)"),
+    (2.0, "100mbit", "--bandwidth 5mbit (20x)"),
+    (2.0, "1mbit", "--bandwidth 50kbit (20x)"),
+    (10.0, "1gbit", "That is about the ratio of a GPU cluster"),
+    (35.0, "50mbit", "links 10-50x faster than 50mbit"),
+    (2.0, None, "On loopback communication is nearly free"),
+    (50.0, None, "On loopback communication is nearly free"),
+])
+def test_demo_ratio_advice(ratio, rate, expected):
+    assert expected in _load_demo()._ratio_advice(ratio, rate)
