@@ -370,7 +370,7 @@ def _write(report: dict, out_dir: Path) -> list[Path]:
     if len(dens) > 1:
         series = {a: sorted((r["density"], r["time_s"]) for r in rows if r["algorithm"] == a) for a in algos}
         written.append(_line_plot(plt, out_dir / "time_vs_density.png", series, "density",
-                                  f"P = {report['P']}, N = {report['N']}", log_x=True))
+                                  f"P = {report['P']}, N = {report['N']} ({report['where']})", log_x=True))
     by_p = _runs_by_p(out_dir, report)
     if len(by_p) > 1:
         series = {a: [(p, r["time_s"]) for p, run in sorted(by_p.items()) for r in run["rows"]
