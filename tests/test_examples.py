@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -65,7 +66,9 @@ def test_ddp_demo_runs_on_the_emulated_network(tmp_path):
     assert _load_demo()._ratio_advice(ratio, "1gbit") in proc.stdout
 
 
+@functools.lru_cache(maxsize=None)
 def _load_demo():
+    """examples/ddp_demo.py as a module (it is a script, not part of the package), loaded once."""
     spec = importlib.util.spec_from_file_location("ddp_demo", os.path.join(ROOT, "examples", "ddp_demo.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
