@@ -132,7 +132,7 @@ def test_invariants_simulated(algorithm, size, n, density, dtype, pattern):
 def test_dense_switch_happens_mid_reduction(monkeypatch):
     """P = 8, k = 7% of N: rounds 0 and 1 stay sparse (2k, 4k items), the bound 8k passes
     delta = N/2 in the last round, where every rank switches its whole vector to dense."""
-    from sparsecomm.formats import stream as fs
+    from sparsecomm.algorithms import _sparse_stream as fs
     n, density = 4099, 0.07
     k = ref_k(density, n)
     calls = []

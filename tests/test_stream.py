@@ -9,8 +9,9 @@ import torch
 
 import sparsecomm as sc
 from sparsecomm.formats.header import WireFormatError
-from sparsecomm.formats.stream import (SparseStream, decode_qsgd, decode_stream, encode_qsgd, encode_stream,
-                                       stream_delta, stream_nbytes)
+from sparsecomm.algorithms._sparse_stream import SparseStream
+from sparsecomm.formats.stream import (decode_qsgd, decode_stream, encode_qsgd, encode_stream, stream_delta,
+                                       stream_nbytes)
 
 
 def rand_sparse(n, count, dtype, gen, index_dtype=torch.int64):

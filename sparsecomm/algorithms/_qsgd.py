@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _stream_ops
+from .. import ops
 from ..formats.stream import decode_qsgd, encode_qsgd, qsgd_nbytes
 
 __all__ = ["QUANTIZE_BITS", "quantize_range", "dequantize_range", "qsgd_nbytes", "seed_for"]
@@ -29,7 +29,7 @@ def seed_for(base: int, rank: int, step: int) -> int:
 def quantize_range(x: torch.Tensor, offset: int, bits: int, bucket_size: int, seed: int,
                    sender: int) -> torch.Tensor:
     """The QSGD message of a dense range ``x`` starting at ``offset``."""
-    packed, scales = _stream_ops.qsgd_quantize(x.contiguous(), bits, bucket_size, seed)
+    packed, scales = ops.qsgd_quantize(x.contiguous(), bits, bucket_size, seed)
     return encode_qsgd(packed, scales, x.numel(), offset, bits, bucket_size, sender)
 
 
@@ -37,4 +37,4 @@ def dequantize_range(payload: torch.Tensor, *, n: int, offset: int, bits: int, b
                      dtype: torch.dtype, receiver: int, sender: int) -> torch.Tensor:
     packed, scales = decode_qsgd(payload, n=n, offset=offset, bits=bits, bucket_size=bucket_size,
                                  receiver=receiver, sender=sender)
-    return _stream_ops.qsgd_dequantize(packed, scales, n, bits, bucket_size, dtype)
+    return ops.qsgd_dequantize(packed, scales, n, bits, bucket_size, dtype)

@@ -2,7 +2,8 @@
 
 All four are exact: the output is the dense sum of the locally selected top-k vectors
 (unless ``topkdsa`` quantizes, see below), bit-identical on every rank, and the residual is
-what a rank did not select. Data travels as sparse streams (:mod:`sparsecomm.formats.stream`)
+what a rank did not select. Data travels as sparse streams (wire layout
+:mod:`sparsecomm.formats.stream`, summation :mod:`sparsecomm.algorithms._sparse_stream`)
 that switch to dense past delta = N * isize / (c + isize).
 
 * ``sparcml_recursive_double`` (SSAR_Recursive_Double, section 4, latency-dominated case):
@@ -45,9 +46,9 @@ import torch
 from .. import ops
 from ..comm.collectives import bruck_allgather, bruck_allgather_var
 from ..formats.header import index_dtype_for
-from ..formats.stream import (SparseStream, decode_stream, dense_stream_message, encode_stream, stream_delta,
-                              stream_nbytes)
+from ..formats.stream import dense_stream_message, encode_stream, stream_delta, stream_nbytes
 from . import _qsgd
+from ._sparse_stream import SparseStream, decode_sparse_stream
 from ._folding import fold_layout
 from .base import Algorithm, get, register
 
@@ -90,7 +91,7 @@ class SparcmlRecursiveDouble(Algorithm):
         def recv_from(peer: int, send: SparseStream | None) -> SparseStream:
             sends = [(peer, encode_stream(send, rank))] if send is not None else []
             got = comm.exchange_var(sends, [peer])[0]
-            return decode_stream(got, n=n, offset=0, value_dtype=dtype, receiver=rank, sender=peer)
+            return decode_sparse_stream(got, n=n, offset=0, value_dtype=dtype, receiver=rank, sender=peer)
 
         if fold.folded_out:  # folded: hand the stream to rank - P', get the result back at the end
             comm.exchange_var([(partner, encode_stream(stream, rank))], [])
@@ -144,8 +145,8 @@ def _split_phase(alg: Algorithm, indices: torch.Tensor, values: torch.Tensor, n:
     with alg.timed("merge"):
         acc_stream = SparseStream(hi - lo, lo, into, None) if into is not None else None
         for j in range(size):
-            s = piece(j) if j == rank else decode_stream(by_rank[j], n=hi - lo, offset=lo, value_dtype=dtype,
-                                                          receiver=rank, sender=j)
+            s = piece(j) if j == rank else decode_sparse_stream(by_rank[j], n=hi - lo, offset=lo,
+                                                                value_dtype=dtype, receiver=rank, sender=j)
             # received buffers are ours to modify in place
             acc_stream = s if acc_stream is None else acc_stream.add(s)
     return acc_stream
@@ -165,8 +166,8 @@ class SparcmlSplitAllgather(Algorithm):
         total, dense = 0, False
         with self.timed("merge"):
             for j in range(size):  # disjoint ranges: each written into its slice of out
-                s = mine if j == rank else decode_stream(blocks[j], n=b[j + 1] - b[j], offset=b[j],
-                                                         value_dtype=acc.dtype, receiver=rank, sender=j)
+                s = mine if j == rank else decode_sparse_stream(blocks[j], n=b[j + 1] - b[j], offset=b[j],
+                                                                value_dtype=acc.dtype, receiver=rank, sender=j)
                 s.write_into(out)
                 total += s.count
                 dense |= s.is_dense
@@ -220,8 +221,8 @@ class TopkDSA(Algorithm):
                 if bits is None and j == rank:
                     out[lo:hi].copy_(dense)
                 elif bits is None:
-                    decode_stream(blocks[j], n=m, offset=b[j], value_dtype=acc.dtype, receiver=rank,
-                                  sender=j).write_into(out)
+                    decode_sparse_stream(blocks[j], n=m, offset=b[j], value_dtype=acc.dtype, receiver=rank,
+                                         sender=j).write_into(out)
                 else:
                     out[b[j]:b[j + 1]].copy_(_qsgd.dequantize_range(
                         blocks[j], n=m, offset=b[j], bits=bits, bucket_size=bucket, dtype=acc.dtype,

@@ -1,7 +1,9 @@
 """Wire formats: every payload a peer sends is a uint8 tensor in a documented layout.
 
-Nothing received is ever unpickled. See :mod:`.header` for the common 32-byte header and
-:mod:`.coo` for sparse COO messages.
+Nothing received is ever unpickled. See :mod:`.header` for the common 32-byte header,
+:mod:`.coo` for sparse COO messages and :mod:`.stream` for SparCML's sparse streams and QSGD
+ranges. Only layouts live here: this package reaches no kernel (the arithmetic on what it
+decodes belongs to the algorithms).
 """
 
 from .coo import coo_nbytes, decode_coo, encode_coo

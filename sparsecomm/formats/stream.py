@@ -1,23 +1,16 @@
-"""Sparse streams (SparCML section 3): a vector range that is sparse or dense.
+"""Sparse streams on the wire (SparCML section 3, "Vector Representations" and
+"Auto-Switching to a Dense Format"): a vector range that travels sparse or dense.
 
-A :class:`SparseStream` describes the range ``[offset, offset + n)`` of a length-N vector,
+A :class:`StreamRange` describes the range ``[offset, offset + n)`` of a length-N vector,
 either as sorted (index, value) pairs (indices relative to ``offset``) or as ``n`` dense
-values. It switches to dense when its item count would pass
+values. A sparse range may hold at most
 
     delta(n) = floor(n * isize / (c + isize))        (c index bytes, isize value bytes)
 
-the count past which the sparse form is no smaller than the dense one. Summation cases
-(C kernels behind :mod:`sparsecomm.ops`):
-
-* sparse + sparse -- the union size is upper-bounded by |H1| + |H2|; when that bound
-  passes delta the result is built dense (scatter both), else the sorted merge;
-* sparse + dense  -- scatter the sparse one into the dense one;
-* dense + dense   -- vectorized in-place sum, no new stream;
-* disjoint ranges (``concat``, the range of ``other`` starts where ``self`` ends) --
-  concatenation, or dense when the joint count passes delta of the joint range.
-
-Every value is computed as ``self + other`` element-wise, whichever representation
-holds it, so the sum of the same streams is bit-identical in either form (x + 0 = x).
+items, the count past which the sparse form is no smaller than the dense one. This module
+is only the layout (sizes, encode, validate-and-view); the summation cases that keep a
+stream under delta are :mod:`sparsecomm.algorithms._sparse_stream`, next to SparCML, their
+user, so that ``formats`` needs no kernel.
 
 Wire layout (little-endian)::
 
@@ -28,7 +21,7 @@ Wire layout (little-endian)::
     dense:  [n values]
     (the value section is zero-padded to 8 B too, so concatenated messages stay aligned)
 
-QSGD-quantized dense ranges (section 5, :func:`encode_qsgd`)::
+QSGD-quantized dense ranges (SparCML section 5, "Low-Precision Support"; :func:`encode_qsgd`)::
 
     [header 32 B: kind DENSE, value dtype uint8, N = n, count = packed bytes]
     [offset int64][bucket_size int32][bits int32]
@@ -43,7 +36,7 @@ import torch
 
 from .header import HEADER_NBYTES, Kind, WireFormatError, check_header, index_dtype_for, pack_header, parse_header
 
-__all__ = ["SparseStream", "stream_delta", "stream_nbytes", "encode_stream", "dense_stream_message", "decode_stream",
+__all__ = ["StreamRange", "stream_delta", "stream_nbytes", "encode_stream", "dense_stream_message", "decode_stream",
            "qsgd_nbytes", "encode_qsgd", "decode_qsgd"]
 
 
@@ -62,32 +55,20 @@ def stream_delta(n: int, value_dtype: torch.dtype) -> int:
     return n * isize // (c + isize)
 
 
-def _ops():
-    from .. import _stream_ops  # late: formats must import without the extension for docs
-    return _stream_ops
-
-
 @dataclass
-class SparseStream:
-    """A range ``[offset, offset + n)`` held sparse (``indices`` relative, sorted) or dense."""
+class StreamRange:
+    """The range ``[offset, offset + n)`` as it travels: sorted (relative ``indices``,
+    ``values``) pairs, or ``n`` dense ``values`` when ``indices`` is None.
+
+    Only the layout lives here; the arithmetic on streams (the summation cases) is
+    :class:`sparsecomm.algorithms._sparse_stream.SparseStream`, a subclass.
+    """
 
     n: int
     offset: int
     values: torch.Tensor
     indices: torch.Tensor | None = None  # None: dense
 
-    # -- construction ---------------------------------------------------------------------
-    @classmethod
-    def sparse(cls, indices: torch.Tensor, values: torch.Tensor, n: int, offset: int = 0) -> "SparseStream":
-        """From sorted relative indices (any integer dtype); dense at once if count > delta."""
-        s = cls(n, offset, values, indices.to(index_dtype_for(n)))
-        return s.densified() if s.count > stream_delta(n, values.dtype) else s
-
-    @classmethod
-    def dense_of(cls, values: torch.Tensor, offset: int = 0) -> "SparseStream":
-        return cls(values.numel(), offset, values, None)
-
-    # -- properties -----------------------------------------------------------------------
     @property
     def is_dense(self) -> bool:
         return self.indices is None
@@ -101,56 +82,6 @@ class SparseStream:
     def delta(self) -> int:
         return stream_delta(self.n, self.values.dtype)
 
-    def densified(self) -> "SparseStream":
-        if self.is_dense:
-            return self
-        dense = torch.zeros(self.n, dtype=self.values.dtype, device=self.values.device)
-        _ops().stream_add_sd_(dense, self.indices, self.values)
-        return SparseStream(self.n, self.offset, dense, None)
-
-    def write_into(self, out: torch.Tensor) -> None:
-        """Overwrite ``out[offset:offset+n]`` with this range (``out`` 1-D, contiguous)."""
-        view = out[self.offset:self.offset + self.n]
-        if self.is_dense:
-            view.copy_(self.values)
-        else:
-            view.zero_()
-            _ops().stream_add_sd_(view, self.indices, self.values)
-
-    # -- summation ------------------------------------------------------------------------
-    def add(self, other: "SparseStream") -> "SparseStream":
-        """``self + other`` over the same range. May reuse ``self``'s dense buffer in place."""
-        if (self.n, self.offset) != (other.n, other.offset) or self.values.dtype != other.values.dtype:
-            raise ValueError(f"SparseStream.add: ranges/dtypes differ: [{self.offset}, +{self.n}) "
-                             f"{self.values.dtype} vs [{other.offset}, +{other.n}) {other.values.dtype}")
-        ops = _ops()
-        if self.is_dense and other.is_dense:
-            ops.stream_add_dd_(self.values, other.values)
-            return self
-        if self.is_dense:
-            ops.stream_add_sd_(self.values, other.indices, other.values)
-            return self
-        if other.is_dense:  # keep the order self + other: densify self, then add other
-            return self.densified().add(other)
-        if self.count + other.count > self.delta:  # upper bound |H1| + |H2| checked first
-            return self.densified().add(other)
-        idx, val = ops.stream_add_ss(self.indices, self.values, other.indices, other.values)
-        return SparseStream(self.n, self.offset, val, idx)
-
-    def concat(self, other: "SparseStream") -> "SparseStream":
-        """The joint range of two adjacent disjoint ranges (``other`` starts where ``self`` ends)."""
-        if other.offset != self.offset + self.n or self.values.dtype != other.values.dtype:
-            raise ValueError(f"SparseStream.concat: range [{other.offset}, +{other.n}) does not follow "
-                             f"[{self.offset}, +{self.n}) (or dtypes differ)")
-        n = self.n + other.n
-        if self.is_dense or other.is_dense or self.count + other.count > stream_delta(n, self.values.dtype):
-            a, b = self.densified(), other.densified()
-            return SparseStream(n, self.offset, torch.cat([a.values, b.values]), None)
-        it = index_dtype_for(n)
-        idx, val = _ops().stream_concat(self.indices.to(it), self.values, other.indices.to(it) + self.n,
-                                        other.values)
-        return SparseStream(n, self.offset, val, idx)
-
 
 # -- wire ---------------------------------------------------------------------------------
 def stream_nbytes(n: int, count: int, value_dtype: torch.dtype, dense: bool) -> int:
@@ -160,7 +91,7 @@ def stream_nbytes(n: int, count: int, value_dtype: torch.dtype, dense: bool) -> 
     return HEADER_NBYTES + 8 + _pad8(count * _isize(index_dtype_for(n))) + _pad8(count * isize)
 
 
-def encode_stream(stream: SparseStream, sender: int) -> torch.Tensor:
+def encode_stream(stream: StreamRange, sender: int) -> torch.Tensor:
     """One uint8 message for a stream."""
     n, count, vdt = stream.n, stream.count, stream.values.dtype
     nbytes = stream_nbytes(n, count, vdt, stream.is_dense)
@@ -196,7 +127,7 @@ def dense_stream_message(n: int, offset: int, value_dtype: torch.dtype, sender: 
 
 
 def decode_stream(payload: torch.Tensor, *, n: int, offset: int, value_dtype: torch.dtype, receiver: int,
-                  sender: int) -> SparseStream:
+                  sender: int) -> StreamRange:
     """Validate a stream message (header, offset, size, index range) and view it (no copy)."""
     fields = parse_header(payload)
     kind = Kind.DENSE if fields["kind"] == int(Kind.DENSE) else Kind.COO
@@ -214,7 +145,7 @@ def decode_stream(payload: torch.Tensor, *, n: int, offset: int, value_dtype: to
                               f"rank {receiver} expected {offset}")
     pos = HEADER_NBYTES + 8
     if dense:
-        return SparseStream(n, offset, payload[pos:pos + n * _isize(value_dtype)].view(value_dtype), None)
+        return StreamRange(n, offset, payload[pos:pos + n * _isize(value_dtype)].view(value_dtype), None)
     if count > stream_delta(n, value_dtype):
         raise WireFormatError(f"{where} of {count} sparse items past delta = {stream_delta(n, value_dtype)}")
     it = index_dtype_for(n)
@@ -223,7 +154,7 @@ def decode_stream(payload: torch.Tensor, *, n: int, offset: int, value_dtype: to
         raise WireFormatError(f"{where} with indices outside [0, {n})")
     vpos = pos + _pad8(count * _isize(it))
     values = payload[vpos:vpos + count * _isize(value_dtype)].view(value_dtype)
-    return SparseStream(n, offset, values, indices)
+    return StreamRange(n, offset, values, indices)
 
 
 # -- QSGD dense ranges --------------------------------------------------------------------
