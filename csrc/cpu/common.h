@@ -4,6 +4,8 @@
 
 #include <stdint.h>
 
+#include "sparsecomm/abi.h"
+
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -34,6 +36,17 @@ static inline uint64_t sc_rand(uint64_t* s) {
 /* End (exclusive) of block b of B over n elements: (b+1)*n/B; b = -1 gives 0. */
 static inline int64_t sc_block_end(int64_t n, int64_t B, int64_t b) {
   return (int64_t)(((__int128)(b + 1) * (__int128)n) / (__int128)B);
+}
+
+/* Fills *e (when given) and returns st: every kernel reports failures this way. */
+static inline int sc_fail(sc_error_info* e, int st, int64_t input, int64_t position,
+                          int64_t value) {
+  if (e) {
+    e->input = input;
+    e->position = position;
+    e->value = value;
+  }
+  return st;
 }
 
 #endif

@@ -1,4 +1,6 @@
-/* COO helpers: index checks, merge_add, merge_add_many, scatter_add, gather. */
+/* COO kernels: index checks, merge_add, merge_add_many, scatter_add, gather.
+ * Contract: csrc/include/sparsecomm/kernels.h. Type-generic bodies live in
+ * coo_index_impl.h (per index type) and coo_impl.h (per index x value type). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,170 +14,178 @@ static inline uint16_t st_bf16(float f) { return sc_f32_to_bf16(f); }
 
 #define ISFX i32
 #define IT int32_t
+#include "coo_index_impl.h"
 #include "coo_value_types.h"
 #undef ISFX
 #undef IT
 
 #define ISFX i64
 #define IT int64_t
+#include "coo_index_impl.h"
 #include "coo_value_types.h"
 #undef ISFX
 #undef IT
 
 /* ------------------------------------------------------------ checks */
 
-#define CHECK_SORTED(IT_)                                                       \
-  do {                                                                          \
-    const IT_* a = (const IT_*)idx;                                             \
-    int64_t bad_pos = INT64_MAX;                                                \
-    int bad_kind = 0;                                                           \
-    int t;                                                                      \
-    _Pragma("omp parallel for num_threads(nt) schedule(static, 1) if (nt > 1)") \
-    for (t = 0; t < nt; t++) {                                                  \
-      int64_t lo = n * t / nt, hi = n * (t + 1) / nt;                           \
-      int64_t fp = INT64_MAX;                                                   \
-      int fk = 0;                                                               \
-      for (int64_t i = lo; i < hi; i++) {                                       \
-        int64_t v = (int64_t)a[i];                                              \
-        if (v < 0 || (limit >= 0 && v >= limit)) { fp = i; fk = SC_ERR_INDEX_RANGE; break; } \
-        if (i > 0 && (int64_t)a[i - 1] >= v) { fp = i; fk = SC_ERR_INDEX_ORDER; break; } \
-      }                                                                         \
-      if (fk) {                                                                 \
-        _Pragma("omp critical(sc_check)")                                       \
-        { if (fp < bad_pos) { bad_pos = fp; bad_kind = fk; } }                  \
-      }                                                                         \
-    }                                                                           \
-    if (bad_kind) {                                                             \
-      if (err) { err->input = 0; err->position = bad_pos; err->value = (int64_t)a[bad_pos]; } \
-      return bad_kind;                                                          \
-    }                                                                           \
-    return SC_OK;                                                               \
-  } while (0)
+static int scan_indices(sc_index_t itype, const void* idx, int64_t n, int64_t limit, int nt,
+                        int64_t* bad_range, int64_t* bad_order) {
+  if (itype == SC_I32) scan_i32((const int32_t*)idx, n, limit, nt, bad_range, bad_order);
+  else if (itype == SC_I64) scan_i64((const int64_t*)idx, n, limit, nt, bad_range, bad_order);
+  else return SC_ERR_ARG;
+  return SC_OK;
+}
+
+static int64_t index_at(sc_index_t itype, const void* idx, int64_t i) {
+  return itype == SC_I32 ? (int64_t)((const int32_t*)idx)[i] : ((const int64_t*)idx)[i];
+}
+
+/* Strictly ascending and inside [0, limit): the first violation of either kind. */
+static int check_sorted(sc_index_t itype, const void* idx, int64_t n, int64_t limit, int nt,
+                        int64_t input, sc_error_info* err) {
+  int64_t br, bo;
+  if (n < 0) return sc_fail(err, SC_ERR_ARG, input, 0, n);
+  if (scan_indices(itype, idx, n, limit, nt, &br, &bo)) return sc_fail(err, SC_ERR_ARG, input, 0, itype);
+  if (bo < br) return sc_fail(err, SC_ERR_INDEX_ORDER, input, bo, index_at(itype, idx, bo));
+  if (br != INT64_MAX) return sc_fail(err, SC_ERR_INDEX_RANGE, input, br, index_at(itype, idx, br));
+  return SC_OK;
+}
 
 int sc_check_sorted_indices(sc_index_t itype, const void* idx, int64_t n,
                             int64_t limit, int nthreads, sc_error_info* err) {
-  int nt = sc_clamp_threads(nthreads);
-  if (n < 0) return SC_ERR_ARG;
-  if (n < 65536) nt = 1;
-  if (itype == SC_I32) CHECK_SORTED(int32_t);
-  if (itype == SC_I64) CHECK_SORTED(int64_t);
-  return SC_ERR_ARG;
+  return check_sorted(itype, idx, n, limit, sc_clamp_threads(nthreads), 0, err);
 }
 
-#define CHECK_RANGE(IT_)                                                        \
-  do {                                                                          \
-    const IT_* a = (const IT_*)idx;                                             \
-    int bad = 0;                                                                \
-    int64_t i;                                                                  \
-    _Pragma("omp parallel for num_threads(nt) schedule(static) reduction(|: bad) if (nt > 1)") \
-    for (i = 0; i < n; i++) bad |= ((uint64_t)(int64_t)a[i] >= (uint64_t)limit); \
-    if (bad) {                                                                  \
-      for (i = 0; i < n; i++)                                                   \
-        if ((uint64_t)(int64_t)a[i] >= (uint64_t)limit) {                       \
-          if (err) { err->input = 0; err->position = i; err->value = (int64_t)a[i]; } \
-          return SC_ERR_INDEX_RANGE;                                            \
-        }                                                                       \
-    }                                                                           \
-    return SC_OK;                                                               \
-  } while (0)
-
-/* every index in [0, limit) (any order, duplicates allowed) */
-static int check_range(sc_index_t itype, const void* idx, int64_t n, int64_t limit,
-                       int nt, sc_error_info* err) {
-  if (n < 65536) nt = 1;
-  if (itype == SC_I32) CHECK_RANGE(int32_t);
-  CHECK_RANGE(int64_t);
+/* [a, a + an) and [b, b + bn) share a byte */
+static int overlaps(const void* a, size_t an, const void* b, size_t bn) {
+  const char *x = (const char*)a, *y = (const char*)b;
+  return an && bn && x < y + bn && y < x + an;
 }
 
-/* ------------------------------------------------------------ dispatch */
-
+/* ------------------------------------------------------------ merges */
 
 int sc_merge_add_many(sc_index_t itype, sc_dtype vtype, int64_t p,
                       const void* const* idx, const void* const* val,
-                      const int64_t* lens, int nthreads, void* out_idx,
-                      void* out_val, int64_t* out_n) {
-  int nt = sc_clamp_threads(nthreads);
+                      const int64_t* lens, int64_t limit, int nthreads, void* out_idx,
+                      void* out_val, int64_t* out_n, sc_error_info* err) {
+  const int nt = sc_clamp_threads(nthreads);
   *out_n = 0;
-  if (p < 0) return SC_ERR_ARG;
+  if (p < 0) return sc_fail(err, SC_ERR_ARG, 0, 0, p);
+  if (!sc_index_size(itype)) return sc_fail(err, SC_ERR_ARG, 0, 0, itype);
+  if (vtype == SC_U8 || !sc_dtype_size(vtype)) return sc_fail(err, SC_ERR_ARG, 0, 0, vtype);
+  /* inputs come from peers: order and range in full before the merge reads them */
+  for (int64_t q = 0; q < p; q++) {
+    int st = check_sorted(itype, idx[q], lens[q], limit, nt, q, err);
+    if (st) return st;
+  }
   if (p == 0) return SC_OK;
-#define MM(ISFX_, IT_, VSFX_, VT_)                                              \
-  return merge_many_##ISFX_##_##VSFX_(p, (const IT_* const*)idx, (const VT_* const*)val, \
-                                      lens, nt, (IT_*)out_idx, (VT_*)out_val, out_n)
+#define MM(ISFX_, IT_, VSFX_, VT_)                                                     \
+  st = merge_many_##ISFX_##_##VSFX_(p, (const IT_* const*)idx, (const VT_* const*)val, \
+                                    lens, nt, (IT_*)out_idx, (VT_*)out_val, out_n);   \
+  break
+  int st = SC_ERR_ARG;
   if (itype == SC_I32) {
     switch (vtype) {
       case SC_F32: MM(i32, int32_t, f32, float);
       case SC_F64: MM(i32, int32_t, f64, double);
       case SC_F16: MM(i32, int32_t, f16, uint16_t);
       case SC_BF16: MM(i32, int32_t, bf16, uint16_t);
+      default: break;
     }
-  } else if (itype == SC_I64) {
+  } else {
     switch (vtype) {
       case SC_F32: MM(i64, int64_t, f32, float);
       case SC_F64: MM(i64, int64_t, f64, double);
       case SC_F16: MM(i64, int64_t, f16, uint16_t);
       case SC_BF16: MM(i64, int64_t, bf16, uint16_t);
+      default: break;
     }
   }
 #undef MM
-  return SC_ERR_ARG;
+  return st ? sc_fail(err, st, 0, 0, 0) : SC_OK;
 }
 
 int sc_merge_add(sc_index_t itype, sc_dtype vtype,
                  const void* idx_a, const void* val_a, int64_t na,
-                 const void* idx_b, const void* val_b, int64_t nb,
-                 int nthreads, void* out_idx, void* out_val, int64_t* out_n) {
+                 const void* idx_b, const void* val_b, int64_t nb, int64_t limit,
+                 int nthreads, void* out_idx, void* out_val, int64_t* out_n,
+                 sc_error_info* err) {
   const void* idx[2] = {idx_a, idx_b};
   const void* val[2] = {val_a, val_b};
   int64_t lens[2] = {na, nb};
-  return sc_merge_add_many(itype, vtype, 2, idx, val, lens, nthreads, out_idx, out_val, out_n);
+  return sc_merge_add_many(itype, vtype, 2, idx, val, lens, limit, nthreads, out_idx, out_val,
+                           out_n, err);
 }
+
+/* ------------------------------------------------------------ scatter / gather */
 
 int sc_scatter_add(sc_index_t itype, sc_dtype vtype, void* dense,
                    int64_t dense_n, const void* idx, const void* val,
                    int64_t n, int nthreads, sc_error_info* err) {
-  int nt = sc_clamp_threads(nthreads);
-  if (n < 0 || dense_n < 0) return SC_ERR_ARG;
-  int st = check_range(itype, idx, n, dense_n, nt, err);
-  if (st) return st;
+  const int nt = sc_clamp_threads(nthreads);
+  if (n < 0) return sc_fail(err, SC_ERR_ARG, 1, 0, n);
+  if (dense_n < 0) return sc_fail(err, SC_ERR_ARG, 0, 0, dense_n);
+  const size_t vs = sc_dtype_size(vtype), is = sc_index_size(itype);
+  if (vtype == SC_U8 || !vs) return sc_fail(err, SC_ERR_ARG, 0, 0, vtype);
+  if (!is) return sc_fail(err, SC_ERR_ARG, 1, 0, itype);
+  /* writing dense while reading idx or val from the same bytes would change them mid-way */
+  if (overlaps(dense, (size_t)dense_n * vs, val, (size_t)n * vs))
+    return sc_fail(err, SC_ERR_OVERLAP, 2, 0, 0);
+  if (overlaps(dense, (size_t)dense_n * vs, idx, (size_t)n * is))
+    return sc_fail(err, SC_ERR_OVERLAP, 1, 0, 0);
+  int64_t br, bo;
+  scan_indices(itype, idx, n, dense_n, nt, &br, &bo);
+  if (br != INT64_MAX) return sc_fail(err, SC_ERR_INDEX_RANGE, 1, br, index_at(itype, idx, br));
+  /* strictly ascending indices are distinct: the scatter may run in parallel;
+     any other order (repeats included) runs serially in input order */
+  const int pnt = bo == INT64_MAX && n > 65536 ? nt : 1;
 #define SA(ISFX_, IT_, VSFX_, VT_) \
-  return scatter_add_##ISFX_##_##VSFX_((VT_*)dense, (const IT_*)idx, (const VT_*)val, n)
+  scatter_add_##ISFX_##_##VSFX_((VT_*)dense, (const IT_*)idx, (const VT_*)val, n, pnt); break
   if (itype == SC_I32) {
     switch (vtype) {
       case SC_F32: SA(i32, int32_t, f32, float);
       case SC_F64: SA(i32, int32_t, f64, double);
       case SC_F16: SA(i32, int32_t, f16, uint16_t);
       case SC_BF16: SA(i32, int32_t, bf16, uint16_t);
+      default: break;
     }
-  } else if (itype == SC_I64) {
+  } else {
     switch (vtype) {
       case SC_F32: SA(i64, int64_t, f32, float);
       case SC_F64: SA(i64, int64_t, f64, double);
       case SC_F16: SA(i64, int64_t, f16, uint16_t);
       case SC_BF16: SA(i64, int64_t, bf16, uint16_t);
+      default: break;
     }
   }
 #undef SA
-  return SC_ERR_ARG;
+  return SC_OK;
 }
 
 int sc_gather(sc_index_t itype, sc_dtype vtype, const void* dense,
               int64_t dense_n, const void* idx, int64_t n, int nthreads,
               void* out, sc_error_info* err) {
-  int nt = sc_clamp_threads(nthreads);
-  if (n < 0 || dense_n < 0) return SC_ERR_ARG;
-  int st = check_range(itype, idx, n, dense_n, nt, err);
-  if (st) return st;
-  int w = vtype == SC_F64 ? 8 : (vtype == SC_F32 ? 4 : 2);
-  /* gathering is type-agnostic: dispatch on the value width only */
+  const int nt = sc_clamp_threads(nthreads);
+  if (n < 0) return sc_fail(err, SC_ERR_ARG, 1, 0, n);
+  if (dense_n < 0) return sc_fail(err, SC_ERR_ARG, 0, 0, dense_n);
+  const size_t w = sc_dtype_size(vtype);
+  if (vtype == SC_U8 || !w) return sc_fail(err, SC_ERR_ARG, 0, 0, vtype);
+  if (!sc_index_size(itype)) return sc_fail(err, SC_ERR_ARG, 1, 0, itype);
+  int64_t br, bo;
+  scan_indices(itype, idx, n, dense_n, nt, &br, &bo);
+  if (br != INT64_MAX) return sc_fail(err, SC_ERR_INDEX_RANGE, 1, br, index_at(itype, idx, br));
+  /* gathering copies bits: dispatch on the value width only */
 #define GA(ISFX_, IT_, VSFX_, VT_) \
-  do { gather_##ISFX_##_##VSFX_((const VT_*)dense, (const IT_*)idx, n, nt, (VT_*)out); return SC_OK; } while (0)
+  gather_##ISFX_##_##VSFX_((const VT_*)dense, (const IT_*)idx, n, nt, (VT_*)out)
   if (itype == SC_I32) {
     if (w == 8) GA(i32, int32_t, f64, double);
-    if (w == 4) GA(i32, int32_t, f32, float);
-    GA(i32, int32_t, f16, uint16_t);
+    else if (w == 4) GA(i32, int32_t, f32, float);
+    else GA(i32, int32_t, f16, uint16_t);
+  } else {
+    if (w == 8) GA(i64, int64_t, f64, double);
+    else if (w == 4) GA(i64, int64_t, f32, float);
+    else GA(i64, int64_t, f16, uint16_t);
   }
-  if (w == 8) GA(i64, int64_t, f64, double);
-  if (w == 4) GA(i64, int64_t, f32, float);
-  GA(i64, int64_t, f16, uint16_t);
 #undef GA
+  return SC_OK;
 }

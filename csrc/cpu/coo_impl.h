@@ -228,13 +228,17 @@ static int FN(merge_many)(int64_t P, const IT* const* idx, const VT* const* val,
   return SC_OK;
 }
 
-static int FN(scatter_add)(VT* dense, const IT* idx, const VT* val, int64_t n) {
-  for (int64_t i = 0; i < n; i++) {
+/* dense[idx[i]] += val[i] in input order; nt > 1 only when the caller knows the
+ * indices are distinct (then no two threads touch one entry). */
+SC_MAYBE_UNUSED static void FN(scatter_add)(VT* dense, const IT* idx, const VT* val, int64_t n,
+                                            int nt) {
+  int64_t i;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+  for (i = 0; i < n; i++) {
     ACC s = LOAD(dense[idx[i]]);
     s += LOAD(val[i]);
     dense[idx[i]] = STORE(s);
   }
-  return SC_OK;
 }
 
 SC_MAYBE_UNUSED static void FN(gather)(const VT* dense, const IT* idx, int64_t n, int nt, VT* out) {

@@ -18,16 +18,16 @@
 
 /*
  * Candidate-buffer cache of the top-k fast path: one set of per-thread
- * buffers, used by one call at a time (others allocate their own). Buffers
- * above SC_CACHE_MAX_BYTES in total are released after the call.
+ * buffers, used by one call at a time (others allocate their own), so a
+ * training loop does not pay fresh multi-MB allocations (page faults and
+ * zeroing) on every call. Bounded: buffers above SC_TOPK_CACHE_MAX_BYTES in
+ * total are released when the call ends; sc_topk_release_cache() frees them.
  */
 typedef struct {
   void* b;
   int64_t* i;
   size_t bbytes, ibytes;
 } sc_cbuf_slot;
-
-#define SC_CACHE_MAX_BYTES ((size_t)1 << 30)
 
 static sc_cbuf_slot sc_cache_slots[SC_MAX_THREADS];
 static int sc_cache_busy = 0;
@@ -36,24 +36,42 @@ static int sc_cache_acquire(void) {
   return __atomic_exchange_n(&sc_cache_busy, 1, __ATOMIC_ACQUIRE) == 0;
 }
 
-static void sc_cache_release(void) {
+/* Bytes held by the slots (caller holds the cache). */
+static size_t sc_cache_held(void) {
   size_t total = 0;
   for (int u = 0; u < SC_MAX_THREADS; u++)
     total += sc_cache_slots[u].bbytes + sc_cache_slots[u].ibytes;
-  if (total > SC_CACHE_MAX_BYTES) {
-    for (int u = 0; u < SC_MAX_THREADS; u++) {
-      free(sc_cache_slots[u].b);
-      free(sc_cache_slots[u].i);
-      memset(&sc_cache_slots[u], 0, sizeof(sc_cache_slots[u]));
-    }
+  return total;
+}
+
+static size_t sc_cache_free_all(void) {
+  size_t total = sc_cache_held();
+  for (int u = 0; u < SC_MAX_THREADS; u++) {
+    free(sc_cache_slots[u].b);
+    free(sc_cache_slots[u].i);
+    memset(&sc_cache_slots[u], 0, sizeof(sc_cache_slots[u]));
   }
+  return total;
+}
+
+static void sc_cache_release(void) {
+  if (sc_cache_held() > SC_TOPK_CACHE_MAX_BYTES) (void)sc_cache_free_all();
   __atomic_store_n(&sc_cache_busy, 0, __ATOMIC_RELEASE);
 }
 
-/* Testing hook, see sc_topk_set_path(). */
-static int sc_topk_path_mode = 0;
+size_t sc_topk_release_cache(void) {
+  if (!sc_cache_acquire()) return 0; /* a call is using it: it keeps its buffers */
+  size_t freed = sc_cache_free_all();
+  __atomic_store_n(&sc_cache_busy, 0, __ATOMIC_RELEASE);
+  return freed;
+}
 
-void sc_topk_set_path(int mode) { sc_topk_path_mode = mode; }
+size_t sc_topk_cache_bytes(void) {
+  if (!sc_cache_acquire()) return 0;
+  size_t held = sc_cache_held();
+  __atomic_store_n(&sc_cache_busy, 0, __ATOMIC_RELEASE);
+  return held;
+}
 
 #define SFX u32
 #define BITS uint32_t
@@ -91,25 +109,39 @@ void sc_topk_set_path(int mode) { sc_topk_path_mode = mode; }
 #undef KEYBITS
 #undef KMASK
 
-int sc_topk(sc_dtype dtype, const void* x, int64_t n, int64_t k, int nthreads,
-            void* out_vals, int64_t* out_idx) {
-  if (n < 0 || k < 0) return SC_ERR_ARG;
-  int nt = sc_clamp_threads(nthreads);
+int sc_topk_path(sc_topk_path_t path, sc_dtype dtype, const void* x, int64_t n, int64_t k,
+                 int nthreads, void* out_vals, int64_t* out_idx, sc_error_info* err) {
+  if (n < 0) return sc_fail(err, SC_ERR_ARG, 0, 0, n);
+  if (k < 0) return sc_fail(err, SC_ERR_ARG, 1, 0, k);
+  if (path != SC_TOPK_AUTO && path != SC_TOPK_RADIX) return sc_fail(err, SC_ERR_ARG, 2, 0, path);
+  const int nt = sc_clamp_threads(nthreads), radix = path == SC_TOPK_RADIX;
+  int st;
   switch (dtype) {
     case SC_F32:
-      return topk_core_u32((const uint32_t*)x, 0, n, k, 0x7F800000u, nt,
-                           (uint32_t*)out_vals, out_idx);
+      st = topk_core_u32((const uint32_t*)x, 0, n, k, 0x7F800000u, nt, radix,
+                         (uint32_t*)out_vals, out_idx);
+      break;
     case SC_F64:
-      return topk_core_u64((const uint64_t*)x, 0, n, k, 0x7FF0000000000000ull,
-                           nt, (uint64_t*)out_vals, out_idx);
+      st = topk_core_u64((const uint64_t*)x, 0, n, k, 0x7FF0000000000000ull, nt, radix,
+                         (uint64_t*)out_vals, out_idx);
+      break;
     case SC_F16:
-      return topk_core_u16((const uint16_t*)x, 0, n, k, 0x7C00u, nt,
-                           (uint16_t*)out_vals, out_idx);
+      st = topk_core_u16((const uint16_t*)x, 0, n, k, 0x7C00u, nt, radix,
+                         (uint16_t*)out_vals, out_idx);
+      break;
     case SC_BF16:
-      return topk_core_u16((const uint16_t*)x, 0, n, k, 0x7F80u, nt,
-                           (uint16_t*)out_vals, out_idx);
+      st = topk_core_u16((const uint16_t*)x, 0, n, k, 0x7F80u, nt, radix,
+                         (uint16_t*)out_vals, out_idx);
+      break;
+    default:
+      return sc_fail(err, SC_ERR_ARG, 0, 0, dtype);
   }
-  return SC_ERR_ARG;
+  return st ? sc_fail(err, st, 0, 0, 0) : SC_OK;
+}
+
+int sc_topk(sc_dtype dtype, const void* x, int64_t n, int64_t k, int nthreads,
+            void* out_vals, int64_t* out_idx, sc_error_info* err) {
+  return sc_topk_path(SC_TOPK_AUTO, dtype, x, n, k, nthreads, out_vals, out_idx, err);
 }
 
 int64_t sc_block_topk_count(int64_t n, int64_t num_blocks, int64_t k_per_block) {
@@ -125,24 +157,32 @@ int64_t sc_block_topk_count(int64_t n, int64_t num_blocks, int64_t k_per_block) 
 
 int sc_block_topk(sc_dtype dtype, const void* x, int64_t n, int64_t num_blocks,
                   int64_t k_per_block, int nthreads, void* out_vals,
-                  int64_t* out_idx) {
-  if (n < 0 || k_per_block < 0 || num_blocks < 1) return SC_ERR_ARG;
+                  int64_t* out_idx, sc_error_info* err) {
+  if (n < 0) return sc_fail(err, SC_ERR_ARG, 0, 0, n);
+  if (num_blocks < 1) return sc_fail(err, SC_ERR_ARG, 1, 0, num_blocks);
+  if (k_per_block < 0) return sc_fail(err, SC_ERR_ARG, 2, 0, k_per_block);
   if (n == 0) return SC_OK;
-  int nt = sc_clamp_threads(nthreads);
+  const int nt = sc_clamp_threads(nthreads);
+  int st;
   switch (dtype) {
     case SC_F32:
-      return block_topk_u32((const uint32_t*)x, n, num_blocks, k_per_block,
-                            0x7F800000u, nt, (uint32_t*)out_vals, out_idx);
+      st = block_topk_u32((const uint32_t*)x, n, num_blocks, k_per_block, 0x7F800000u, nt,
+                          (uint32_t*)out_vals, out_idx);
+      break;
     case SC_F64:
-      return block_topk_u64((const uint64_t*)x, n, num_blocks, k_per_block,
-                            0x7FF0000000000000ull, nt, (uint64_t*)out_vals,
-                            out_idx);
+      st = block_topk_u64((const uint64_t*)x, n, num_blocks, k_per_block,
+                          0x7FF0000000000000ull, nt, (uint64_t*)out_vals, out_idx);
+      break;
     case SC_F16:
-      return block_topk_u16((const uint16_t*)x, n, num_blocks, k_per_block,
-                            0x7C00u, nt, (uint16_t*)out_vals, out_idx);
+      st = block_topk_u16((const uint16_t*)x, n, num_blocks, k_per_block, 0x7C00u, nt,
+                          (uint16_t*)out_vals, out_idx);
+      break;
     case SC_BF16:
-      return block_topk_u16((const uint16_t*)x, n, num_blocks, k_per_block,
-                            0x7F80u, nt, (uint16_t*)out_vals, out_idx);
+      st = block_topk_u16((const uint16_t*)x, n, num_blocks, k_per_block, 0x7F80u, nt,
+                          (uint16_t*)out_vals, out_idx);
+      break;
+    default:
+      return sc_fail(err, SC_ERR_ARG, 0, 0, dtype);
   }
-  return SC_ERR_ARG;
+  return st ? sc_fail(err, st, 0, 0, 0) : SC_OK;
 }

@@ -272,11 +272,12 @@ static int FN(topk_exact_segs)(const FN(seg) * sg, int nseg, int nt, int64_t k, 
   return SC_OK;
 }
 
-/* Exact selection over x[0..n) (1 <= k < n), split in nt parts. */
+/* Exact selection over x[0..n) (1 <= k < n), split in nt parts; `radix`
+ * forces the radix path even for small n (SC_TOPK_RADIX). */
 static int FN(topk_exact)(const BITS* x, const int64_t* ix, int64_t base,
-                          int64_t n, int64_t k, BITS inf, int nt, BITS* ov,
+                          int64_t n, int64_t k, BITS inf, int nt, int radix, BITS* ov,
                           int64_t* oi) {
-  if (n <= SC_SMALL_N && sc_topk_path_mode != 1) return FN(topk_small)(x, ix, base, n, k, inf, ov, oi);
+  if (n <= SC_SMALL_N && !radix) return FN(topk_small)(x, ix, base, n, k, inf, ov, oi);
   FN(seg) sg[SC_MAX_THREADS];
   for (int t = 0; t < nt; t++) {
     int64_t lo = n * t / nt, hi = n * (t + 1) / nt;
@@ -493,7 +494,7 @@ static int FN(has_nan)(const BITS* x, int64_t n, BITS inf, int nt) {
 
 /* Full top-k of x[0..n), global indices base + i. */
 static int FN(topk_core)(const BITS* x, int64_t base, int64_t n, int64_t k,
-                         BITS inf, int nt, BITS* ov, int64_t* oi) {
+                         BITS inf, int nt, int radix, BITS* ov, int64_t* oi) {
   if (n <= 0) return SC_OK;
   if (k <= 0) return FN(has_nan)(x, n, inf, nt) ? SC_ERR_NAN : SC_OK;
   if (k >= n) {
@@ -502,17 +503,27 @@ static int FN(topk_core)(const BITS* x, int64_t base, int64_t n, int64_t k,
     for (int64_t i = 0; i < n; i++) oi[i] = base + i;
     return SC_OK;
   }
-  if (sc_topk_path_mode == 1) return FN(topk_exact)(x, NULL, base, n, k, inf, nt, ov, oi);
+  if (radix) return FN(topk_exact)(x, NULL, base, n, k, inf, nt, 1, ov, oi);
   if (n <= SC_SMALL_N) return FN(topk_small)(x, NULL, base, n, k, inf, ov, oi);
   int st = FN(topk_fast)(x, base, n, k, inf, nt, ov, oi);
   if (st != -1) return st;
-  return FN(topk_exact)(x, NULL, base, n, k, inf, nt, ov, oi);
+  return FN(topk_exact)(x, NULL, base, n, k, inf, nt, 0, ov, oi);
 }
 
 static int FN(block_topk)(const BITS* x, int64_t n, int64_t B, int64_t kpb,
                           BITS inf, int nt, BITS* ov, int64_t* oi) {
   /* out offsets: block b starts at sum_{j<b} min(kpb, len_j) */
-  if (B == 1) return FN(topk_core)(x, 0, n, kpb, inf, nt, ov, oi);
+  if (B == 1) return FN(topk_core)(x, 0, n, kpb, inf, nt, 0, ov, oi);
+  if (B >= n) {
+    /* every block holds at most one element (len_b = floor or ceil of n/B <= 1),
+       so each non-empty block contributes its element when kpb >= 1: no per-block
+       table (B may be as large as 2^63 - 1) */
+    if (FN(has_nan)(x, n, inf, nt)) return SC_ERR_NAN;
+    if (kpb == 0) return SC_OK;
+    memcpy(ov, x, (size_t)n * sizeof(BITS));
+    for (int64_t i = 0; i < n; i++) oi[i] = i;
+    return SC_OK;
+  }
   int64_t* off = (int64_t*)malloc((size_t)(B + 1) * sizeof(int64_t));
   if (!off) return SC_ERR_NOMEM;
   off[0] = 0;
@@ -524,7 +535,7 @@ static int FN(block_topk)(const BITS* x, int64_t n, int64_t B, int64_t kpb,
   if (nt == 1 || n / B >= ((int64_t)1 << 20)) {
     for (int64_t b = 0; b < B && !err; b++) {
       int64_t lo = sc_block_end(n, B, b - 1), hi = sc_block_end(n, B, b);
-      err = FN(topk_core)(x + lo, lo, hi - lo, kpb, inf, nt, ov + off[b], oi + off[b]);
+      err = FN(topk_core)(x + lo, lo, hi - lo, kpb, inf, nt, 0, ov + off[b], oi + off[b]);
     }
   } else {
     int64_t b;
@@ -534,7 +545,7 @@ static int FN(block_topk)(const BITS* x, int64_t n, int64_t B, int64_t kpb,
 #pragma omp parallel for num_threads(nt) schedule(dynamic, chunk) reduction(| : e_nan, e_mem)
     for (b = 0; b < B; b++) {
       int64_t lo = sc_block_end(n, B, b - 1), hi = sc_block_end(n, B, b);
-      int st = FN(topk_core)(x + lo, lo, hi - lo, kpb, inf, 1, ov + off[b], oi + off[b]);
+      int st = FN(topk_core)(x + lo, lo, hi - lo, kpb, inf, 1, 0, ov + off[b], oi + off[b]);
       if (st == SC_ERR_NAN) e_nan = 1;
       else if (st) e_mem = 1;
     }

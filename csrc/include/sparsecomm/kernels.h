@@ -1,52 +1,16 @@
 /*
- * sparsecomm C kernels: the C ABI.
- *
- * Plain C99, no torch, no Python. Every function works on raw buffers and
- * returns an sc_status (0 = success). Floating point values are passed as
- * raw bits: float32 = 32-bit, float64 = 64-bit, float16 / bfloat16 = 16-bit
- * patterns (uint16_t). Indices are int64_t (top-k output) or int32_t/int64_t
- * (COO helpers, see sc_index_t).
- *
- * `nthreads` is the number of OpenMP threads a kernel may use (the caller
- * passes at::get_num_threads(); values < 1 mean 1).
+ * sparsecomm kernels: top-k selection, COO merges and scatters, half-type
+ * conversions. Conventions (status, dtype codes, the trailing error
+ * out-parameter, nthreads) are those of sparsecomm/abi.h.
  */
 #ifndef SPARSECOMM_KERNELS_H
 #define SPARSECOMM_KERNELS_H
 
-#include <stddef.h>
-#include <stdint.h>
+#include "sparsecomm/abi.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef enum {
-  SC_F32 = 0,
-  SC_F64 = 1,
-  SC_F16 = 2,
-  SC_BF16 = 3
-} sc_dtype;
-
-typedef enum {
-  SC_I32 = 0,
-  SC_I64 = 1
-} sc_index_t;
-
-typedef enum {
-  SC_OK = 0,
-  SC_ERR_NAN = 1,          /* top-k input contains NaN */
-  SC_ERR_NOMEM = 2,        /* allocation failed */
-  SC_ERR_ARG = 3,          /* bad argument (dtype, negative size, ...) */
-  SC_ERR_INDEX_RANGE = 4,  /* an index is negative or >= the dense size */
-  SC_ERR_INDEX_ORDER = 5   /* COO indices not strictly ascending */
-} sc_status;
-
-/* Extra information about an index error (which input, which position). */
-typedef struct {
-  int64_t input;     /* which index vector (0-based) */
-  int64_t position;  /* position inside it */
-  int64_t value;     /* offending index value */
-} sc_error_info;
 
 /* ---------------------------------------------------------------- top-k */
 
@@ -58,14 +22,28 @@ typedef struct {
  * then unspecified). k < 0 -> SC_ERR_ARG.
  */
 int sc_topk(sc_dtype dtype, const void* x, int64_t n, int64_t k, int nthreads,
-            void* out_vals, int64_t* out_idx);
+            void* out_vals, int64_t* out_idx, sc_error_info* err);
+
+/* Which algorithm sc_topk_path runs: SC_TOPK_AUTO is sc_topk's choice (serial
+ * quickselect for small n, sampled threshold + one filtering pass, exact radix
+ * fallback); SC_TOPK_RADIX always runs the exact radix path, so tests and
+ * benchmarks can exercise it on any input. Same results either way. */
+typedef enum { SC_TOPK_AUTO = 0, SC_TOPK_RADIX = 1 } sc_topk_path_t;
+
+int sc_topk_path(sc_topk_path_t path, sc_dtype dtype, const void* x, int64_t n, int64_t k,
+                 int nthreads, void* out_vals, int64_t* out_idx, sc_error_info* err);
 
 /*
- * Testing hook (process-global, not for production use): mode 0 = automatic,
- * 1 = always the exact radix path (no sampling, no small-input shortcut), so
- * tests can exercise it on any input.
+ * The fast path keeps one set of per-thread candidate buffers between calls
+ * (reused by one call at a time; concurrent calls allocate their own). The
+ * cache never holds more than SC_TOPK_CACHE_MAX_BYTES: a call that needed more
+ * frees its buffers when it ends. sc_topk_release_cache() frees it now (safe
+ * to call at any time; a call in progress keeps its buffers) and returns the
+ * bytes released; sc_topk_cache_bytes() reports what is held.
  */
-void sc_topk_set_path(int mode);
+#define SC_TOPK_CACHE_MAX_BYTES ((size_t)256 << 20)
+size_t sc_topk_release_cache(void);
+size_t sc_topk_cache_bytes(void);
 
 /* Number of entries sc_block_topk writes: sum_b min(k_per_block, len_b). */
 int64_t sc_block_topk_count(int64_t n, int64_t num_blocks, int64_t k_per_block);
@@ -77,13 +55,14 @@ int64_t sc_block_topk_count(int64_t n, int64_t num_blocks, int64_t k_per_block);
  */
 int sc_block_topk(sc_dtype dtype, const void* x, int64_t n, int64_t num_blocks,
                   int64_t k_per_block, int nthreads, void* out_vals,
-                  int64_t* out_idx);
+                  int64_t* out_idx, sc_error_info* err);
 
 /* ---------------------------------------------------------------- COO */
 
 /*
  * Check that idx[0..n) is strictly ascending and inside [0, limit)
- * (limit < 0: no upper bound). On failure fills *err (input = 0).
+ * (limit < 0: no upper bound); one fused O(n) pass, parallel for large n.
+ * On failure fills *err (input = 0, the first bad position).
  */
 int sc_check_sorted_indices(sc_index_t itype, const void* idx, int64_t n,
                             int64_t limit, int nthreads, sc_error_info* err);
@@ -92,35 +71,43 @@ int sc_check_sorted_indices(sc_index_t itype, const void* idx, int64_t n,
  * Union of two index-sorted COO vectors; values summed where the indices
  * coincide (a + b; half types in float32, rounded once). out_idx / out_val
  * must have room for na + nb entries; *out_n receives the result length.
- * Inputs must be strictly ascending (check with sc_check_sorted_indices).
+ * Both inputs are checked to be strictly ascending and inside [0, limit)
+ * (limit < 0: no upper bound) before anything is written: SC_ERR_INDEX_ORDER
+ * or SC_ERR_INDEX_RANGE with err->input = 0 or 1 otherwise.
  */
 int sc_merge_add(sc_index_t itype, sc_dtype vtype,
                  const void* idx_a, const void* val_a, int64_t na,
-                 const void* idx_b, const void* val_b, int64_t nb,
-                 int nthreads, void* out_idx, void* out_val, int64_t* out_n);
+                 const void* idx_b, const void* val_b, int64_t nb, int64_t limit,
+                 int nthreads, void* out_idx, void* out_val, int64_t* out_n,
+                 sc_error_info* err);
 
 /*
  * k-way union of p index-sorted COO vectors. Where several inputs hold the
  * same index the values are summed in list order (input 0 first; half types
  * accumulate in float32 and are rounded once). out arrays need room for
- * sum(lens) entries.
+ * sum(lens) entries. Every input is checked as in sc_merge_add (err->input =
+ * the failing input's position in the list).
  */
 int sc_merge_add_many(sc_index_t itype, sc_dtype vtype, int64_t p,
                       const void* const* idx, const void* const* val,
-                      const int64_t* lens, int nthreads, void* out_idx,
-                      void* out_val, int64_t* out_n);
+                      const int64_t* lens, int64_t limit, int nthreads, void* out_idx,
+                      void* out_val, int64_t* out_n, sc_error_info* err);
 
 /*
  * dense[idx[i]] += val[i] for i = 0..n-1 in order (duplicates add up).
  * Half types: each addition is done in float32 and rounded to the dense
- * dtype. Indices are checked against [0, dense_n) first (nothing is written
- * on failure).
+ * dtype. One fused pass first checks every index against [0, dense_n)
+ * (nothing is written on failure) and whether the indices are strictly
+ * ascending: only then (distinct indices) does the scatter run in parallel;
+ * any other order, repeats included, is scattered serially in input order.
+ * `val` must not overlap `dense` (SC_ERR_OVERLAP).
  */
 int sc_scatter_add(sc_index_t itype, sc_dtype vtype, void* dense,
                    int64_t dense_n, const void* idx, const void* val,
                    int64_t n, int nthreads, sc_error_info* err);
 
-/* out[i] = dense[idx[i]]; indices checked against [0, dense_n). */
+/* out[i] = dense[idx[i]]; indices checked against [0, dense_n); unknown
+ * index or value types give SC_ERR_ARG. */
 int sc_gather(sc_index_t itype, sc_dtype vtype, const void* dense,
               int64_t dense_n, const void* idx, int64_t n, int nthreads,
               void* out, sc_error_info* err);

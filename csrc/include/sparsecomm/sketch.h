@@ -1,4 +1,5 @@
-/* Count-Sketch kernels of sparsecomm (C ABI, no torch, no Python).
+/* Count-Sketch kernels of sparsecomm (gs-SGD: "Communication-Efficient Distributed
+ * SGD with Sketching", the sketch of section 3). Conventions: sparsecomm/abi.h.
  *
  * A sketch is a rows x cols table T (row-major, float32 or float64). Coordinates
  * come in runs of SC_SKETCH_RUN = 16 consecutive ones (run r = i / 16, offset
@@ -28,7 +29,7 @@
 #ifndef SPARSECOMM_SKETCH_H
 #define SPARSECOMM_SKETCH_H
 
-#include <stdint.h>
+#include "sparsecomm/abi.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -37,20 +38,27 @@ extern "C" {
 #define SC_SKETCH_MAX_ROWS 64
 #define SC_SKETCH_RUN 16 /* coordinates per run (part of the hash family) */
 
-/* dtype codes: 0 = float32, 1 = float64 (for both table and values). */
-enum { SC_SK_F32 = 0, SC_SK_F64 = 1 };
+/* Table and value dtypes: SC_F32 or SC_F64 (others: SC_ERR_ARG). rows in
+ * [1, SC_SKETCH_MAX_ROWS], cols in [1, 2^32 - 1] (else SC_ERR_ARG, err->input 0
+ * = rows, 1 = cols). Workspace allocation failure: SC_ERR_NOMEM. */
 
 /* Add the sketch of the dense vector x[0..n) into table (rows x cols). */
-int sc_sketch_build_dense(int table_dtype, void* table, int64_t rows, int64_t cols, uint64_t seed,
-                          int x_dtype, const void* x, int64_t n, int nthreads);
+int sc_sketch_build_dense(sc_dtype table_dtype, void* table, int64_t rows, int64_t cols,
+                          uint64_t seed, sc_dtype x_dtype, const void* x, int64_t n,
+                          int nthreads, sc_error_info* err);
 
-/* Add the sketch of the COO vector (idx[0..m) int64, val[0..m)) into table. */
-int sc_sketch_build_coo(int table_dtype, void* table, int64_t rows, int64_t cols, uint64_t seed,
-                        const int64_t* idx, int val_dtype, const void* val, int64_t m, int nthreads);
+/* Add the sketch of the COO vector (idx[0..m) int64, val[0..m)) into table.
+ * Indices must lie in [0, n) (SC_ERR_INDEX_RANGE, nothing written); any order,
+ * repeats add up in input order. */
+int sc_sketch_build_coo(sc_dtype table_dtype, void* table, int64_t rows, int64_t cols,
+                        uint64_t seed, int64_t n, const int64_t* idx, sc_dtype val_dtype,
+                        const void* val, int64_t m, int nthreads, sc_error_info* err);
 
-/* out[t] = estimate of coordinate idx[t] (idx == NULL: coordinates 0..m). out has the table dtype. */
-int sc_sketch_estimate(int table_dtype, const void* table, int64_t rows, int64_t cols, uint64_t seed,
-                       const int64_t* idx, int64_t m, void* out, int nthreads);
+/* out[t] = estimate of coordinate idx[t] (idx == NULL: coordinates 0..m).
+ * out has the table dtype. Indices must be >= 0 (SC_ERR_INDEX_RANGE). */
+int sc_sketch_estimate(sc_dtype table_dtype, const void* table, int64_t rows, int64_t cols,
+                       uint64_t seed, const int64_t* idx, int64_t m, void* out, int nthreads,
+                       sc_error_info* err);
 
 #ifdef __cplusplus
 }
