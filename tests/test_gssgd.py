@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import sparsecomm as sc
-from sparsecomm.algorithms.gssgd import halving_tree
+from sparsecomm.comm.collectives import halving_tree
 from sparsecomm.comm import simulate
 from sparsecomm.testing import spawn
 

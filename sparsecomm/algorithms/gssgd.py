@@ -1,16 +1,18 @@
-"""``gssgd``: gs-SGD (paper 002, Algorithms 1 and 2), global Count-Sketch SGD.
+"""``gssgd``: gs-SGD ("A Distributed SGD Algorithm with Global Sketching for Deep Learning
+Training Acceleration", section III-A, Algorithms 1 and 2), global Count-Sketch SGD.
 
 One call:
 
 1. each rank sketches ``acc`` (its gradient plus residual) into a ``rows x columns``
-   float32 Count-Sketch (hash family in :mod:`sparsecomm._sketch_ops`; every rank uses
+   float32 Count-Sketch (the ``sketch_*`` ops of :mod:`sparsecomm.ops`; every rank uses
    the same ``seed``);
 2. the sketches are summed by recursive halving (Algorithm 1, lines 8-23): in each round
    the participants are paired in id order, the second of a pair sends its sketch to the
    first, which adds it; when the count of participants is odd, the largest id goes to the
    next round without sending (Figure 1). After ceil(log2 P) rounds rank 0 holds the sum;
    the same tree run backwards sends it to every rank (ceil(log2 P) more rounds), so every
-   rank has the bit-identical summed sketch;
+   rank has the bit-identical summed sketch
+   (:func:`sparsecomm.comm.collectives.halving_allreduce_`);
 3. HEAVYMIX (Algorithm 2) picks k candidate indices from the summed sketch: the heavy set
    H = {i : est_i^2 >= ||g||^2 / k} (||g||^2 estimated as the median over rows of the row
    sums of squares), then ``heavymix="topk"`` (default) fills up with the largest remaining
@@ -42,70 +44,15 @@ import torch
 
 from .. import ops
 from ..comm.base import Comm
-from ..formats import HEADER_NBYTES, Kind, check_header, pack_header
+from ..comm.collectives import halving_allreduce_
 from .base import Algorithm, register
 
-__all__ = ["GlobalSketchSGD", "halving_tree", "halving_allreduce_", "default_columns"]
+__all__ = ["GlobalSketchSGD", "default_columns"]
 
 
 def default_columns(k: int) -> int:
     """Default sketch width for k selected entries: max(256, 10 k)."""
     return max(256, 10 * k)
-
-
-def halving_tree(size: int) -> list[list[tuple[int, int]]]:
-    """The rounds of gs-SGD's recursive halving (Figure 1) as lists of (sender, receiver).
-
-    Participants are paired in id order; the odd one out (the largest id) passes to the
-    next round. ceil(log2 size) rounds.
-    """
-    active = list(range(size))
-    rounds = []
-    while len(active) > 1:
-        rounds.append([(active[i + 1], active[i]) for i in range(0, len(active) - 1, 2)])
-        active = active[0::2]
-    return rounds
-
-
-def halving_allreduce_(comm: Comm, tensor: torch.Tensor, n: int) -> torch.Tensor:
-    """In-place SUM of a 1-D float tensor over ranks: halving tree to rank 0, then back.
-
-    Messages: ``[header: Kind.DENSE, value dtype, N = n, count = numel][numel values]``;
-    the receiver checks the header. Every rank ends with rank 0's bytes (bit-identical).
-    At most 2 ceil(log2 P) rounds.
-    """
-    rank = comm.rank
-    count = tensor.numel()
-    nbytes = HEADER_NBYTES + count * tensor.element_size()
-    header = torch.from_numpy(pack_header(Kind.DENSE, rank, n, count, tensor.dtype))
-
-    def message() -> torch.Tensor:
-        payload = torch.empty(nbytes, dtype=torch.uint8)
-        payload[:HEADER_NBYTES].copy_(header)
-        payload[HEADER_NBYTES:].view(tensor.dtype).copy_(tensor)
-        return payload
-
-    def receive(source: int) -> torch.Tensor:
-        buf = torch.empty(nbytes, dtype=torch.uint8)
-        comm.exchange([], [(source, buf)])
-        check_header(buf, receiver=rank, sender=source, kind=Kind.DENSE, n=n, value_dtype=tensor.dtype,
-                     count=count)
-        return buf[HEADER_NBYTES:].view(tensor.dtype)
-
-    rounds = halving_tree(comm.size)
-    for pairs in rounds:
-        for sender, receiver in pairs:
-            if rank == sender:
-                comm.exchange([(receiver, message())], [])
-            elif rank == receiver:
-                tensor.add_(receive(sender))
-    for pairs in reversed(rounds):
-        for sender, receiver in pairs:
-            if rank == receiver:
-                comm.exchange([(sender, message())], [])
-            elif rank == sender:
-                tensor.copy_(receive(receiver))
-    return tensor
 
 
 @register

@@ -6,12 +6,12 @@
 """
 
 from .base import Comm, CommError, CommStats, CommTimeoutError, ring_allreduce_cost
-from .collectives import bruck_allgather, bruck_allgather_var
+from .collectives import bruck_allgather, bruck_allgather_var, halving_allreduce_, halving_tree
 from .simulated import GBIT_BETA, SimComm, SimulationResult, simulate
 
 __all__ = [
     "Comm", "CommError", "CommStats", "CommTimeoutError", "ring_allreduce_cost",
-    "bruck_allgather", "bruck_allgather_var",
+    "bruck_allgather", "bruck_allgather_var", "halving_allreduce_", "halving_tree",
     "SimComm", "SimulationResult", "simulate", "GBIT_BETA",
     "TorchComm", "MPIComm",
 ]

@@ -28,6 +28,8 @@ from typing import Sequence
 
 import torch
 
+from .collectives import bruck_allgather
+
 __all__ = ["Comm", "CommStats", "CommTimeoutError", "CommError", "ring_allreduce_cost"]
 
 
@@ -189,8 +191,6 @@ class Comm(ABC):
         Returns a tensor of shape ``(size, *tensor.shape)`` in rank order. Built on the
         shared Bruck all-gather so its rounds are counted like any other step.
         """
-        from .collectives import bruck_allgather  # late import: collectives builds on Comm
-
         flat = tensor.detach().contiguous().reshape(-1)
         payload = flat.view(torch.uint8) if flat.numel() else flat.to(torch.uint8)
         blocks = bruck_allgather(self, payload.to(self.device), [payload.numel()] * self.size)

@@ -1,18 +1,26 @@
 """Collective steps shared by several algorithms, built only on :meth:`Comm.exchange`.
 
 Each step is written once here and reused (SparDL's final all-gather, TopkA, the small
-handshakes of the reducer all use :func:`bruck_allgather`).
+handshakes of the reducer all use :func:`bruck_allgather`; gs-SGD sums its sketches and
+exact values with :func:`halving_allreduce_`).
+
+The functions take the :class:`~sparsecomm.comm.base.Comm` they run on as an argument and
+only call its methods, so this module needs ``Comm`` for type hints alone: ``base`` imports
+it (``Comm.allgather_small`` is a Bruck all-gather), never the other way round.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from .base import Comm
+from ..formats.header import HEADER_NBYTES, Kind, check_header, pack_header
 
-__all__ = ["bruck_allgather", "bruck_allgather_var"]
+if TYPE_CHECKING:
+    from .base import Comm
+
+__all__ = ["bruck_allgather", "bruck_allgather_var", "halving_tree", "halving_allreduce_"]
 
 
 def bruck_allgather(comm: Comm, block: torch.Tensor, block_nbytes: Sequence[int]) -> list[torch.Tensor]:
@@ -56,3 +64,63 @@ def bruck_allgather_var(comm: Comm, block: torch.Tensor) -> list[torch.Tensor]:
     """
     sizes = comm.allgather_small(torch.tensor([block.numel()], dtype=torch.int64))
     return bruck_allgather(comm, block, [int(s) for s in sizes.reshape(-1).tolist()])
+
+
+def halving_tree(size: int) -> list[list[tuple[int, int]]]:
+    """The rounds of gs-SGD's recursive halving ("A Distributed SGD Algorithm with Global
+    Sketching", section III-A, Algorithm 1 lines 8-23 and Fig. 1) as lists of
+    (sender, receiver).
+
+    Participants are paired in id order; the odd one out (the largest id) passes to the
+    next round. ceil(log2 size) rounds.
+    """
+    active = list(range(size))
+    rounds = []
+    while len(active) > 1:
+        rounds.append([(active[i + 1], active[i]) for i in range(0, len(active) - 1, 2)])
+        active = active[0::2]
+    return rounds
+
+
+def halving_allreduce_(comm: Comm, tensor: torch.Tensor, n: int) -> torch.Tensor:
+    """In-place SUM of a 1-D float tensor over ranks: the :func:`halving_tree` to rank 0,
+    then the same tree backwards (gs-SGD, "A Distributed SGD Algorithm with Global
+    Sketching", section III-A: Algorithm 1 lines 8-23 sum the sketches on the first
+    worker; running the tree backwards hands the sum to every worker).
+
+    Messages: ``[header: Kind.DENSE, value dtype, N = n, count = numel][numel values]``;
+    the receiver checks the header. Every rank ends with rank 0's bytes (bit-identical).
+    At most 2 ceil(log2 P) rounds.
+    """
+    rank = comm.rank
+    count = tensor.numel()
+    nbytes = HEADER_NBYTES + count * tensor.element_size()
+    header = torch.from_numpy(pack_header(Kind.DENSE, rank, n, count, tensor.dtype))
+
+    def message() -> torch.Tensor:
+        payload = torch.empty(nbytes, dtype=torch.uint8)
+        payload[:HEADER_NBYTES].copy_(header)
+        payload[HEADER_NBYTES:].view(tensor.dtype).copy_(tensor)
+        return payload
+
+    def receive(source: int) -> torch.Tensor:
+        buf = torch.empty(nbytes, dtype=torch.uint8)
+        comm.exchange([], [(source, buf)])
+        check_header(buf, receiver=rank, sender=source, kind=Kind.DENSE, n=n, value_dtype=tensor.dtype,
+                     count=count)
+        return buf[HEADER_NBYTES:].view(tensor.dtype)
+
+    rounds = halving_tree(comm.size)
+    for pairs in rounds:
+        for sender, receiver in pairs:
+            if rank == sender:
+                comm.exchange([(receiver, message())], [])
+            elif rank == receiver:
+                tensor.add_(receive(sender))
+    for pairs in reversed(rounds):
+        for sender, receiver in pairs:
+            if rank == receiver:
+                comm.exchange([(sender, message())], [])
+            elif rank == sender:
+                tensor.copy_(receive(receiver))
+    return tensor
