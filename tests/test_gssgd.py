@@ -26,9 +26,27 @@ def rank_history(comm, density, grads_by_step, opts):
     return hist
 
 
+PLANTED = 2  # coordinates per step that are large, with one sign, on every rank: heavy in the sum
+
+
 def make(size, n, seed):
+    """Per step, per rank: standard normal noise, plus 25 at PLANTED fixed coordinates on every
+    rank, so that the summed accumulators have l2-heavy hitters for HEAVYMIX to find."""
     rng = np.random.default_rng(seed)
-    return [[rng.standard_normal(n) for _ in range(size)] for _ in range(STEPS)]
+    spots = rng.choice(n, min(PLANTED, n), replace=False)
+    steps = []
+    for _ in range(STEPS):
+        grads = [rng.standard_normal(n) for _ in range(size)]
+        for g in grads:
+            g[spots] += 25.0
+        steps.append(grads)
+    return steps
+
+
+def ref_l2_heavy_hitters(total, k):
+    """HEAVYMIX's heavy set computed exactly (gs-SGD Algorithm 2 after Ivkin et al.'s
+    HEAVYMIX): the i with total_i^2 >= ||total||^2 / k, from the true sum, not a sketch."""
+    return set(np.flatnonzero(total ** 2 >= (total ** 2).sum() / k).tolist())
 
 
 def ref_tree_rounds(size):
@@ -41,27 +59,33 @@ def ref_tree_rounds(size):
 
 
 def check(size, n, density, results, grads_by_step, rows=7, cols=None):
+    """Against references computed here from the test's own sums: the candidates are k entries,
+    the same on every rank, and contain every exact l2-heavy hitter of the summed accumulators;
+    the output is the exact sum at the candidates; conservation; rounds and bytes."""
     k = min(n, max(1, math.ceil(density * n)))
     cols = cols or max(256, 10 * k)
     residuals = [np.zeros(n) for _ in range(size)]
+    heavy_seen = 0
     for step, grads in enumerate(grads_by_step):
         accs = [grads[r] + residuals[r] for r in range(size)]
+        total = sum(accs)
         out = results[0][step][0]
         for r in range(size):
             assert np.array_equal(results[r][step][0], out), (step, r)
-        support = np.nonzero(results[0][step][1] != accs[0])[0] if size else None
-        # every rank removed exactly the same k candidates; the output holds their exact sums
-        cand = np.nonzero(results[0][step][1] == 0)[0]
-        expected = np.zeros(n)
+        # a rank's candidates: the entries its residual no longer holds (acc is never 0 here)
+        cand_by_rank = [np.flatnonzero(results[r][step][1] != accs[r]) for r in range(size)]
+        cand = cand_by_rank[0]
+        assert len(cand) == k, (step, len(cand), k)
         for r in range(size):
-            keep = np.ones(n, bool)
-            keep[cand] = False
-            np.testing.assert_array_equal(results[r][step][1][keep], accs[r][keep])
+            np.testing.assert_array_equal(cand_by_rank[r], cand)
             np.testing.assert_array_equal(results[r][step][1][cand], 0)
-            expected[cand] += accs[r][cand]
-        assert len(cand) == k and support is not None
+        heavy = ref_l2_heavy_hitters(total, k)
+        assert heavy <= set(cand.tolist()), (step, sorted(heavy - set(cand.tolist())))
+        heavy_seen += len(heavy)
+        expected = np.zeros(n)
+        expected[cand] = total[cand]
         np.testing.assert_allclose(out, expected, rtol=1e-12, atol=1e-12)
-        np.testing.assert_allclose(sum(accs), out + sum(results[r][step][1] for r in range(size)), atol=1e-9)
+        np.testing.assert_allclose(total, out + sum(results[r][step][1] for r in range(size)), atol=1e-9)
         residuals = [results[r][step][1] for r in range(size)]
         # rounds and bytes: two halving trees (sketch, then the k exact values), each 2x
         t = ref_tree_rounds(size)
@@ -69,6 +93,8 @@ def check(size, n, density, results, grads_by_step, rows=7, cols=None):
         assert stats[0]["rounds"] == 4 * t and max(s["rounds"] for s in stats) == 4 * t
         sketch_msg, value_msg = 32 + 4 * rows * cols, 32 + 8 * k
         assert sum(s["bytes_sent"] for s in stats) == 2 * (size - 1) * (sketch_msg + value_msg)
+    if n >= 100:  # the planted coordinates are heavy: the containment check above had work to do
+        assert heavy_seen >= STEPS, heavy_seen
 
 
 @pytest.mark.parametrize("size,n,density", [(1, 100, 0.05), (3, 1025, 0.01), (5, 300, 0.1), (6, 2, 0.5),
@@ -84,7 +110,7 @@ def test_halving_tree_matches_figure_1():
     assert halving_tree(5) == [[(1, 0), (3, 2)], [(2, 0)], [(4, 0)]]
     assert halving_tree(6) == [[(1, 0), (3, 2), (5, 4)], [(2, 0)], [(4, 0)]]
     for p in range(1, 70):
-        assert len(halving_tree(p)) == math.ceil(math.log2(p)) if p > 1 else True
+        assert len(halving_tree(p)) == (math.ceil(math.log2(p)) if p > 1 else 0), p
 
 
 def _gloo(rank, world_size, cases):
