@@ -5,8 +5,8 @@ extension. It is compiled against the torch installed in the target
 environment (see _build/backend.py for how plain `pip install .` finds it).
 
 Layout of the extension:
-  csrc/cpu/*.c        C99 kernels (no torch, no Python), compiled here with the
-                      C compiler and C flags only (-std=c99 -O3 -fopenmp)
+  csrc/cpu/*.c        C11 + GNU extensions kernels (no torch, no Python), compiled here with the
+                      C compiler and C flags only (-std=gnu11 -O3 -fopenmp)
   csrc/ops.cpp        TORCH_LIBRARY binding, compiled by torch's BuildExtension
   csrc/cuda/*.cu      CUDA kernels: only when torch has CUDA, nvcc exists and
                       such files exist (none yet)
@@ -43,7 +43,7 @@ C_SOURCES = sorted(os.path.relpath(p, HERE)
 CU_SOURCES = sorted(os.path.relpath(p, HERE)
                     for p in glob.glob(os.path.join(HERE, "csrc", "cuda", "*.cu")))
 INCLUDE_DIRS = [os.path.join(HERE, "csrc", "include")]
-C_FLAGS = ["-std=c99", "-O3", "-fopenmp", "-fPIC", "-Wall", "-fno-strict-aliasing"]
+C_FLAGS = ["-std=gnu11", "-O3", "-fopenmp", "-fPIC", "-Wall", "-fno-strict-aliasing"]
 CXX_FLAGS = ["-O3", "-fopenmp"]
 LINK_FLAGS = ["-fopenmp"]
 
@@ -61,7 +61,7 @@ class BuildExt(BuildExtension):
     """Compiles the C kernels with the C compiler and C flags only.
 
     torch's BuildExtension compiles every source with C++ flags (-std=c++17,
-    and with ninja even with the C++ compiler), which is wrong for C99 files.
+    and with ninja even with the C++ compiler), which is wrong for C files.
     So the .c files are compiled here first and handed to the link step as
     extra objects.
     """

@@ -8,6 +8,7 @@ import torch
 
 import sparsecomm as sc
 from sparsecomm import ops
+from sparsecomm.ops import _torch_impl
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 HALF = (torch.float16, torch.bfloat16)
@@ -95,10 +96,8 @@ def ks_for(n):
 
 @pytest.fixture(params=["auto", "exact"])
 def path(request):
-    """Run a test through the automatic path and through the forced exact path."""
-    torch.ops.sparsecomm._set_topk_path(1 if request.param == "exact" else 0)
-    yield request.param
-    torch.ops.sparsecomm._set_topk_path(0)
+    """The top-k to test: the automatic path, or the one forced through the exact radix path."""
+    return ops.topk if request.param == "auto" else ops.topk_radix
 
 
 # --------------------------------------------------------------------- top-k
@@ -109,7 +108,7 @@ def test_topk_random_sizes(n, dtype, path):
     x = make_data(n, "randn", dtype)
     order = ref_order(x)
     for k in ks_for(n):
-        assert_same(ops.topk(x, k), ref_topk(x, k, order))
+        assert_same(path(x, k), ref_topk(x, k, order))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
@@ -128,7 +127,7 @@ def test_topk_adversarial(kind, dtype, n, path):
     x = make_data(n, kind, dtype)
     order = ref_order(x)
     for k in [1, 7, n // 100, n // 10, n // 2, n - 1]:
-        assert_same(ops.topk(x, k), ref_topk(x, k, order))
+        assert_same(path(x, k), ref_topk(x, k, order))
 
 
 def test_topk_many_candidates_parallel_select():
@@ -174,7 +173,7 @@ def test_topk_nan_raises(dtype, n, where, path):
     x[pos] = float("nan")
     for k in [0, 1, max(1, n // 100), n]:
         with pytest.raises(ValueError, match="NaN"):
-            ops.topk(x, k)
+            path(x, k)
 
 
 def test_topk_bad_args():
@@ -201,7 +200,7 @@ def test_topk_torch_fallback(dtype):
     for kind in ["randn", "ties", "zeros"]:
         x = make_data(1025, kind, dtype)
         for k in ks_for(1025):
-            assert_same(ops._topk_torch(x, k), ref_topk(x, k))
+            assert_same(_torch_impl.topk(x, k), ref_topk(x, k))
 
 
 # --------------------------------------------------------------- block top-k
@@ -283,7 +282,7 @@ def test_merge_add(itype, vtype, n, nnz_a, nnz_b):
     got = ops.merge_add(a[0], a[1], b[0], b[1])
     assert_coo_equal(got, ref_merge([a[0], b[0]], [a[1], b[1]], vtype))
     # fallback implementation (used off-CPU) gives the same bits
-    assert_coo_equal(ops._merge_torch("t", [a[0], b[0]], [a[1], b[1]], ["a", "b"], None), got)
+    assert_coo_equal(_torch_impl.merge_add_many([a[0], b[0]], [a[1], b[1]]), got)
 
 
 def test_merge_add_disjoint_and_identical():
@@ -309,7 +308,7 @@ def test_merge_add_many(itype, vtype, P, n, nnz):
     values = [v for _, v in ins]
     got = ops.merge_add_many(indices, values)
     assert_coo_equal(got, ref_merge(indices, values, vtype))
-    assert_coo_equal(ops._merge_torch("t", indices, values, ["i"] * P, None), got)
+    assert_coo_equal(_torch_impl.merge_add_many(indices, values), got)
 
 
 def test_merge_add_many_order_matters_and_is_fixed():
@@ -345,9 +344,9 @@ def test_merge_errors():
         ops.merge_add(torch.tensor([-1, 2, 3]), v, i, v)
     with pytest.raises(ValueError, match="< 4"):
         ops.merge_add(i, v, i, v, n=4)
-    with pytest.raises(TypeError, match="share one dtype"):
+    with pytest.raises(TypeError, match="must have the dtype of"):
         ops.merge_add(i.int(), v, i, v)
-    with pytest.raises(TypeError, match="share one dtype"):
+    with pytest.raises(TypeError, match="must have the dtype of"):
         ops.merge_add(i, v, i, v.double())
     with pytest.raises(ValueError, match="same length"):
         ops.merge_add(i, torch.ones(2), i, v)

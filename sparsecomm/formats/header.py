@@ -24,6 +24,8 @@ from enum import IntEnum
 import numpy as np
 import torch
 
+from ..errors import WireFormatError
+
 __all__ = ["HEADER_NBYTES", "FORMAT_VERSION", "MAGIC", "Kind", "WireFormatError", "DTYPE_CODES",
            "dtype_code", "dtype_from_code", "index_dtype_for", "pack_header", "parse_header", "check_header"]
 
@@ -37,9 +39,6 @@ class Kind(IntEnum):
     DENSE = 2
     SIGNATURE = 3
 
-
-class WireFormatError(ValueError):
-    """A received message does not match what the receiver expects."""
 
 
 DTYPE_CODES: dict[torch.dtype, int] = {

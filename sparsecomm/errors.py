@@ -1,0 +1,17 @@
+"""Exception types of sparsecomm that more than one layer raises.
+
+They live apart from every layer (ops, formats, comm, algorithms import them; this
+module imports nothing of sparsecomm), so no layer has to import another to raise one.
+"""
+
+from __future__ import annotations
+
+__all__ = ["WireFormatError"]
+
+
+class WireFormatError(ValueError):
+    """A received message does not match what the receiver expects.
+
+    Raised by the wire decoders (``sparsecomm.formats``) and by the kernels that
+    validate peer data (status ``SC_ERR_MALFORMED`` of the C ABI).
+    """

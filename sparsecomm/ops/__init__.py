@@ -1,0 +1,44 @@
+"""Selection, sparse-vector, sparse-stream, QSGD and Count-Sketch kernels: the one face
+of sparsecomm's op layer (the hot path of every algorithm).
+
+Every function here is a ``torch.ops.sparsecomm`` custom op (schemas in ``csrc/ops*.cpp``)
+with a CPU kernel in C (``csrc/cpu``, multi-threaded with OpenMP using
+``torch.get_num_threads()`` threads), a torch implementation for other devices
+(``ops/_torch_impl.py``) and a fake kernel for ``torch.compile`` (``ops/_fake.py``). Ops
+that write in place return nothing at the op level; these Python faces return the
+updated tensor for convenience.
+
+Conventions shared by all functions:
+
+* Top-k is by magnitude ``|x|``. Ties in ``|x|`` are broken by the lower index (``+0.0``
+  and ``-0.0`` are equal), ``Inf`` is the largest magnitude, and an input containing NaN
+  raises ``ValueError``. Indices are int64 and ascending, values are ``x[indices]`` with
+  their original sign.
+* COO vectors are pairs ``(idx, val)`` of 1-D tensors of the same length; ``idx`` is
+  int32 or int64, strictly ascending (sorted, no duplicates); ``val`` is float32,
+  float64, float16 or bfloat16. All vectors passed to one call share the index dtype and
+  the value dtype. The kernels check order and range in full.
+* float16 / bfloat16 sums are accumulated in float32 and rounded once
+  (round-to-nearest-even) to the value dtype. Summation order is fixed (input order), so
+  results are bit-identical for identical inputs on every rank.
+* Errors (``ops/_errors.py``): bad shapes, values, orders or ranges raise ``ValueError``;
+  bad dtypes ``TypeError``; an allocation failure ``MemoryError``; malformed peer data
+  :class:`sparsecomm.errors.WireFormatError`.
+"""
+
+from __future__ import annotations
+
+from .. import _C  # noqa: F401  (registers torch.ops.sparsecomm.*)
+from . import _fake, _torch_impl  # noqa: F401  (fake kernels; torch kernels for CUDA)
+from ._coo import __all__ as _coo_all
+from ._coo import block_topk, gather, merge_add, merge_add_many, release_caches, scatter_add_, topk, topk_radix
+from ._sketch import __all__ as _sketch_all
+from ._sketch import (MAX_ROWS, RUN, sketch_build_, sketch_build_coo_, sketch_estimate, sketch_estimate_at,
+                      sketch_heavy_hitters, sketch_l2sq, sketch_merge_, sketch_new)
+from ._stream import __all__ as _stream_all
+from ._stream import (qsgd_dequantize, qsgd_quantize, stream_add_dd_, stream_add_sd_, stream_add_ss,
+                      stream_concat)
+
+__all__ = [*_coo_all, *_stream_all, *_sketch_all]
+
+_torch_impl.register("cuda")

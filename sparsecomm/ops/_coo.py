@@ -1,0 +1,127 @@
+"""Top-k selection and COO kernels: the Python face of ``csrc/ops.cpp``.
+
+The faces only convert arguments and name them; the binding checks them and the C
+kernel validates the data (index order and range), so nothing is checked twice.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import torch
+
+from ._errors import translating
+
+__all__ = ["topk", "topk_radix", "block_topk", "merge_add", "merge_add_many", "scatter_add_",
+           "gather", "release_caches"]
+
+_ops = torch.ops.sparsecomm
+
+
+@translating
+def topk(x: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Exact top-``k`` entries of the 1-D tensor ``x`` by magnitude ``|x|``.
+
+    Returns ``(values, indices)`` with ``m = min(k, len(x))`` entries: ``indices`` is
+    int64 in ascending order and ``values = x[indices]`` (same dtype as ``x``, original
+    sign). Ties in ``|x|`` are broken by the lower index, so the result is
+    deterministic; ``+0.0`` and ``-0.0`` are equal and ``Inf`` counts as the largest
+    magnitude. ``k = 0`` gives empty tensors, ``k >= len(x)`` every element.
+
+    Raises ``ValueError`` if ``x`` is not 1-D, ``k < 0``, or ``x`` contains NaN;
+    ``TypeError`` for dtypes other than float32/float64/float16/bfloat16.
+
+    CPU: multi-threaded C kernel (sampled threshold + one filtering pass, with an exact
+    radix fallback). Other devices: the torch implementation of ``ops._torch_impl``.
+    """
+    return _ops.topk(x, k)
+
+
+@translating
+def topk_radix(x: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`topk` always through the exact radix path (tests and benchmarks).
+
+    Same contract and results as :func:`topk`; without the sampled fast path and the
+    small-input quickselect, so the radix path can be exercised on any input.
+    """
+    return _ops.topk_radix(x, k)
+
+
+@translating
+def block_topk(x: torch.Tensor, num_blocks: int, k_per_block: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Top-``k_per_block`` by magnitude inside each of ``num_blocks`` blocks.
+
+    Block ``b`` is ``x[b*N//B : (b+1)*N//B]`` (``N = len(x)``, ``B = num_blocks``;
+    blocks differ in length by at most one). Each block contributes
+    ``min(k_per_block, block_len)`` entries selected with the rules of :func:`topk`;
+    the result is the concatenation in block order, so the global int64 ``indices``
+    are ascending. ``num_blocks > N`` is allowed (empty blocks contribute nothing).
+    SparDL's block-wise selection (section 3, Spar-Reduce-Scatter).
+
+    Raises ``ValueError`` for ``num_blocks < 1``, ``k_per_block < 0``, non-1-D ``x``
+    or NaN.
+    """
+    return _ops.block_topk(x, num_blocks, k_per_block)
+
+
+@translating
+def merge_add(idx_a: torch.Tensor, val_a: torch.Tensor, idx_b: torch.Tensor,
+              val_b: torch.Tensor, n: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Union of two index-sorted COO vectors, summing values on shared indices.
+
+    Returns ``(idx, val)``: ``idx`` is the sorted union of ``idx_a`` and ``idx_b``
+    (same index dtype), ``val`` holds ``val_a + val_b`` where an index is in both,
+    else the single value. Half types are summed in float32 and rounded once.
+    Indices must be strictly ascending, ``>= 0`` and, when ``n`` is given, ``< n``:
+    checked in full by the kernel (``ValueError`` naming the input and position).
+    """
+    return _ops.merge_add(idx_a, val_a, idx_b, val_b, -1 if n is None else n)
+
+
+@translating
+def merge_add_many(indices: Sequence[torch.Tensor], values: Sequence[torch.Tensor],
+                   n: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """k-way union of index-sorted COO vectors ``(indices[p], values[p])``.
+
+    Where several inputs hold the same index their values are summed in list order
+    (input 0 first; half types in float32, rounded once), so every rank that passes
+    the same inputs in the same order gets bit-identical results. O(total * log P)
+    (heap merge, parallel over index ranges). At least one input is required; inputs
+    are validated as in :func:`merge_add`.
+    """
+    indices, values = list(indices), list(values)
+    if not indices and not values:  # the dispatcher routes by tensor arguments: none here
+        raise ValueError("sparsecomm.merge_add_many: needs at least one input vector, got none")
+    return _ops.merge_add_many(indices, values, -1 if n is None else n)
+
+
+@translating
+def scatter_add_(dense: torch.Tensor, idx: torch.Tensor, val: torch.Tensor) -> torch.Tensor:
+    """In place ``dense[idx] += val`` for a 1-D contiguous ``dense``; returns ``dense``.
+
+    ``idx`` (int32/int64, any order) may repeat: repeated indices add up, in order
+    (strictly ascending indices are distinct, and only then does the kernel scatter in
+    parallel). Half types: each addition in float32, rounded to the dense dtype.
+    Indices must lie in ``[0, len(dense))`` (checked before anything is written);
+    ``val`` or ``idx`` sharing memory with ``dense`` raises ``ValueError``.
+    """
+    _ops.scatter_add_(dense, idx, val)
+    return dense
+
+
+@translating
+def gather(dense: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``dense[idx]`` for a 1-D ``dense`` and int32/int64 ``idx`` (range checked)."""
+    return _ops.gather(dense, idx)
+
+
+def release_caches() -> int:
+    """Frees the kernels' reusable buffers now; returns the bytes released.
+
+    The top-k fast path keeps its per-thread candidate buffers between calls (at most
+    ``SC_TOPK_CACHE_MAX_BYTES`` = 256 MiB; a call that needed more frees them when it
+    ends), so a training loop does not pay fresh multi-MB allocations per call. Call
+    this after training, or before a memory-hungry phase; a top-k running concurrently
+    in another thread keeps its buffers (and 0 may be returned).
+    """
+    return int(_ops.release_caches())

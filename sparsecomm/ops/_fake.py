@@ -1,0 +1,103 @@
+"""Fake (meta) kernels of every sparsecomm op: output shapes and dtypes without data,
+so the ops trace under ``torch.compile`` and pass ``torch.library.opcheck``.
+
+Sizes that depend on the data (the length of a merge's union) are unbacked symbolic
+sizes (``ctx.new_dynamic_size()``); ops that write in place return nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__: list[str] = []
+
+
+def _pair(values_like: torch.Tensor, m) -> tuple[torch.Tensor, torch.Tensor]:
+    return values_like.new_empty(m), values_like.new_empty(m, dtype=torch.int64)
+
+
+@torch.library.register_fake("sparsecomm::topk")
+def _topk(x, k):
+    return _pair(x, torch.sym_min(k, x.shape[0]))
+
+
+@torch.library.register_fake("sparsecomm::topk_radix")
+def _topk_radix(x, k):
+    return _pair(x, torch.sym_min(k, x.shape[0]))
+
+
+@torch.library.register_fake("sparsecomm::block_topk")
+def _block_topk(x, num_blocks, k_per_block):
+    # blocks of floor(n/B) + 1 (r of them) and floor(n/B) elements (sc_block_topk_count)
+    n = x.shape[0]
+    q, r = n // num_blocks, n % num_blocks
+    m = r * torch.sym_min(k_per_block, q + 1) + (num_blocks - r) * torch.sym_min(k_per_block, q)
+    return _pair(x, m)
+
+
+def _union(idx_like: torch.Tensor, val_like: torch.Tensor):
+    m = torch.library.get_ctx().new_dynamic_size()
+    return idx_like.new_empty(m), val_like.new_empty(m)
+
+
+@torch.library.register_fake("sparsecomm::merge_add")
+def _merge_add(idx_a, val_a, idx_b, val_b, n=-1):
+    return _union(idx_a, val_a)
+
+
+@torch.library.register_fake("sparsecomm::merge_add_many")
+def _merge_add_many(indices, values, n=-1):
+    return _union(indices[0], values[0])
+
+
+@torch.library.register_fake("sparsecomm::scatter_add_")
+def _scatter_add_(dense, idx, val):
+    return None
+
+
+@torch.library.register_fake("sparsecomm::gather")
+def _gather(dense, idx):
+    return dense.new_empty(idx.shape[0])
+
+
+@torch.library.register_fake("sparsecomm::stream_add_dd_")
+def _stream_add_dd_(a, b):
+    return None
+
+
+@torch.library.register_fake("sparsecomm::stream_concat")
+def _stream_concat(idx_a, val_a, idx_b, val_b):
+    m = idx_a.shape[0] + idx_b.shape[0]
+    return idx_a.new_empty(m), val_a.new_empty(m)
+
+
+@torch.library.register_fake("sparsecomm::qsgd_quantize")
+def _qsgd_quantize(x, bits, bucket, seed):
+    n = x.shape[0]
+    return (x.new_empty((n * bits + 7) // 8, dtype=torch.uint8),
+            x.new_empty((n + bucket - 1) // bucket, dtype=torch.float32))
+
+
+@torch.library.register_fake("sparsecomm::qsgd_dequantize")
+def _qsgd_dequantize(packed, scales, n, bits, bucket, dtype):
+    return packed.new_empty(n, dtype=dtype)
+
+
+@torch.library.register_fake("sparsecomm::sketch_build_")
+def _sketch_build_(table, x, seed):
+    return None
+
+
+@torch.library.register_fake("sparsecomm::sketch_build_coo_")
+def _sketch_build_coo_(table, idx, val, n, seed):
+    return None
+
+
+@torch.library.register_fake("sparsecomm::sketch_estimate")
+def _sketch_estimate(table, n, seed):
+    return table.new_empty(n)
+
+
+@torch.library.register_fake("sparsecomm::sketch_estimate_at")
+def _sketch_estimate_at(table, idx, seed):
+    return table.new_empty(idx.shape[0])
