@@ -18,21 +18,11 @@ typedef unsigned __int128 u128;
 #define I64_MAX_U ((uint64_t)INT64_MAX)
 
 static inline int wire_fail(sc_error_info* err, int64_t field, int64_t position, int64_t value) {
-  if (err) {
-    err->input = field;
-    err->position = position;
-    err->value = value;
-  }
-  return SC_ERR_MALFORMED;
+  return sc_fail(err, SC_ERR_MALFORMED, field, position, value);
 }
 
 static inline int wire_arg(sc_error_info* err, int64_t what) {
-  if (err) {
-    err->input = what;
-    err->position = -1;
-    err->value = 0;
-  }
-  return SC_ERR_ARG;
+  return sc_fail(err, SC_ERR_ARG, what, -1, 0);
 }
 
 /* Little-endian loads, any alignment. */
