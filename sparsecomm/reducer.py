@@ -11,8 +11,10 @@ float16 / bfloat16 gradients are reduced in float32 (residual, messages and sums
 the result is rounded once to the gradient's dtype.
 
 Before the first call with a given length and dtype the ranks exchange a small signature
-(format version, algorithm, options, density, N, dtype, k). Any difference raises the same
-ValueError on every rank, naming the ranks and the field, instead of a hang or a wrong sum.
+(format version, sparsecomm version, algorithm, options, density, N, dtype, k). Any
+difference raises the same ValueError on every rank, naming the ranks and the field, instead
+of a hang or a wrong sum; differing sparsecomm versions are named in words (one more small
+all-gather of the version strings, only on that error path).
 """
 
 from __future__ import annotations
@@ -31,7 +33,10 @@ from .formats.header import DTYPE_CODES, FORMAT_VERSION, MAGIC
 __all__ = ["SparseAllreduce", "k_for"]
 
 _HALF_TYPES = (torch.float16, torch.bfloat16)
-_SIGNATURE_FIELDS = ("magic", "format version", "algorithm", "options", "density", "N", "dtype", "k")
+_SIGNATURE_FIELDS = ("magic", "format version", "sparsecomm version", "algorithm", "options", "density", "N",
+                     "dtype", "k")
+#: bytes of a version string sent to name differing versions in the error (longer ones are cut)
+_VERSION_BYTES = 64
 
 
 def k_for(density: float, n: int) -> int:
@@ -50,6 +55,13 @@ def check_state_version(state: dict[str, Any]) -> None:
 
 def _crc(text: str) -> int:
     return zlib.crc32(text.encode())
+
+
+def _version() -> str:
+    """This rank's ``sparsecomm.__version__``, read at each handshake (not frozen at import)."""
+    import sparsecomm
+
+    return str(sparsecomm.__version__)
 
 
 class SparseAllreduce:
@@ -124,6 +136,12 @@ class SparseAllreduce:
         self.algorithm.load_state_dict(state.get("algorithm_state", {}))
 
     # -- the call --------------------------------------------------------------------------
+    # Under torch.compile a call runs eagerly (a graph break around it): its
+    # communication waits on other processes (sockets, MPI, Python threads) and its
+    # wire headers are numpy structs, none of which dynamo can trace. The ops it calls
+    # are custom ops with fake kernels, so the same local compute traces in a user's
+    # own compiled code (tests/test_op_contracts.py).
+    @torch.compiler.disable
     def __call__(self, grad: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         if not isinstance(grad, torch.Tensor) or not grad.is_floating_point():
             raise ValueError(f"grad must be a floating-point tensor, got "
@@ -192,8 +210,9 @@ class SparseAllreduce:
         options = repr(sorted((key, repr(value)) for key, value in self.algorithm.options.items()))
         density_bits = torch.tensor([self.density], dtype=torch.float64).view(torch.int64).item()
         algorithm_id = f"{self.algorithm_name}/{self.algorithm.wire_revision}"
-        mine = torch.tensor([MAGIC, FORMAT_VERSION, _crc(algorithm_id), _crc(options), density_bits,
-                             n, DTYPE_CODES.get(dtype, 0), self.k_for(n)], dtype=torch.int64)
+        version = _version()
+        mine = torch.tensor([MAGIC, FORMAT_VERSION, _crc(version), _crc(algorithm_id), _crc(options),
+                             density_bits, n, DTYPE_CODES.get(dtype, 0), self.k_for(n)], dtype=torch.int64)
         table = self.comm.allgather_small(mine).cpu()
         differing = [i for i in range(len(_SIGNATURE_FIELDS)) if not bool((table[:, i] == table[0, i]).all())]
         if not differing:
@@ -202,7 +221,9 @@ class SparseAllreduce:
         for i in differing:
             field = _SIGNATURE_FIELDS[i]
             values = table[:, i].tolist()
-            if field == "dtype":
+            if field == "sparsecomm version":
+                values = self._version_words(version, differing, values)
+            elif field == "dtype":
                 by_code = {code: str(d) for d, code in DTYPE_CODES.items()}
                 values = [by_code.get(v, v) for v in values]
             elif field == "density":
@@ -218,3 +239,19 @@ class SparseAllreduce:
                          + "\n  ".join(lines)
                          + "\nevery rank must call the same reducer with the same tensor size, dtype, "
                            "algorithm, options and sparsecomm version")
+
+    def _version_words(self, version: str, differing: list[int], hashes: list[int]) -> list[str]:
+        """Every rank's version string, for the error message (all ranks call this together:
+        they all saw the same table). Only when the handshake layout itself agrees (same magic
+        and format version): a peer speaking another layout might not answer, so its version
+        is then shown by hash."""
+        if any(_SIGNATURE_FIELDS[i] in ("magic", "format version") for i in differing):
+            return [f"#{h:x}" for h in hashes]
+        raw = version.encode()[:_VERSION_BYTES]
+        padded = torch.zeros(_VERSION_BYTES, dtype=torch.uint8)
+        padded[:len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
+        words = []
+        for row in self.comm.allgather_small(padded).cpu():
+            text = bytes(row.tolist()).rstrip(b"\0").decode("utf-8", errors="replace")
+            words.append(repr(text))
+        return words

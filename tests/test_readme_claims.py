@@ -1,0 +1,496 @@
+"""One test (or one table of cases) per claim of README.md's "Behaviour you can rely on".
+
+Each test is named after its claim and checks it for every registered algorithm
+(``sparsecomm.algorithms.names()``) against a reference written here. Claims that a
+per-algorithm file already checks in more depth name that file too:
+
+=====================================================================  ==========================================
+claim                                                                  tests
+=====================================================================  ==========================================
+k = max(1, ceil(density * N)) per rank and tensor                      test_k_per_rank_and_tensor_is_the_table_k,
+                                                                       test_reducer.py::test_k_rule_table
+the result is bit-identical on every rank                              test_result_is_bit_identical_on_every_rank
+                                                                       (and every algorithm's gloo test, P = 1..8)
+error feedback loses nothing (P = 1..8 gloo, up to 64 simulated,       test_error_feedback_loses_nothing,
+N = 0, 1, 2, 1025, 2^20+3, zeros, ties, k >= N)                        test_algorithms.py, test_spardl.py,
+                                                                       test_sparcml.py, test_gtopk.py,
+                                                                       test_gssgd.py (gloo P = 1..8 each)
+ranks that disagree (N, dtype, algorithm, options, density, version)   test_disagreeing_ranks_raise_the_same_value_error,
+raise the same ValueError naming the ranks and the field               test_reducer.py::test_rank_mismatch_raises_on_every_rank
+a peer that does not answer raises CommTimeoutError within the         test_silent_peer_raises_comm_timeout_simulated,
+Comm's timeout                                                         test_silent_peer_raises_comm_timeout_on_gloo,
+                                                                       test_comm_torch.py::test_timeout_names_pending_peer
+NaN raises in top-k selection, never silently sent or dropped          test_nan_raises_in_selection_never_sent
+Inf is selected first                                                  test_inf_is_selected_first
+float16/bfloat16 reduced in float32 and rounded once                   test_half_gradients_reduced_in_float32_rounded_once
+messages are uint8 tensors in documented layouts                       test_messages_are_uint8_in_documented_layouts
+nothing a peer sends is unpickled                                      test_nothing_a_peer_sends_is_unpickled
+=====================================================================  ==========================================
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import sparsecomm as sc
+from sparsecomm.comm import simulate
+from sparsecomm.comm.base import CommTimeoutError
+from sparsecomm.testing import spawn
+
+ALGORITHMS = sc.algorithms.names()
+#: the algorithms that pick entries by magnitude (every one but the dense baseline)
+SELECTING = [name for name in ALGORITHMS if name != "dense"]
+#: algorithms in which every rank lets through exactly its own k largest entries
+OWN_TOP_K = ["topka", "sparcml_recursive_double", "sparcml_split_allgather", "sparcml", "topkdsa"]
+
+
+def test_the_algorithm_lists_cover_the_registry():
+    """The tables below are written by hand; a new algorithm must be placed in them."""
+    assert set(ALGORITHMS) == {"dense", "topka", "spardl", "sparcml", "sparcml_recursive_double",
+                               "sparcml_split_allgather", "topkdsa", "gtopk", "gssgd"}
+
+
+def _grad(n: int, rank: int, step: int, pattern: str = "random", dtype=torch.float64) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(1000 * step + rank)
+    if pattern == "zeros":
+        return torch.zeros(n, dtype=dtype)
+    if pattern == "ties":
+        return torch.randint(-1, 2, (n,), generator=gen).to(dtype)
+    return torch.randn(n, generator=gen, dtype=torch.float64).to(dtype)
+
+
+# -- k = max(1, ceil(density * N)) per rank and tensor --------------------------------------
+K_TABLE = [  # (density, N, k) by hand
+    (0.01, 1000, 10),
+    (0.0105, 1000, 11),     # 10.5 rounds up
+    (0.001, 999, 1),        # 0.999 rounds up to 1
+    (1e-9, 1000, 1),        # tiny density: at least one
+    (1.0, 37, 37),          # density 1: everything
+    (0.5, 1, 1),
+]
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_k_per_rank_and_tensor_is_the_table_k(algorithm):
+    """The k each call reports is the table's k for that tensor; in the algorithms where each
+    rank sends its own top-k, exactly k entries leave each rank's residual (nonzero input)."""
+    def fn(comm):
+        seen = []
+        for density, n, _ in K_TABLE:
+            reducer = sc.SparseAllreduce(algorithm, density, comm=comm)
+            grad = torch.arange(1, n + 1, dtype=torch.float64) * (1 + comm.rank)  # distinct, nonzero
+            reducer(grad)
+            seen.append((reducer.last_stats["k"], int((reducer.residual == 0).sum())))
+        return seen
+
+    results = simulate(3, fn).results
+    for rank, seen in enumerate(results):
+        for (density, n, k), (reported_k, left) in zip(K_TABLE, seen):
+            assert reported_k == k, (algorithm, density, n, reported_k, k)
+            if algorithm in OWN_TOP_K or algorithm == "gssgd":
+                assert left == k, (algorithm, rank, density, n, left, k)
+            elif algorithm == "dense":
+                assert left == n, (algorithm, rank, density, n, left)
+
+
+# -- bit-identical on every rank, and error feedback loses nothing --------------------------
+CONSERVATION_CASES = [  # (P, N, density, pattern, steps)
+    (1, 1025, 0.01, "random", 3),
+    (2, 0, 0.01, "random", 2),
+    (3, 1, 0.01, "random", 3),
+    (5, 2, 0.5, "random", 3),
+    (4, 1025, 1.0, "random", 3),        # k >= N
+    (3, 1025, 0.01, "zeros", 3),
+    (5, 1025, 0.02, "ties", 3),
+    (8, 1025, 0.01, "random", 4),
+    (64, 1025, 0.01, "random", 2),
+    (4, 2**20 + 3, 0.001, "random", 2),
+]
+
+
+def _history(algorithm, density, n, pattern, steps):
+    def fn(comm):
+        reducer = sc.SparseAllreduce(algorithm, density, comm=comm)
+        hist = []
+        for step in range(steps):
+            grad = _grad(n, comm.rank, step, pattern)
+            hist.append((grad, reducer(grad.clone()), reducer.residual.clone()))
+        return hist
+    return fn
+
+
+@pytest.mark.parametrize("size,n,density,pattern,steps", CONSERVATION_CASES)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_error_feedback_loses_nothing(algorithm, size, n, density, pattern, steps):
+    """sum_r (g_r + e_r) == out + sum_r e'_r at every step, with e_r carried by the test."""
+    results = simulate(size, _history(algorithm, density, n, pattern, steps)).results
+    carried = [torch.zeros(n, dtype=torch.float64) for _ in range(size)]
+    for step in range(steps):
+        total_in = sum(results[r][step][0] + carried[r] for r in range(size))
+        out = results[0][step][1]
+        residuals = [results[r][step][2] for r in range(size)]
+        scale = max(1.0, float(total_in.abs().max()) if n else 1.0)
+        np.testing.assert_allclose((out + sum(residuals)).numpy(), total_in.numpy(), rtol=0, atol=1e-12 * scale * size,
+                                   err_msg=f"{algorithm} P={size} N={n} {pattern} step {step}")
+        carried = residuals
+    if pattern == "zeros":
+        assert all(not results[r][s][1].any() for r in range(size) for s in range(steps))
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_result_is_bit_identical_on_every_rank(algorithm):
+    for size, n, density, pattern in [(5, 1025, 0.01, "random"), (6, 4097, 0.02, "ties"), (3, 1025, 0.5, "random")]:
+        results = simulate(size, _history(algorithm, density, n, pattern, 3)).results
+        for step in range(3):
+            first = results[0][step][1]
+            for rank in range(1, size):
+                assert torch.equal(results[rank][step][1].view(torch.uint8), first.view(torch.uint8)), \
+                    (algorithm, size, n, step, rank)
+
+
+# -- ranks that disagree raise the same ValueError -------------------------------------------
+OTHER_VERSION = "0.0.9+other-build"
+MISMATCH_CASES = [  # (field named in the error, rank -> (algorithm, density, N, dtype, options), ranks named)
+    ("N", lambda r: ("topka", 0.1, 100 + (r == 2), torch.float32, {}), "ranks [2]"),
+    ("dtype", lambda r: ("topka", 0.1, 100, torch.float64 if r == 1 else torch.float32, {}), "ranks [1]"),
+    ("algorithm", lambda r: ("dense" if r == 0 else "topka", 0.1, 100, torch.float32, {}), "ranks [0]"),
+    ("density", lambda r: ("topka", 0.2 if r == 1 else 0.1, 100, torch.float32, {}), "ranks [1]"),
+    ("options", lambda r: ("spardl", 0.1, 300, torch.float32, {"sag": "bruck" if r == 0 else "recursive"}),
+     "ranks [0]"),
+    ("options", lambda r: ("topkdsa", 0.1, 300, torch.float32, {"quantize_bits": 8} if r == 2 else {}), "ranks [2]"),
+    ("options", lambda r: ("gssgd", 0.1, 300, torch.float32, {"rows": 5 if r == 1 else 7}), "ranks [1]"),
+    ("sparsecomm version", lambda r: ("topka", 0.1, 100, torch.float32, {}), "ranks [1]"),
+]
+
+
+def _mismatch_rank(rank, world_size):
+    from sparsecomm.comm import TorchComm
+
+    comm = TorchComm()
+    real_version = sc.__version__
+    messages = []
+    for field, setup, _ in MISMATCH_CASES:
+        algorithm, density, n, dtype, options = setup(rank)
+        sc.__version__ = OTHER_VERSION if field == "sparsecomm version" and rank == 1 else real_version
+        try:
+            sc.SparseAllreduce(algorithm, density, comm=comm, **options)(torch.ones(n, dtype=dtype))
+            messages.append(None)
+        except ValueError as exc:
+            messages.append(str(exc))
+        finally:
+            sc.__version__ = real_version
+    # the group still works after every refusal
+    after = sc.SparseAllreduce("topka", 1.0, comm=comm)(torch.full((4,), float(rank)))
+    return messages, after.tolist()
+
+
+@pytest.mark.distributed
+def test_disagreeing_ranks_raise_the_same_value_error():
+    size = 3
+    runs = spawn(_mismatch_rank, size, timeout=120)
+    for case, (field, _, ranks_named) in enumerate(MISMATCH_CASES):
+        messages = [runs[rank][0][case] for rank in range(size)]
+        assert all(m is not None for m in messages), (field, messages)
+        for rank, message in enumerate(messages):
+            assert message.startswith(f"rank {rank}: the ranks disagree"), message
+            lines = [line.strip() for line in message.splitlines()]
+            named = [line for line in lines if line.startswith(f"{field}: ")]
+            assert len(named) == 1 and f"{ranks_named} have" in named[0], (field, message)
+        # the same disagreement on every rank (the first line says which rank is speaking)
+        assert len({m.split("\n", 1)[1] for m in messages}) == 1, messages
+    version_line = next(line.strip() for line in runs[0][0][-1].splitlines()
+                        if line.strip().startswith("sparsecomm version: "))
+    assert version_line == (f"sparsecomm version: ranks [0, 2] have {sc.__version__!r}; "
+                            f"ranks [1] have {OTHER_VERSION!r}"), version_line
+    assert all(runs[rank][1] == [0.0 + 1.0 + 2.0] * 4 for rank in range(size))
+
+
+# -- a peer that does not answer raises CommTimeoutError within the Comm's timeout -------------
+SILENT_TIMEOUT = 1.0
+SLACK = 3.0
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_silent_peer_raises_comm_timeout_simulated(algorithm):
+    """Rank 1 joins the first call (handshake and one reduction), then stops answering."""
+    def fn(comm):
+        reducer = sc.SparseAllreduce(algorithm, 0.1, comm=comm)
+        reducer(_grad(500, comm.rank, 0))
+        if comm.rank == 1:
+            return None
+        start = time.monotonic()
+        try:
+            reducer(_grad(500, comm.rank, 1))
+        except CommTimeoutError:
+            return time.monotonic() - start
+        return "no error"
+
+    waited = simulate(2, fn, timeout=SILENT_TIMEOUT).results[0]
+    assert isinstance(waited, float) and SILENT_TIMEOUT - 0.05 <= waited <= SILENT_TIMEOUT + SLACK, waited
+
+
+def _silent_peer_rank(rank, world_size):
+    import torch.distributed as dist
+
+    from sparsecomm.comm import TorchComm
+
+    waited = {}
+    for algorithm in ALGORITHMS:
+        group = dist.new_group([0, 1])  # its own gloo pairs: a timeout closes only this group's
+        comm = TorchComm(group, timeout=SILENT_TIMEOUT)
+        reducer = sc.SparseAllreduce(algorithm, 0.1, comm=comm)
+        reducer(_grad(500, rank, 0))
+        if rank == 0:
+            start = time.monotonic()
+            try:
+                reducer(_grad(500, rank, 1))
+                waited[algorithm] = "no error"
+            except CommTimeoutError:
+                waited[algorithm] = time.monotonic() - start
+            except Exception as exc:  # noqa: BLE001
+                waited[algorithm] = f"{type(exc).__name__}: {exc}"
+        dist.barrier()  # the default group is untouched by the subgroup's timeout
+    return waited
+
+
+@pytest.mark.distributed
+def test_silent_peer_raises_comm_timeout_on_gloo():
+    waited = spawn(_silent_peer_rank, 2, timeout=180)[0]
+    for algorithm in ALGORITHMS:
+        seconds = waited[algorithm]
+        assert isinstance(seconds, float) and SILENT_TIMEOUT - 0.05 <= seconds <= SILENT_TIMEOUT + SLACK, \
+            (algorithm, seconds)
+
+
+# -- NaN raises in top-k selection; Inf is selected first -------------------------------------
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_nan_raises_in_selection_never_sent(algorithm):
+    """NaN at one index of every rank's gradient: no rank of a selecting algorithm returns a
+    result; the ranks whose selection meets the NaN raise ValueError naming it, their peers
+    time out. dense selects nothing: the NaN is summed into the result, not dropped."""
+    n, nan_at = 1000, 17
+
+    def fn(comm):
+        grad = _grad(n, comm.rank, 0, dtype=torch.float32)
+        grad[nan_at] = float("nan")
+        try:
+            out = sc.SparseAllreduce(algorithm, 0.01, comm=comm)(grad)
+        except ValueError as exc:
+            return "ValueError: " + str(exc)
+        except CommTimeoutError:
+            return "CommTimeoutError"
+        return out
+
+    outcomes = simulate(4, fn, timeout=2.0).results
+    if algorithm == "dense":
+        assert all(bool(torch.isnan(o[nan_at])) and int(torch.isnan(o).sum()) == 1 for o in outcomes), outcomes
+        return
+    assert all(isinstance(o, str) for o in outcomes), (algorithm, outcomes)
+    raised = [o for o in outcomes if o.startswith("ValueError")]
+    assert raised and all("NaN" in o for o in raised), (algorithm, outcomes)
+    assert all(o.startswith("ValueError") or o == "CommTimeoutError" for o in outcomes), outcomes
+
+
+@pytest.mark.parametrize("density", [0.001, 0.01])   # k = 1 and k = 10 of N = 1000
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_inf_is_selected_first(algorithm, density):
+    """Rank 1 holds +Inf at a high index; every rank holds 1e30 at index 5.
+    With k = 1 the Inf must win over 1e30 (and over the lower index); it reaches every rank's
+    result and leaves rank 1's residual."""
+    n, inf_at = 1000, 900
+
+    def fn(comm):
+        grad = _grad(n, comm.rank, 0, dtype=torch.float32)
+        grad[5] = 1e30
+        if comm.rank == 1:
+            grad[inf_at] = float("inf")
+        reducer = sc.SparseAllreduce(algorithm, density, comm=comm)
+        out = reducer(grad)
+        return out, reducer.residual
+
+    results = simulate(4, fn).results
+    for rank, (out, residual) in enumerate(results):
+        assert out[inf_at].item() == float("inf") and not torch.isnan(out).any(), (algorithm, rank)
+    assert results[1][1][inf_at].item() == 0.0
+    if algorithm in OWN_TOP_K and density == 0.001:
+        # rank 1 kept its 1e30 back and sent the Inf; rank 0 sent its 1e30
+        assert results[1][1][5].item() == torch.tensor(1e30).item() and results[0][1][5].item() == 0.0
+
+
+# -- float16 / bfloat16: reduced in float32, rounded once ---------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_half_gradients_reduced_in_float32_rounded_once(algorithm, dtype):
+    """The reference: the same algorithm run on the gradients converted to float32; a half
+    run must give that float32 result rounded once to the half dtype, and the same float32
+    residual, at every step."""
+    size, n, steps = 5, 1000, 3
+
+    def fn(comm):
+        runs = []
+        for work in (dtype, torch.float32):
+            reducer = sc.SparseAllreduce(algorithm, 0.05, comm=comm)
+            run = []
+            for step in range(steps):
+                grad = _grad(n, comm.rank, step, dtype=dtype).to(work)  # the same values in both runs
+                run.append((reducer(grad), reducer.residual.clone()))
+            runs.append(run)
+        return runs
+
+    results = simulate(size, fn).results
+    for rank in range(size):
+        half_run, float_run = results[rank]
+        for step in range(steps):
+            (half_out, half_res), (float_out, float_res) = half_run[step], float_run[step]
+            assert half_out.dtype == dtype and half_res.dtype == torch.float32
+            assert torch.equal(half_out, float_out.to(dtype)), (algorithm, dtype, rank, step)
+            assert torch.equal(half_res, float_res), (algorithm, dtype, rank, step)
+    # the data tell the two apart: summing in the half dtype rounds differently
+    grads = [_grad(n, r, 0, dtype=dtype) for r in range(size)]
+    in_half = grads[0].clone()
+    for g in grads[1:]:
+        in_half += g
+    in_float = sum(g.float() for g in grads).to(dtype)
+    assert not torch.equal(in_half, in_float)
+
+
+# -- messages are uint8 tensors in documented layouts ---------------------------------------------
+def _header_problems(payload: torch.Tensor, sender: int, n: int) -> list[str]:
+    """What in this payload's first 32 bytes breaks formats/header.py's layout, read here with
+    numpy from the documented offsets (not with sparsecomm's parser)."""
+    from sparsecomm.formats.header import FORMAT_VERSION, Kind
+
+    raw = payload[:32].numpy().tobytes()
+    if len(raw) < 32:
+        return [f"{len(raw)} bytes, shorter than the header"]
+    magic = int.from_bytes(raw[0:4], "little")
+    version = int.from_bytes(raw[4:6], "little")
+    kind, value_code, index_code = raw[6], raw[7], raw[8]
+    problems = []
+    if magic != 0x4D435053 or raw[0:4] != b"SPCM":
+        problems.append(f"magic {magic:#x}")
+    if version != FORMAT_VERSION:
+        problems.append(f"version {version}")
+    if kind not in {k.value for k in Kind}:
+        problems.append(f"kind {kind}")
+    if value_code not in range(1, 8) or index_code not in range(0, 8):
+        problems.append(f"dtype codes {value_code}, {index_code}")
+    if raw[9:12] != b"\0\0\0":
+        problems.append("reserved bytes not zero")
+    if int.from_bytes(raw[12:16], "little") != sender:
+        problems.append(f"sender {int.from_bytes(raw[12:16], 'little')}, sent by rank {sender}")
+    return problems
+
+
+@pytest.mark.parametrize("algorithm", SELECTING)
+def test_messages_are_uint8_in_documented_layouts(algorithm, monkeypatch):
+    """Every payload a rank sends in a reduction (after the handshake) is a 1-D uint8 tensor
+    that either starts with the documented 32-byte header (sender = the sending rank), or is
+    shorter than a header and then a whole number of little-endian int64 sizes, each the size
+    of a headed message (>= 32 B): exchange_var's size round, bruck_allgather_var's sizes.
+    At P = 5 a Bruck round carries at most 2 sizes (16 B), so the two kinds cannot be confused."""
+    from sparsecomm.comm.simulated import SimComm
+
+    size, n = 5, 1025
+    sent: list[tuple[int, int, torch.Tensor]] = []
+    post = SimComm._post_and_wait
+
+    def recording_post(self, sends, recvs):
+        if getattr(self, "recording", False):
+            sent.extend((self.rank, peer, payload.clone()) for peer, payload in sends)
+        return post(self, sends, recvs)
+
+    monkeypatch.setattr(SimComm, "_post_and_wait", recording_post)
+
+    def fn(comm):
+        reducer = sc.SparseAllreduce(algorithm, 0.02, comm=comm)
+        reducer(_grad(n, comm.rank, 0, dtype=torch.float32))          # with the handshake: not recorded
+        comm.recording = True
+        reducer(_grad(n, comm.rank, 1, dtype=torch.float32))
+        return True
+
+    simulate(size, fn)
+    assert sent, algorithm
+    headed = 0
+    for sender, peer, payload in sent:
+        assert payload.dtype == torch.uint8 and payload.dim() == 1 and payload.is_contiguous()
+        if payload.numel() < 32:
+            assert payload.numel() % 8 == 0, (algorithm, sender, peer, payload.numel())
+            sizes = np.frombuffer(payload.numpy().tobytes(), dtype="<i8")
+            assert (sizes >= 32).all(), (algorithm, sender, peer, sizes)
+            continue
+        problems = _header_problems(payload, sender, n)
+        assert not problems, (algorithm, sender, peer, payload.numel(), problems)
+        headed += 1
+    assert headed > 0, algorithm
+
+
+# -- nothing a peer sends is unpickled -----------------------------------------------------------
+def _arm_unpickling_traps() -> list[str]:
+    """Replace every unpickling entry point with one that records the call and raises."""
+    import _pickle
+    import multiprocessing.reduction
+    import pickle
+
+    import torch.distributed.distributed_c10d as c10d
+
+    calls: list[str] = []
+
+    def trap(name):
+        def refuse(*args, **kwargs):
+            calls.append(name)
+            raise AssertionError(f"{name} called: something was unpickled")
+        return refuse
+
+    for module, attr in [(pickle, "loads"), (pickle, "load"), (pickle, "Unpickler"), (_pickle, "loads"),
+                         (_pickle, "load"), (_pickle, "Unpickler"), (torch, "load"), (c10d, "_unpickler"),
+                         (multiprocessing.reduction.ForkingPickler, "loads")]:
+        setattr(module, attr, trap(f"{getattr(module, '__name__', module)}.{attr}"))
+    return calls
+
+
+def _no_unpickle_rank(rank, world_size):
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from sparsecomm.comm import TorchComm
+
+    calls = _arm_unpickling_traps()
+    comm = TorchComm()
+    sums = {}
+    for algorithm in ALGORITHMS:
+        reducer = sc.SparseAllreduce(algorithm, 0.05, comm=comm)
+        for step in range(2):
+            out = reducer(_grad(2000, rank, step, dtype=torch.float32))
+        sums[algorithm] = float(out.double().sum())
+    for algorithm in ALGORITHMS:
+        torch.manual_seed(0)
+        model = DDP(nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2)), bucket_cap_mb=0.001)
+        model.register_comm_hook(sc.DDPHookState(algorithm, 0.1), sc.ddp_hook)
+        gen = torch.Generator().manual_seed(rank)
+        for _ in range(3):
+            model(torch.randn(4, 8, generator=gen)).square().sum().backward()
+    during_run = list(calls)
+    # the traps are armed: torch.distributed's object collective unpickles and is caught
+    try:
+        dist.all_gather_object([None] * world_size, rank)
+        probe = "all_gather_object worked"
+    except AssertionError:
+        probe = "trapped"
+    return during_run, probe, sums
+
+
+@pytest.mark.distributed
+def test_nothing_a_peer_sends_is_unpickled():
+    size = 3
+    runs = spawn(_no_unpickle_rank, size, timeout=240)
+    for rank, (during_run, probe, sums) in enumerate(runs):
+        assert during_run == [], (rank, during_run)
+        assert probe == "trapped", (rank, probe)
+        assert sums == runs[0][2], rank
