@@ -1,11 +1,14 @@
 """The collective benchmark CLI (issue 6 item 2): loopback ranks, no launcher."""
 import csv
 import json
+import math
 import os
 import subprocess
 import sys
 
 import pytest
+
+from _reference import coo_message_bytes
 
 ALGOS = ["dense", "topka", "spardl"]
 
@@ -30,12 +33,21 @@ def test_collectives_cli_writes_csv_and_json(tmp_path):
     assert report["P"] == 2 and report["N"] == 20000
     assert report["alpha_s"] >= 0 and report["beta_s_per_byte"] > 0
     by = {r["algorithm"]: r for r in report["rows"]}
-    assert by["topka"]["bytes_sent"] < by["dense"]["bytes_sent"]
-    assert by["dense"]["speedup_vs_dense"] == 1.0
-    assert float(rows["dense"]["speedup_vs_dense"]) == 1.0
+    n, p, k = 20000, 2, 200   # k = ceil(0.01 * 20000)
+    # dense: the backend's ring allreduce, 2 (P - 1) rounds of ceil(4 N / P) bytes (float32)
+    assert (by["dense"]["bytes_sent"], by["dense"]["rounds"]) == (2 * (p - 1) * math.ceil(4 * n / p), 2 * (p - 1))
+    # topka: one Bruck all-gather of a COO message of k float32 entries, ceil(log2 P) rounds
+    assert (by["topka"]["bytes_sent"], by["topka"]["rounds"]) == ((p - 1) * coo_message_bytes(k, n, 4),
+                                                                  math.ceil(math.log2(p)))
     for r in report["rows"]:
-        assert r["time_s"] > 0 and r["rounds"] >= 1 and r["bytes_sent"] > 0 and r["k"] == 200
-        assert r["bound_over_measured"] is None or r["bound_over_measured"] > 0
+        assert r["time_s"] > 0 and r["rounds"] >= 1 and r["bytes_sent"] > 0 and r["k"] == k
+        # the speedup is dense's median time over this row's, from the times in the same report
+        assert r["speedup_vs_dense"] == pytest.approx(by["dense"]["time_s"] / r["time_s"], rel=1e-12)
+        assert float(rows[r["algorithm"]]["speedup_vs_dense"]) == pytest.approx(r["speedup_vs_dense"], rel=1e-12)
+        assert r["bound_s"] == pytest.approx(r["rounds"] * report["alpha_s"] + r["bytes_sent"] * report["beta_s_per_byte"],
+                                             rel=1e-12)
+        assert r["bound_over_measured"] is None or r["bound_over_measured"] == pytest.approx(r["bound_s"] / r["comm_s"],
+                                                                                             rel=1e-12)
     assert report["checks"]["topka"]["lossless"] and not report["checks"]["spardl"]["lossless"]
 
 
