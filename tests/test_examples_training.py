@@ -58,9 +58,24 @@ def test_image_compares_algorithms_and_pytorch_hooks_in_one_run():
     proc = _run("train_image.py", "--model", "resnet20", "--algorithms", *names, "--density", "0.01",
                 "--steps", "4", "--batch", "4", "--train-size", "32", "--test-size", "16")
     table = proc.stdout[proc.stdout.index("updates each:"):]
-    speedups = dict(re.findall(r"^\| (\w+)[^|]* \| \d+ \| ([\d.]+)x \|", table, re.MULTILINE))
-    assert sorted(speedups) == sorted(names), proc.stdout
-    assert float(speedups["dense"]) == 1.0
+    compared = {m[0]: (int(m[1]), float(m[2])) for m in
+                re.findall(r"^\| (\w+)[^|]* \| (\d+) \| ([\d.]+)x \|", table, re.MULTILINE)}
+    assert sorted(compared) == sorted(names), proc.stdout
+    # bytes per rank per update: ResNet-20 (option A shortcuts, no parameters) has 269,722
+    # parameters; at P = 2 a ring allreduce of B bytes sends 2 (P - 1) ceil(B / P) = B bytes
+    # (the table prints 100-byte resolution: a wrong element size or P shows, one parameter does not)
+    params = (3 * 16 * 9 + 2 * 16 + 3 * 2 * (16 * 16 * 9 + 2 * 16)
+              + (16 * 32 * 9 + 2 * 32) + (32 * 32 * 9 + 2 * 32) + 2 * 2 * (32 * 32 * 9 + 2 * 32)
+              + (32 * 64 * 9 + 2 * 64) + (64 * 64 * 9 + 2 * 64) + 2 * 2 * (64 * 64 * 9 + 2 * 64) + 64 * 10 + 10)
+    per_run = _rows(proc.stdout)
+    assert per_run["dense"].group(5) == f"{2 * math.ceil(4 * params / 2) / 1e6:.4f}", per_run["dense"].group(0)
+    assert per_run["torch_fp16"].group(5) == f"{2 * math.ceil(2 * params / 2) / 1e6:.4f}", per_run["torch_fp16"].group(0)
+    # each speedup is dense's per-update time over the row's: the printed whole milliseconds
+    # bound the ratio, the speedup is printed to 0.01
+    dense_ms = compared["dense"][0]
+    for name, (ms, speedup) in compared.items():
+        low, high = (dense_ms - 0.5) / (ms + 0.5), (dense_ms + 0.5) / (ms - 0.5)
+        assert low - 0.005 <= speedup <= high + 0.005, (name, dense_ms, ms, speedup)
 
 
 def test_lstm_on_generated_data():
