@@ -9,7 +9,12 @@ Quick use::
 or, functionally, ``sc.SparseAllreduce("topka", 0.01, comm)(grad)``.
 """
 
-from . import algorithms, baselines, comm, formats, ops
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from . import algorithms, comm, formats, ops
 from .hook import DDPHookState, ddp_hook
 from .reducer import SparseAllreduce, k_for
 
@@ -17,3 +22,11 @@ __version__ = "0.1.0"
 
 __all__ = ["algorithms", "baselines", "comm", "formats", "ops", "SparseAllreduce", "k_for", "DDPHookState", "ddp_hook",
            "__version__"]
+
+
+def __getattr__(name: str) -> ModuleType:
+    # PEP 562: ``sparsecomm.baselines`` (PyTorch's own hooks, for comparisons) is imported on
+    # first use, so that training code that never compares pays nothing for it
+    if name == "baselines":
+        return importlib.import_module(f"{__name__}.baselines")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -34,8 +34,8 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
+from ._bucket_worker import BucketWorker
 from .comm.base import ring_allreduce_cost
-from .hook import _Worker
 
 __all__ = ["TorchHook", "names", "is_baseline", "powersgd_plan", "bucket_shapes"]
 
@@ -162,7 +162,7 @@ class TorchHook:
         self.process_group = process_group
         self.powersgd_rank = powersgd_rank
         self.last_stats: dict[int, dict[str, Any]] = {}
-        self._worker: _Worker | None = None  # for PowerSGD off NCCL, see _serialize_buckets
+        self._worker: BucketWorker | None = None  # for PowerSGD off NCCL, see _serialize_buckets
         if name == "torch_fp16":
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 
@@ -218,12 +218,13 @@ class TorchHook:
     def _run_in_order(self, bucket: dist.GradBucket) -> torch.futures.Future:
         """PyTorch's hook on one worker thread, bucket after bucket; backward goes on meanwhile.
 
-        The worker is the DDP hook's own (:class:`sparsecomm.hook._Worker`): after a failed
-        bucket it fails every later one at once instead of issuing collectives that would
-        pair with other ranks' earlier ones, and it is stopped (bounded) at interpreter exit.
+        The worker is the one the DDP hook uses (:class:`sparsecomm._bucket_worker.BucketWorker`):
+        after a failed bucket it fails every later one at once instead of issuing collectives
+        that would pair with other ranks' earlier ones, and it is stopped (bounded) at
+        interpreter exit.
         """
         if self._worker is None or not self._worker.alive():
-            self._worker = _Worker()
+            self._worker = BucketWorker()
         result: torch.futures.Future = torch.futures.Future()
         self._worker.submit(lambda: self._hook(self._state, bucket).wait(), result)
         return result

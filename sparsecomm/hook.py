@@ -33,17 +33,14 @@ when returned); results are identical either way.
 
 from __future__ import annotations
 
-import atexit
-import queue
-import threading
 import warnings
-import weakref
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from . import algorithms
+from ._bucket_worker import BucketWorker
 from .comm.base import Comm
 from .formats.header import FORMAT_VERSION
 from .reducer import SparseAllreduce, check_state_version
@@ -77,7 +74,7 @@ class DDPHookState:
             raise ValueError(f"async_comm must be True or False, got {async_comm!r}")
         algorithms.get(algorithm)(None, **options)  # validates the options now, not at the first bucket
         self.async_comm = async_comm
-        self._worker: _Worker | None = None
+        self._worker: BucketWorker | None = None
         self.algorithm = algorithm
         self.density = float(density)
         self.options = dict(options)
@@ -200,68 +197,8 @@ class DDPHookState:
 
     def _submit(self, job, future: torch.futures.Future) -> None:
         if self._worker is None or not self._worker.alive():
-            self._worker = _Worker()
+            self._worker = BucketWorker()
         self._worker.submit(job, future)
-
-
-_LIVE_WORKERS: "weakref.WeakSet[_Worker]" = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_live_workers() -> None:
-    # A worker thread that ran kernels owns thread-local runtime state (e.g. an OpenMP team);
-    # left running into interpreter shutdown it sometimes aborted the process ("terminate
-    # called without an active exception"). Let every worker return before shutdown; the
-    # bound keeps a worker stuck on a dead peer from holding the exit past its own timeout.
-    for worker in list(_LIVE_WORKERS):
-        worker.stop(timeout=30.0)
-
-
-class _Worker:
-    """One daemon thread running queued (job, future) pairs in FIFO order."""
-
-    def __init__(self) -> None:
-        self._queue: queue.Queue = queue.Queue()
-        self._failure: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="sparsecomm-ddp-hook", daemon=True)
-        self._thread.start()
-        _LIVE_WORKERS.add(self)
-
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
-    def submit(self, job, future: torch.futures.Future) -> None:
-        self._queue.put((job, future))
-
-    def drain(self) -> None:
-        if threading.current_thread() is not self._thread:
-            self._queue.join()
-
-    def stop(self, timeout: float | None = None) -> None:
-        self._queue.put(None)
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout)
-        _LIVE_WORKERS.discard(self)
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            try:
-                if item is None:
-                    return
-                job, future = item
-                if self._failure is not None:
-                    future.set_exception(RuntimeError(
-                        f"sparsecomm: an earlier bucket's communication failed "
-                        f"({type(self._failure).__name__}: {self._failure}); this rank stops communicating"))
-                    continue
-                try:
-                    future.set_result(job())
-                except BaseException as exc:  # noqa: BLE001  (reaches the training loop via the Future)
-                    self._failure = exc
-                    future.set_exception(exc)
-            finally:
-                self._queue.task_done()
 
 
 def ddp_hook(state: DDPHookState, bucket: dist.GradBucket) -> torch.futures.Future:
