@@ -1,4 +1,4 @@
-"""Benchmark of ``gssgd`` and ``gtopk`` beside ``topka`` and ``dense`` (issue 5).
+"""Benchmark of ``gssgd`` and ``gtopk`` beside ``topka`` and ``dense`` (docs/gssgd.md).
 
 1. Correctness first: on simulated ranks, three steps of every algorithm, bit-identical
    output on every rank and conservation sum_r (g_r + e_r) == out + sum_r e'_r.
@@ -40,19 +40,10 @@ try:
 except ImportError:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     import sparsecomm as sc
+from sparsecomm.bench_common import bench_gradient, parse_size
 from sparsecomm.comm import GBIT_BETA, simulate
 
 ALGORITHMS = ["dense", "topka", "gtopk", "gssgd"]
-
-
-def parse_size(s: str) -> int:
-    mult = {"k": 10**3, "m": 10**6}.get(s[-1].lower(), 1)
-    return int(float(s[:-1] if mult > 1 else s) * mult)
-
-
-def grad(rank, step, n):
-    g = torch.Generator().manual_seed(1000 * rank + step)
-    return torch.randn(n, generator=g)
 
 
 def check(size, n, density):
@@ -61,7 +52,7 @@ def check(size, n, density):
             red = sc.SparseAllreduce(alg, density, comm=comm)
             hist = []
             for step in range(3):
-                g = grad(comm.rank, step, n)
+                g = bench_gradient(comm.rank, step, n)
                 before = red.residual.clone() if red.residual is not None else torch.zeros(n)
                 out = red(g.clone())
                 hist.append((g + before, out.clone(), red.residual.clone()))
@@ -143,7 +134,7 @@ def bench_algorithms(size, n, density, repeats, baseline_lib=None):
         for alg in algorithms:  # interleaved so noise hits all alike
             def fn(comm):
                 red = sc.SparseAllreduce(alg.replace("-base", ""), density, comm=comm)
-                g = grad(comm.rank, rep, n)
+                g = bench_gradient(comm.rank, rep, n)
                 t0 = time.perf_counter()
                 red(g)
                 return time.perf_counter() - t0, dict(red.last_stats)

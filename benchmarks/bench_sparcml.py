@@ -1,5 +1,5 @@
-"""Benchmark of SparCML's algorithms (issue 4): a sweep like the paper's Figure 4, and the
-overlap of the non-blocking DDP hook.
+"""Benchmark of SparCML's algorithms (docs/sparcml.md): a sweep like the paper's Figure 4,
+and the overlap of the non-blocking DDP hook.
 
 1. gloo, P ranks (default 4) on this machine: for each density, every algorithm is first
    checked (bit-identical output on every rank, conservation over two steps, on a small
@@ -38,6 +38,7 @@ except ImportError:  # running from a checkout without installing
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     import sparsecomm as sc
 
+from sparsecomm.bench_common import bench_gradient, parse_size
 from sparsecomm.comm import GBIT_BETA, TorchComm, simulate
 from sparsecomm.testing import spawn
 
@@ -45,16 +46,6 @@ ALGS = [("dense", "dense", {}), ("recursive_double", "sparcml_recursive_double",
         ("split_allgather", "sparcml_split_allgather", {}), ("topkdsa", "topkdsa", {}),
         ("topkdsa q4", "topkdsa", {"quantize_bits": 4}), ("sparcml", "sparcml", {})]
 DENSITIES = [0.001, 0.005, 0.01, 0.05, 0.1]
-
-
-def parse_size(s: str) -> int:
-    s = s.strip().upper()
-    mult = {"K": 10**3, "M": 10**6, "G": 10**9}
-    return int(float(s[:-1]) * mult[s[-1]]) if s and s[-1] in mult else int(s)
-
-
-def _grad(rank: int, step: int, n: int) -> torch.Tensor:
-    return torch.randn(n, generator=torch.Generator().manual_seed(1000 * rank + step))
 
 
 def _sweep_rank(rank, size, n, densities, repeats, check_n):
@@ -66,13 +57,13 @@ def _sweep_rank(rank, size, n, densities, repeats, check_n):
             red = sc.SparseAllreduce(alg, density, comm=comm, **opts)
             rows = []
             for step in range(2):
-                g = _grad(rank, step, check_n)
+                g = bench_gradient(rank, step, check_n)
                 before = red.residual.clone() if red.residual is not None else torch.zeros(check_n)
                 out = red(g.clone())
                 rows.append((g.numpy(), before.numpy(), out.clone().numpy(), red.residual.clone().numpy()))
             checks[(density, label)] = rows
         reds = {label: sc.SparseAllreduce(alg, density, comm=comm, **opts) for label, alg, opts in ALGS}
-        grads = [_grad(rank, s, n) for s in range(2)]
+        grads = [bench_gradient(rank, s, n) for s in range(2)]
         for label in reds:  # warm-up: handshake, first-call allocations
             reds[label](grads[0].clone())
         for rep in range(repeats):
@@ -161,7 +152,7 @@ def sim_sweep(size, n, densities):
         rows = {}
         for label, alg, opts in ALGS:
             def fn(comm, alg=alg, opts=opts, density=density):
-                g = grads.setdefault((comm.rank, 0), _grad(comm.rank, 0, n))
+                g = grads.setdefault((comm.rank, 0), bench_gradient(comm.rank, 0, n))
                 red = sc.SparseAllreduce(alg, density, comm=comm, **opts)
                 red(g.clone())
                 t0 = comm.clock

@@ -1,4 +1,4 @@
-"""Benchmark of ``spardl`` beside ``topka`` and ``dense`` (issue 3).
+"""Benchmark of ``spardl`` beside ``topka`` and ``dense`` (docs/spardl.md).
 
 For each P it first checks correctness on the gloo ranks (bit-identical output on every
 rank, conservation sum_r (g_r + e_r) == out + sum_r e'_r, over three steps, for every
@@ -41,14 +41,9 @@ except ImportError:  # running from a checkout without installing
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     import sparsecomm as sc
 
+from sparsecomm.bench_common import bench_gradient, parse_size
 from sparsecomm.comm import GBIT_BETA, simulate
 from sparsecomm.testing import spawn
-
-
-def parse_size(s: str) -> int:
-    s = s.strip().upper()
-    mult = {"K": 10**3, "M": 10**6, "G": 10**9}
-    return int(float(s[:-1]) * mult[s[-1]]) if s and s[-1] in mult else int(s)
 
 
 def variants(size: int) -> list[tuple[str, str, dict]]:
@@ -60,11 +55,6 @@ def variants(size: int) -> list[tuple[str, str, dict]]:
         out.append(("spardl B-SAG d=3", "spardl", {"teams": 3}))
     out += [("topka", "topka", {}), ("dense", "dense", {})]
     return out
-
-
-def _grad(rank: int, step: int, n: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randn(n, generator=g)
 
 
 def _rank(rank, size, n, density, repeats, check_n):
@@ -80,12 +70,12 @@ def _rank(rank, size, n, density, repeats, check_n):
         reducer = sc.SparseAllreduce(algorithm, density, comm=comm, **options)
         steps = []
         for step in range(3):
-            g = _grad(rank, step, check_n).double()
+            g = bench_gradient(rank, step, check_n, torch.float64)
             out = reducer(g)
             steps.append((g.numpy(), out.numpy().copy(), reducer.residual.numpy().copy()))
         checks.append((label, steps))
     # timing
-    grads = [_grad(rank, step, n) for step in range(2)]
+    grads = [bench_gradient(rank, step, n) for step in range(2)]
     reducers = {label: sc.SparseAllreduce(algorithm, density, comm=comm, **options)
                 for label, algorithm, options in variants(size)}
     out = torch.empty(n)
@@ -126,10 +116,10 @@ def simulated_comm_time(size: int, n: int, density: float, algorithm: str, optio
     """Alpha-beta time (1 Gbit/s, alpha 50 us) of one call after warm-up, and its bytes."""
     def fn(comm):
         reducer = sc.SparseAllreduce(algorithm, density, comm=comm, **options)
-        g = _grad(comm.rank, 0, n)
+        g = bench_gradient(comm.rank, 0, n)
         reducer(g)
         before = comm.clock
-        reducer(_grad(comm.rank, 1, n))
+        reducer(bench_gradient(comm.rank, 1, n))
         return comm.clock - before, reducer.last_stats["bytes_sent"]
     res = simulate(size, fn, alpha=50e-6, beta=GBIT_BETA, timeout=600).results
     return max(t for t, _ in res), max(b for _, b in res)

@@ -1,7 +1,7 @@
 """Benchmark CLI: ``python -m sparsecomm.bench collectives ...`` and ``... kernels ...``.
 
-``collectives`` (issue 6 item 2) is meant to run under the launcher, e.g. on the emulated
-1 Gbit/s cluster::
+``collectives`` is meant to run under the launcher (:mod:`sparsecomm.launch`), e.g. on the
+emulated 1 Gbit/s cluster::
 
     python -m sparsecomm.launch --nproc 4 --bandwidth 1gbit -- \\
         python -m sparsecomm.bench collectives --algorithms all --N 15000000 --density 0.01 --repeats 3
@@ -44,23 +44,36 @@ with its error feedback.
 
 Results travel between ranks only as plain tensors (``all_gather``), never pickled.
 
-``kernels`` forwards its arguments to ``benchmarks/bench_kernels.py``'s ``main(argv)``.
+``kernels`` forwards its arguments to :func:`sparsecomm.bench_kernels.main` (the CPU kernel
+benchmark, part of the package so that it runs from an installed wheel too).
 """
 from __future__ import annotations
 
 import argparse
 import csv
-import importlib.util
 import json
 import math
 import os
 import statistics
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
+
+from . import algorithms, baselines
+from .baselines import TorchHook, bucket_shapes, is_baseline, powersgd_plan
+from .bench_common import bench_gradient
+from .bench_kernels import main as kernels_main
+from .comm.torch_comm import TorchComm
+from .launch import describe_link
+from .reducer import SparseAllreduce, k_for
+from .testing import spawn
+
+__all__ = ["main", "fit_alpha_beta"]
 
 _FIELDS = ("wall_s", "comm_s", "bytes_sent", "rounds")
 _CHECK_STEPS = 3
@@ -68,35 +81,32 @@ _CHECK_STEPS = 3
 
 # -- helpers shared by every rank -----------------------------------------------------------
 def _gather(t: torch.Tensor) -> list[torch.Tensor]:
-    import torch.distributed as dist
     out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
     dist.all_gather(out, t.contiguous())
     return out
 
 
-def _grad(rank: int, step: int, n: int, dtype=torch.float32) -> torch.Tensor:
-    g = torch.Generator().manual_seed(7919 * step + rank)
-    return torch.randn(n, generator=g).to(dtype)
+def _check_same_everywhere(name: str, step: int, outs: list[torch.Tensor]) -> None:
+    """Every rank's output of a step must be bit-identical to rank 0's."""
+    for r in range(1, len(outs)):
+        if not torch.equal(outs[r], outs[0]):
+            raise AssertionError(f"{name} step {step}: rank {r}'s output differs from rank 0's")
 
 
 def _check_algorithm(name: str, density: float, n: int, comm) -> dict:
     """Run 3 steps in float64 and check them; identical verdict on every rank."""
-    import sparsecomm as sc
-
-    reducer = sc.SparseAllreduce(name, density, comm=comm)
+    reducer = SparseAllreduce(name, density, comm=comm)
     lossless = bool(reducer.algorithm.lossless)
     carried = torch.zeros(n, dtype=torch.float64)
     bit_exact = True
     worst_cons = worst_lossless = 0.0
     for step in range(_CHECK_STEPS):
-        g = _grad(comm.rank, step, n, torch.float64)
+        g = bench_gradient(comm.rank, step, n, torch.float64)
         acc = carried + g if step else g.clone()       # what the reducer forms: e + g
         out = reducer(g).clone()
         res = reducer.residual.clone()
         outs, accs, ress = _gather(out), _gather(acc), _gather(res)
-        for r in range(1, len(outs)):
-            if not torch.equal(outs[r], outs[0]):
-                raise AssertionError(f"{name} step {step}: rank {r}'s output differs from rank 0's")
+        _check_same_everywhere(name, step, outs)
         total_in = torch.stack(accs).sum(0)
         total_out = outs[0] + torch.stack(ress).sum(0)
         scale = max(1.0, float(total_in.abs().max()))
@@ -127,21 +137,18 @@ def _check_baseline(name: str, n: int, comm) -> dict:
     """PyTorch's hooks (average, not sum): identical on every rank; fp16 the mean up to
     half-precision rounding; PowerSGD the exact mean during its vanilla warm-up steps, then
     matrices of rank <= its rank (what it promises; the error memory makes up the rest)."""
-    from sparsecomm.baselines import TorchHook, bucket_shapes, powersgd_plan
 
     hook = TorchHook(name)
     shapes = bucket_shapes(n, rows=64, cols=576)     # small matrices, so PowerSGD compresses
     steps = _CHECK_STEPS + (2 if name == "torch_powersgd" else 0)
     worst = 0.0
     for step in range(steps):
-        g = _grad(comm.rank, step, n, torch.float64)
+        g = bench_gradient(comm.rank, step, n, torch.float64)
         carried = hook.residual()
         acc = g + carried if carried is not None else g.clone()
         out = hook.allreduce(g.clone(), shapes).clone()
         outs, accs = _gather(out), _gather(acc)
-        for r in range(1, len(outs)):
-            if not torch.equal(outs[r], outs[0]):
-                raise AssertionError(f"{name} step {step}: rank {r}'s output differs from rank 0's")
+        _check_same_everywhere(name, step, outs)
         total_in = torch.stack(accs).sum(0)
         scale = max(1.0, float(total_in.abs().max()))
         if hook.residual() is None:   # fp16, or PowerSGD's vanilla warm-up steps: out is the mean
@@ -176,8 +183,6 @@ class _BaselineRunner:
     """
 
     def __init__(self, name: str, n: int) -> None:
-        from sparsecomm.baselines import TorchHook, bucket_shapes
-
         self.hook = TorchHook(name)
         self.shapes = bucket_shapes(n)
         self.bucket = torch.empty(n)
@@ -195,8 +200,6 @@ class _BaselineRunner:
 
 def _pingpong(sizes: list[int], rank: int) -> list[float]:
     """Half round-trip seconds per size between ranks 0 and 1 (others just wait)."""
-    import torch.distributed as dist
-
     halves = []
     for size in sizes:
         buf = torch.zeros(size, dtype=torch.uint8)
@@ -240,16 +243,10 @@ def fit_alpha_beta(sizes, times) -> tuple[float, float]:
 
 def _worker(rank: int, size: int, cfg: dict) -> dict | None:
     """Everything one rank does; returns the report on rank 0 (None elsewhere)."""
-    import torch.distributed as dist
-    import sparsecomm as sc
-    from sparsecomm.comm import TorchComm
-
     torch.set_num_threads(cfg["threads"])
     comm = TorchComm()
     say = print if rank == 0 else (lambda *a, **k: None)
     # 1. correctness
-    from sparsecomm.baselines import is_baseline
-
     checks = {}
     for name in cfg["algorithms"]:
         checks[name] = (_check_baseline(name, cfg["check_n"], comm) if is_baseline(name)
@@ -272,11 +269,11 @@ def _worker(rank: int, size: int, cfg: dict) -> dict | None:
         flush=True)
     # 3. timing
     n, algos, dens = cfg["n"], cfg["algorithms"], cfg["densities"]
-    grads = [_grad(rank, step, n) for step in range(2)]
+    grads = [bench_gradient(rank, step, n) for step in range(2)]
     out = torch.empty(n)
     data = torch.zeros(len(algos), len(dens), cfg["repeats"], len(_FIELDS), dtype=torch.float64)
     for di, d in enumerate(dens):
-        reducers = [_BaselineRunner(a, n) if is_baseline(a) else sc.SparseAllreduce(a, d, comm=comm)
+        reducers = [_BaselineRunner(a, n) if is_baseline(a) else SparseAllreduce(a, d, comm=comm)
                     for a in algos]
         for red in reducers:                            # warm-up: handshake, plans, buffers
             for _ in range(getattr(red, "warmup_calls", 1)):
@@ -304,7 +301,7 @@ def _worker(rank: int, size: int, cfg: dict) -> dict | None:
             m = med[a]
             bound = m["rounds"] * alpha + m["bytes_sent"] * beta
             rows.append({"algorithm": a, "P": size, "N": n, "density": d,      # baselines ignore d
-                         "k": None if is_baseline(a) else sc.k_for(d, n), "baseline": is_baseline(a),
+                         "k": None if is_baseline(a) else k_for(d, n), "baseline": is_baseline(a),
                          "lossless": checks[a]["lossless"], "repeats": cfg["repeats"],
                          "time_s": m["wall_s"], "comm_s": m["comm_s"],
                          "bytes_sent": int(m["bytes_sent"]), "rounds": int(m["rounds"]),
@@ -383,8 +380,6 @@ def _write(report: dict, out_dir: Path) -> list[Path]:
 def _line_plot(plt, path: Path, series: dict[str, list[tuple[float, float]]], xlabel: str, title: str,
                log_x: bool = False, xticks: list | None = None) -> Path:
     """Median time per call against x, one line per algorithm (PyTorch's hooks dashed)."""
-    from sparsecomm.baselines import is_baseline
-
     fig, ax = plt.subplots(figsize=(9, 4.8))
     colors = plt.get_cmap("tab20").colors
     for i, (name, pts) in enumerate(series.items()):
@@ -422,8 +417,6 @@ def _runs_by_p(out_dir: Path, report: dict) -> dict[int, dict]:
 
 # -- CLI --------------------------------------------------------------------------------------
 def _collectives(argv) -> int:
-    from sparsecomm import algorithms
-
     ap = argparse.ArgumentParser(prog="python -m sparsecomm.bench collectives",
                                  description="Check, then time, every sparse allreduce algorithm.")
     ap.add_argument("--algorithms", nargs="+", default=["all"],
@@ -439,7 +432,6 @@ def _collectives(argv) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     ap.add_argument("--timeout", type=float, default=3600.0)
     args = ap.parse_args(argv)
-    from sparsecomm import baselines
 
     known = algorithms.names() + baselines.names()
     names = known if args.algorithms == ["all"] else args.algorithms
@@ -453,21 +445,16 @@ def _collectives(argv) -> int:
         ap.error(f"--density values must be in (0, 1], got {bad_d}")
     names = list(dict.fromkeys(names))
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    from sparsecomm.launch import describe_link
-
     where = describe_link()[0] if launched else "gloo loopback"
     cfg = {"algorithms": names, "n": args.N, "densities": args.density, "repeats": args.repeats,
            "check_n": args.check_n, "pingpong_max": args.pingpong_max, "threads": args.threads, "where": where}
     if launched:
-        import torch.distributed as dist
-        from datetime import timedelta
         dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
         try:
             report = _worker(dist.get_rank(), dist.get_world_size(), cfg)
         finally:
             dist.destroy_process_group()
     else:
-        from sparsecomm.testing import spawn
         if args.nproc < 2:
             ap.error("--nproc must be >= 2")
         report = spawn(_worker, args.nproc, cfg, timeout=args.timeout)[0]
@@ -482,14 +469,7 @@ def _collectives(argv) -> int:
 
 
 def _kernels(argv) -> int:
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_kernels.py"
-    if not path.exists():
-        print(f"error: {path} not found (the kernel benchmark ships with the source checkout)", file=sys.stderr)
-        return 2
-    spec = importlib.util.spec_from_file_location("_sparsecomm_bench_kernels", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    mod.main(list(argv))
+    kernels_main(list(argv))
     return 0
 
 

@@ -1,0 +1,42 @@
+"""What the benchmark command lines share: size arguments and the gradients they time.
+
+Used by :mod:`sparsecomm.bench`, :mod:`sparsecomm.bench_kernels` and the scripts in the
+checkout's ``benchmarks/`` folder, so that ``--n 15M`` means the same everywhere and every
+benchmark draws its gradients the same way.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["parse_size", "format_size", "bench_gradient"]
+
+_SUFFIXES = {"K": 10**3, "M": 10**6, "G": 10**9}
+
+
+def parse_size(text: str) -> int:
+    """An element count with an optional decimal suffix K, M or G (any case): ``"15M"``,
+    ``"1.5k"``, ``"1000"``."""
+    s = text.strip().upper()
+    if s and s[-1] in _SUFFIXES:
+        return int(float(s[:-1]) * _SUFFIXES[s[-1]])
+    return int(s)
+
+
+def format_size(n: int) -> str:
+    """The shortest :func:`parse_size` spelling of ``n`` with an exact suffix: 10000000 -> ``"10M"``."""
+    for unit in ("G", "M", "K"):
+        if n >= _SUFFIXES[unit] and n % _SUFFIXES[unit] == 0:
+            return f"{n // _SUFFIXES[unit]}{unit}"
+    return str(n)
+
+
+def bench_gradient(rank: int, step: int, n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Rank ``rank``'s standard-normal gradient of ``n`` elements at ``step``.
+
+    Seeded by (rank, step) alone, so a run draws the same vectors on any machine and each
+    rank and step gets its own; drawn in float32 and converted, so a float64 check sees the
+    same values as a float32 timing.
+    """
+    generator = torch.Generator().manual_seed(7919 * step + rank)
+    return torch.randn(n, generator=generator).to(dtype)
