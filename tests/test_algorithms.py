@@ -1,4 +1,5 @@
-"""dense and topka against the invariants of DESIGN.md, on the simulated Comm (P up to 64).
+"""dense and topka against the invariants of README.md's "Behaviour you can rely on", on the
+simulated Comm (P up to 64).
 
 For every step and rank the test keeps its own copy of the residual and computes what the
 algorithm must do with plain numpy: the locally selected vector, the expected sum, the

@@ -1,7 +1,7 @@
 """SparCML's algorithms (sparcml_recursive_double, sparcml_split_allgather, topkdsa,
-sparcml) against the invariants of DESIGN.md: consistency, exactness, conservation, and
-rounds / bytes per rank within the bounds of section 4. The reference is plain numpy
-written here (each rank's top-k of gradient + residual, summed densely)."""
+sparcml) against the invariants of README.md's "Behaviour you can rely on": consistency,
+exactness, conservation, and rounds / bytes per rank within the bounds of section 4. The
+reference is plain numpy written here (each rank's top-k of gradient + residual, summed densely)."""
 
 from __future__ import annotations
 

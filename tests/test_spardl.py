@@ -1,4 +1,4 @@
-"""SparDL (issue 3) against a plain numpy reference of the paper's algorithm.
+"""SparDL (docs/spardl.md) against a plain numpy reference of the paper's algorithm.
 
 The reference below simulates all P ranks with dense numpy arrays, written from the paper
 (sections 3.1-3.3, Algorithms 1 and 2) and the choices documented in

@@ -1,4 +1,5 @@
-"""``spardl``: SparDL (paper ``000_205eb2189893be81``, sections 3.1-3.3, Algorithms 1 and 2).
+"""``spardl``: SparDL ("SparDL: Distributed Deep Learning Training with Efficient Sparse
+Communication", sections 3.1-3.3, Algorithms 1 and 2).
 
 One call on P ranks split into d teams of Q = P/d consecutive ranks (team t = ranks
 t*Q .. t*Q+Q-1, position p = rank % Q; d = 1 means no Spar-All-Gather):

@@ -68,7 +68,8 @@ def dtype_from_code(code: int) -> torch.dtype | None:
 
 
 def index_dtype_for(n: int) -> torch.dtype:
-    """int32 indices when N < 2^31, else int64 (DESIGN.md, wire rules)."""
+    """int32 indices when N < 2^31, else int64: the COO and sparse-stream layouts (:mod:`.coo`,
+    :mod:`.stream`) keep 4-byte indices wherever they can address the vector."""
     return torch.int32 if n < 2**31 else torch.int64
 
 
