@@ -1,4 +1,6 @@
-/* Count-Sketch kernels (see csrc/include/sparsecomm/sketch.h for the hash family).
+/* Count-Sketch kernels. Contract and hash family: csrc/include/sparsecomm/sketch.h. The
+ * build and estimate bodies live in sketch_impl.h, instantiated below once per (table,
+ * value) type pair; this file holds the hashes, the tuning knobs and the dispatch.
  *
  * Why runs: a table row (cols floats: 6 MB at the gssgd default for N = 15M) does not
  * fit in L2 and the whole table (42 MB) not even in L3, so a family that sends every
@@ -90,274 +92,146 @@ static inline void sk_hash_coords(uint64_t key, const int64_t* idx, int64_t i0, 
   }
 }
 
-/* Builds: every row is one sequential pass over the input in increasing index order
- * (so every bucket receives its terms in increasing index order: the result cannot
- * depend on the thread count, and a run never hits the same bucket twice when
- * cols >= 16); rows are dealt to threads round-robin. One row (cols x 4 or 8 bytes)
- * stays in L2/L3 for its pass; the input is re-read once per row at streaming speed.
- * Signs are applied as a multiplication by +-1 (exact, and branch-free: a branch on a
- * random sign bit mispredicted half the time and cost 3x). Zero values of a dense input
- * add +-0 (which changes no table entry but a -0.0 the caller put there): skipping
- * all-zero runs saved their read-modify-writes but the check cost as much on dense
- * inputs, which is what gssgd sketches; sparse inputs have sketch_build_coo_. */
-#define SK_BUILD(TT, XT)                                                                      \
-  static inline void add_run_##TT##_##XT(TT* restrict dst, const XT* restrict src, uint32_t bits) { \
-    for (int u = 0; u < SK_RUN; ++u) dst[u] += (TT)src[u] * (TT)(1 - 2 * (int)((bits >> u) & 1)); \
-  }                                                                                           \
-  SK_CLONES static void build_row_##TT##_##XT(TT* restrict trow, uint64_t cols, uint64_t key,  \
-                                              const int64_t* idx, const XT* val, int64_t m) { \
-    uint32_t base[SK_RB + SK_PF], bits[SK_RB + SK_PF];                                        \
-    if (idx) { /* COO: any order, repeats add up in input order */                            \
-      for (int64_t b = 0; b < m; b += SK_RB) {                                                \
-        const int64_t len = m - b < SK_RB ? m - b : SK_RB;                                    \
-        const int64_t ahead = m - b < SK_RB + SK_PF ? m - b : SK_RB + SK_PF;                  \
-        sk_hash_coords(key, idx + b, 0, ahead, cols, base, bits);                             \
-        for (int64_t t = 0; t < len; ++t) {                                                   \
-          if (t + SK_PF < ahead) __builtin_prefetch(trow + base[t + SK_PF], 1);               \
-          XT v = val[b + t];                                                                  \
-          if (v == 0) continue;                                                               \
-          trow[base[t]] += (TT)v * (TT)(1 - 2 * (int)bits[t]);                                \
-        }                                                                                     \
-      }                                                                                       \
-      return;                                                                                 \
-    }                                                                                         \
-    const int64_t nruns = m / SK_RUN;                                                         \
-    for (int64_t r = 0; r < nruns; r += SK_RB) {                                              \
-      const int64_t len = nruns - r < SK_RB ? nruns - r : SK_RB;                              \
-      const int64_t ahead = nruns - r < SK_RB + SK_PF ? nruns - r : SK_RB + SK_PF;            \
-      sk_hash_runs(key, r, ahead, cols, base, bits);                                          \
-      for (int64_t t = 0; t < len; ++t) {                                                     \
-        if (t + SK_PF < ahead) {                                                              \
-          __builtin_prefetch(trow + base[t + SK_PF], 1);                                      \
-          __builtin_prefetch(trow + SK_RUN_LAST(base[t + SK_PF], cols), 1);                   \
-        }                                                                                     \
-        const XT* src = val + (r + t) * SK_RUN;                                               \
-        if (base[t] + (uint64_t)SK_RUN <= cols) {                                             \
-          add_run_##TT##_##XT(trow + base[t], src, bits[t]);                                  \
-        } else { /* the run wraps around the row end (or cols < 16) */                        \
-          for (int u = 0; u < SK_RUN; ++u)                                                    \
-            trow[(base[t] + (uint64_t)u) % cols] += (TT)src[u] * (TT)(1 - 2 * (int)((bits[t] >> u) & 1)); \
-        }                                                                                     \
-      }                                                                                       \
-    }                                                                                         \
-    const int64_t i0 = nruns * SK_RUN;                                                        \
-    sk_hash_coords(key, NULL, i0, m - i0, cols, base, bits);                                  \
-    for (int64_t t = 0; t < m - i0; ++t) trow[base[t]] += (TT)val[i0 + t] * (TT)(1 - 2 * (int)bits[t]); \
-  }                                                                                           \
-  static void build_##TT##_##XT(TT* table, int64_t rows, int64_t cols, uint64_t seed,         \
-                                const int64_t* idx, const XT* val, int64_t m, int nt) {       \
-    _Pragma("omp parallel for num_threads(nt) schedule(static, 1) if (nt > 1)")               \
-    for (int64_t j = 0; j < rows; ++j)                                                        \
-      build_row_##TT##_##XT(table + j * cols, (uint64_t)cols, sk_key(seed, j), idx, val, m);  \
-  }
-
-SK_BUILD(float, float)
-SK_BUILD(float, double)
-SK_BUILD(double, float)
-SK_BUILD(double, double)
-
-static int check_shape(int64_t rows, int64_t cols) {
-  if (rows < 1 || rows > SC_SKETCH_MAX_ROWS) return 1;
-  if (cols < 1 || cols > (int64_t)0xFFFFFFFFll) return 2;
-  return 0;
-}
-
-static int build(int tdt, void* table, int64_t rows, int64_t cols, uint64_t seed,
-                 const int64_t* idx, int vdt, const void* val, int64_t m, int nthreads) {
-  int st = check_shape(rows, cols);
-  if (st) return st;
-  int nt = sc_clamp_threads(nthreads);
-  if (nt > rows) nt = (int)rows;
-  if (m < 65536) nt = 1;
-  if (tdt == SC_SK_F32 && vdt == SC_SK_F32) build_float_float(table, rows, cols, seed, idx, val, m, nt);
-  else if (tdt == SC_SK_F32 && vdt == SC_SK_F64) build_float_double(table, rows, cols, seed, idx, val, m, nt);
-  else if (tdt == SC_SK_F64 && vdt == SC_SK_F32) build_double_float(table, rows, cols, seed, idx, val, m, nt);
-  else if (tdt == SC_SK_F64 && vdt == SC_SK_F64) build_double_double(table, rows, cols, seed, idx, val, m, nt);
-  else return 3;
-  return 0;
-}
-
-int sc_sketch_build_dense(int tdt, void* table, int64_t rows, int64_t cols, uint64_t seed,
-                          int xdt, const void* x, int64_t n, int nthreads) {
-  return build(tdt, table, rows, cols, seed, NULL, xdt, x, n, nthreads);
-}
-
-int sc_sketch_build_coo(int tdt, void* table, int64_t rows, int64_t cols, uint64_t seed,
-                        const int64_t* idx, int vdt, const void* val, int64_t m, int nthreads) {
-  return build(tdt, table, rows, cols, seed, idx, vdt, val, m, nthreads);
-}
-
-/* median of r values (r <= SC_SKETCH_MAX_ROWS), insertion sort in place */
-#define SK_MEDIAN(TT)                                                 \
-  static inline TT median_##TT(TT* a, int64_t r) {                    \
-    for (int64_t p = 1; p < r; ++p) {                                 \
-      TT v = a[p];                                                    \
-      int64_t q = p - 1;                                              \
-      while (q >= 0 && a[q] > v) { a[q + 1] = a[q]; --q; }            \
-      a[q + 1] = v;                                                   \
-    }                                                                 \
-    if (r & 1) return a[r / 2];                                       \
-    return (TT)((a[r / 2 - 1] + a[r / 2]) / (TT)2);                   \
-  }
-SK_MEDIAN(float)
-SK_MEDIAN(double)
-
-/* Estimates: coordinates in chunks of SK_CHUNK (128 runs); sign * T[j][bucket] of every
- * coordinate of the chunk goes to row j of a rows x SK_CHUNK buffer (L2-resident), then
- * the median over rows is taken per element: branch-free min/max networks for 3, 5 and 7
- * rows (vectorised across elements; the median value of an odd count does not depend on
- * how equal values are ordered), insertion sort otherwise. For all coordinates (idx ==
- * NULL) the hashes of every row's runs are computed first, so the prefetch SK_PF runs
- * ahead runs on from one row into the next without a gap: the table (rows x cols) is
- * larger than L3 at the gssgd default, and an unprefetched run read costs ~4x more.
- * OpenMP over chunks (static): each output element is computed independently, so the
- * thread count cannot matter. */
-#ifdef _OPENMP
-#define SK_OMP_TID(tid) do { tid = omp_get_thread_num(); } while (0)
-#else
-#define SK_OMP_TID(tid) do { tid = 0; } while (0)
-#endif
-#define SK_CE(TT, a, b) do { TT lo_ = a < b ? a : b; TT hi_ = a < b ? b : a; a = lo_; b = hi_; } while (0)
-
-/* per-thread workspace: the rows x SK_CHUNK value buffer, then rows x SK_RB run offsets
- * and sign bits (or SK_CHUNK buckets and signs for an index list) */
+/* A per-thread workspace of the estimate: the rows x SK_CHUNK value buffer, then
+ * rows x SK_RB run offsets and sign bits (or SK_CHUNK buckets and signs for an index list). */
 static size_t sk_ws_bytes(int64_t rows, size_t esz) {
   size_t hashes = (size_t)rows * SK_RB > SK_CHUNK ? (size_t)rows * SK_RB : SK_CHUNK;
   return esz * (size_t)rows * SK_CHUNK + 2 * sizeof(uint32_t) * hashes;
 }
 
-#define SK_ESTIMATE(TT)                                                                      \
-  SK_CLONES static void est_chunk_##TT(const TT* table, int64_t rows, uint64_t cols,          \
-                                       const uint64_t* keys, const int64_t* idx, int64_t b,   \
-                                       int64_t len, TT* restrict dst, TT* restrict buf,       \
-                                       uint32_t* restrict base, uint32_t* restrict bits) {    \
-    if (idx) {                                                                               \
-      for (int64_t j = 0; j < rows; ++j) {                                                   \
-        const TT* trow = table + (size_t)j * cols;                                           \
-        TT* restrict o = buf + j * SK_CHUNK;                                                 \
-        sk_hash_coords(keys[j], idx + b, 0, len, cols, base, bits);                          \
-        for (int64_t t = 0; t < len; ++t) {                                                  \
-          if (t + SK_PF < len) __builtin_prefetch(trow + base[t + SK_PF]);                   \
-          o[t] = trow[base[t]] * (TT)(1 - 2 * (int)bits[t]);                                 \
-        }                                                                                    \
-      }                                                                                      \
-    } else {                                                                                 \
-      const int64_t nr = len / SK_RUN, r0 = b / SK_RUN, tail = len - nr * SK_RUN;           \
-      for (int64_t j = 0; j < rows; ++j) sk_hash_runs(keys[j], r0, nr, cols, base + j * SK_RB, bits + j * SK_RB); \
-      for (int64_t j = 0; j < rows; ++j) {                                                   \
-        const TT* trow = table + (size_t)j * cols;                                           \
-        const TT* nrow = trow + cols; /* the next row, for prefetches past this one's end */ \
-        const uint32_t* bj = base + j * SK_RB;                                               \
-        const uint32_t* sj = bits + j * SK_RB;                                               \
-        TT* restrict o = buf + j * SK_CHUNK;                                                 \
-        for (int64_t t = 0; t < nr; ++t) {                                                   \
-          const TT* prow = NULL;                                                             \
-          uint64_t pb = 0;                                                                   \
-          if (t + SK_PF < nr) { prow = trow; pb = bj[t + SK_PF]; }                           \
-          else if (j + 1 < rows && t + SK_PF - nr < nr) { prow = nrow; pb = bj[SK_RB + t + SK_PF - nr]; } \
-          if (prow) { __builtin_prefetch(prow + pb); __builtin_prefetch(prow + SK_RUN_LAST(pb, cols)); } \
-          TT* restrict ot = o + t * SK_RUN;                                                  \
-          const uint64_t q = bj[t];                                                          \
-          const uint32_t s = sj[t];                                                          \
-          if (q + SK_RUN <= cols) {                                                          \
-            const TT* restrict src = trow + q;                                               \
-            for (int u = 0; u < SK_RUN; ++u) ot[u] = src[u] * (TT)(1 - 2 * (int)((s >> u) & 1)); \
-          } else {                                                                           \
-            for (int u = 0; u < SK_RUN; ++u)                                                 \
-              ot[u] = trow[(q + (uint64_t)u) % cols] * (TT)(1 - 2 * (int)((s >> u) & 1));    \
-          }                                                                                  \
-        }                                                                                    \
-      }                                                                                      \
-      if (tail) { /* the last, partial run of the vector */                                  \
-        uint32_t bk[SK_RUN], sg[SK_RUN];                                                     \
-        for (int64_t j = 0; j < rows; ++j) {                                                 \
-          const TT* trow = table + (size_t)j * cols;                                         \
-          sk_hash_coords(keys[j], NULL, b + nr * SK_RUN, tail, cols, bk, sg);                \
-          for (int64_t t = 0; t < tail; ++t)                                                 \
-            buf[j * SK_CHUNK + nr * SK_RUN + t] = trow[bk[t]] * (TT)(1 - 2 * (int)sg[t]);   \
-        }                                                                                    \
-      }                                                                                      \
-    }                                                                                        \
-    const TT* restrict q = buf;                                                              \
-    if (rows == 1) {                                                                         \
-      for (int64_t t = 0; t < len; ++t) dst[t] = q[t];                                       \
-    } else if (rows == 3) {                                                                  \
-      for (int64_t t = 0; t < len; ++t) {                                                    \
-        TT a0 = q[t], a1 = q[SK_CHUNK + t], a2 = q[2 * SK_CHUNK + t];                        \
-        SK_CE(TT, a0, a1); SK_CE(TT, a1, a2); SK_CE(TT, a0, a1);                             \
-        dst[t] = a1;                                                                         \
-      }                                                                                      \
-    } else if (rows == 5) {                                                                  \
-      for (int64_t t = 0; t < len; ++t) {                                                    \
-        TT a0 = q[t], a1 = q[SK_CHUNK + t], a2 = q[2 * SK_CHUNK + t],                        \
-           a3 = q[3 * SK_CHUNK + t], a4 = q[4 * SK_CHUNK + t];                               \
-        SK_CE(TT, a0, a3); SK_CE(TT, a1, a4);                                                \
-        SK_CE(TT, a0, a2); SK_CE(TT, a1, a3);                                                \
-        SK_CE(TT, a0, a1); SK_CE(TT, a2, a4);                                                \
-        SK_CE(TT, a1, a2); SK_CE(TT, a3, a4);                                                \
-        SK_CE(TT, a2, a3);                                                                   \
-        dst[t] = a2;                                                                         \
-      }                                                                                      \
-    } else if (rows == 7) {                                                                  \
-      for (int64_t t = 0; t < len; ++t) {                                                    \
-        TT a0 = q[t], a1 = q[SK_CHUNK + t], a2 = q[2 * SK_CHUNK + t],                        \
-           a3 = q[3 * SK_CHUNK + t], a4 = q[4 * SK_CHUNK + t],                               \
-           a5 = q[5 * SK_CHUNK + t], a6 = q[6 * SK_CHUNK + t];                               \
-        SK_CE(TT, a0, a6); SK_CE(TT, a2, a3); SK_CE(TT, a4, a5);                             \
-        SK_CE(TT, a0, a2); SK_CE(TT, a1, a4); SK_CE(TT, a3, a6);                             \
-        SK_CE(TT, a0, a1); SK_CE(TT, a2, a5); SK_CE(TT, a3, a4);                             \
-        SK_CE(TT, a1, a2); SK_CE(TT, a4, a6);                                                \
-        SK_CE(TT, a2, a3); SK_CE(TT, a4, a5);                                                \
-        SK_CE(TT, a1, a2); SK_CE(TT, a3, a4); SK_CE(TT, a5, a6);                             \
-        dst[t] = a3;                                                                         \
-      }                                                                                      \
-    } else {                                                                                 \
-      for (int64_t t = 0; t < len; ++t) {                                                    \
-        TT e[SC_SKETCH_MAX_ROWS];                                                            \
-        for (int64_t j = 0; j < rows; ++j) e[j] = q[j * SK_CHUNK + t];                       \
-        dst[t] = median_##TT(e, rows);                                                       \
-      }                                                                                      \
-    }                                                                                        \
-  }                                                                                          \
-  static void estimate_##TT(const TT* table, int64_t rows, int64_t cols, uint64_t seed,       \
-                            const int64_t* idx, int64_t m, TT* out, int nt, char* ws,         \
-                            size_t ws_bytes) {                                                \
-    uint64_t keys[SC_SKETCH_MAX_ROWS];                                                       \
-    for (int64_t j = 0; j < rows; ++j) keys[j] = sk_key(seed, j);                            \
-    const int64_t nchunks = (m + SK_CHUNK - 1) / SK_CHUNK;                                   \
-    _Pragma("omp parallel num_threads(nt) if (nt > 1)")                                      \
-    {                                                                                        \
-      int tid_ = 0;                                                                          \
-      SK_OMP_TID(tid_);                                                                      \
-      char* w = ws + (size_t)tid_ * ws_bytes;                                                \
-      TT* buf = (TT*)w;                                                                      \
-      uint32_t* base = (uint32_t*)(w + sizeof(TT) * (size_t)rows * SK_CHUNK);                \
-      uint32_t* bits = base + (rows * SK_RB > SK_CHUNK ? rows * SK_RB : SK_CHUNK);           \
-      _Pragma("omp for schedule(static)")                                                    \
-      for (int64_t ch = 0; ch < nchunks; ++ch) {                                             \
-        const int64_t b = ch * SK_CHUNK, len = m - b < SK_CHUNK ? m - b : SK_CHUNK;          \
-        est_chunk_##TT(table, rows, (uint64_t)cols, keys, idx, b, len, out + b, buf, base, bits); \
-      }                                                                                      \
-    }                                                                                        \
-  }
-SK_ESTIMATE(float)
-SK_ESTIMATE(double)
+static inline int sk_thread_num(void) {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
 
-int sc_sketch_estimate(int tdt, const void* table, int64_t rows, int64_t cols, uint64_t seed,
-                       const int64_t* idx, int64_t m, void* out, int nthreads) {
-  int st = check_shape(rows, cols);
+/* compare-exchange of the median networks: a = min, b = max (branch-free) */
+#define SK_CE(T, a, b) do { T lo_ = a < b ? a : b; T hi_ = a < b ? b : a; a = lo_; b = hi_; } while (0)
+
+/* build kernels for every (table, value) pair; estimate kernels once per table type */
+#define SFX f32_f32
+#define TT float
+#define XT float
+#define ESFX f32
+#include "sketch_impl.h"
+#undef SFX
+#undef TT
+#undef XT
+#undef ESFX
+
+#define SFX f32_f64
+#define TT float
+#define XT double
+#include "sketch_impl.h"
+#undef SFX
+#undef TT
+#undef XT
+
+#define SFX f64_f32
+#define TT double
+#define XT float
+#include "sketch_impl.h"
+#undef SFX
+#undef TT
+#undef XT
+
+#define SFX f64_f64
+#define TT double
+#define XT double
+#define ESFX f64
+#include "sketch_impl.h"
+#undef SFX
+#undef TT
+#undef XT
+#undef ESFX
+
+/* ------------------------------------------------------------ checks and dispatch */
+
+/* rows in [1, SC_SKETCH_MAX_ROWS] (err->input 0), cols in [1, 2^32 - 1] (err->input 1):
+ * buckets are stored as uint32 */
+static int check_shape(int64_t rows, int64_t cols, sc_error_info* err) {
+  if (rows < 1 || rows > SC_SKETCH_MAX_ROWS) return sc_fail(err, SC_ERR_ARG, 0, 0, rows);
+  if (cols < 1 || cols > (int64_t)0xFFFFFFFFll) return sc_fail(err, SC_ERR_ARG, 1, 0, cols);
+  return SC_OK;
+}
+
+static int is_float(sc_dtype t) { return t == SC_F32 || t == SC_F64; }
+
+/* Every idx[0..m) inside [0, limit) (limit < 0: no upper bound), else SC_ERR_INDEX_RANGE
+ * at the first offending position (err->input 0). A parallel flag pass for large m, then
+ * a serial scan for the position on the failure path only. */
+static int check_indices(const int64_t* idx, int64_t m, int64_t limit, int nthreads,
+                         sc_error_info* err) {
+  const uint64_t ulim = limit >= 0 ? (uint64_t)limit : (uint64_t)1 << 63; /* negatives >= 2^63 */
+  int nt = m < 65536 ? 1 : sc_clamp_threads(nthreads);
+  int bad = 0;
+  int64_t i;
+  (void)nt;
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(| : bad) if (nt > 1)
+  for (i = 0; i < m; ++i) bad |= (uint64_t)idx[i] >= ulim;
+  if (!bad) return SC_OK;
+  for (i = 0; (uint64_t)idx[i] < ulim; ++i) {
+  }
+  return sc_fail(err, SC_ERR_INDEX_RANGE, 0, i, idx[i]);
+}
+
+static void build(sc_dtype tdt, void* table, int64_t rows, int64_t cols, uint64_t seed,
+                  const int64_t* idx, sc_dtype vdt, const void* val, int64_t m, int nthreads) {
+  int nt = sc_clamp_threads(nthreads);
+  if (nt > rows) nt = (int)rows;
+  if (m < 65536) nt = 1;
+  if (tdt == SC_F32 && vdt == SC_F32) build_f32_f32(table, rows, cols, seed, idx, val, m, nt);
+  else if (tdt == SC_F32) build_f32_f64(table, rows, cols, seed, idx, val, m, nt);
+  else if (vdt == SC_F32) build_f64_f32(table, rows, cols, seed, idx, val, m, nt);
+  else build_f64_f64(table, rows, cols, seed, idx, val, m, nt);
+}
+
+int sc_sketch_build_dense(sc_dtype table_dtype, void* table, int64_t rows, int64_t cols,
+                          uint64_t seed, sc_dtype x_dtype, const void* x, int64_t n,
+                          int nthreads, sc_error_info* err) {
+  int st = check_shape(rows, cols, err);
   if (st) return st;
-  if (tdt != SC_SK_F32 && tdt != SC_SK_F64) return 3;
+  if (!is_float(table_dtype) || !is_float(x_dtype) || n < 0) return SC_ERR_ARG;
+  build(table_dtype, table, rows, cols, seed, NULL, x_dtype, x, n, nthreads);
+  return SC_OK;
+}
+
+int sc_sketch_build_coo(sc_dtype table_dtype, void* table, int64_t rows, int64_t cols,
+                        uint64_t seed, int64_t n, const int64_t* idx, sc_dtype val_dtype,
+                        const void* val, int64_t m, int nthreads, sc_error_info* err) {
+  int st = check_shape(rows, cols, err);
+  if (st) return st;
+  if (!is_float(table_dtype) || !is_float(val_dtype) || n < 0 || m < 0 || (m && !idx))
+    return SC_ERR_ARG;
+  /* the indices come from a peer or a user: all in range before the table is touched */
+  st = check_indices(idx, m, n, nthreads, err);
+  if (st) return st;
+  build(table_dtype, table, rows, cols, seed, idx, val_dtype, val, m, nthreads);
+  return SC_OK;
+}
+
+int sc_sketch_estimate(sc_dtype table_dtype, const void* table, int64_t rows, int64_t cols,
+                       uint64_t seed, const int64_t* idx, int64_t m, void* out, int nthreads,
+                       sc_error_info* err) {
+  int st = check_shape(rows, cols, err);
+  if (st) return st;
+  if (!is_float(table_dtype) || m < 0) return SC_ERR_ARG;
+  if (idx) {
+    st = check_indices(idx, m, -1, nthreads, err);
+    if (st) return st;
+  }
   int nt = sc_clamp_threads(nthreads);
   if (m < 16384) nt = 1;
   int64_t nchunks = (m + SK_CHUNK - 1) / SK_CHUNK;
   if (nt > nchunks) nt = nchunks > 0 ? (int)nchunks : 1;
-  size_t esz = tdt == SC_SK_F32 ? sizeof(float) : sizeof(double);
+  size_t esz = table_dtype == SC_F32 ? sizeof(float) : sizeof(double);
   size_t wsb = (sk_ws_bytes(rows, esz) + 63) & ~(size_t)63;
   char* ws = malloc(wsb * (size_t)nt);
-  if (!ws) return 4;
-  if (tdt == SC_SK_F32) estimate_float(table, rows, cols, seed, idx, m, out, nt, ws, wsb);
-  else estimate_double(table, rows, cols, seed, idx, m, out, nt, ws, wsb);
+  if (!ws) return SC_ERR_NOMEM;
+  if (table_dtype == SC_F32) estimate_f32(table, rows, cols, seed, idx, m, out, nt, ws, wsb);
+  else estimate_f64(table, rows, cols, seed, idx, m, out, nt, ws, wsb);
   free(ws);
-  return 0;
+  return SC_OK;
 }
