@@ -156,9 +156,9 @@ struct InputNames {
       TORCH_CHECK_WITH(OutOfMemoryError, false, op,
                        ": out of memory allocating the kernel's workspace");
     case SC_ERR_NAN:
-      TORCH_CHECK_VALUE(false, op, ": ", name,
-                        " contains NaN; top-k by magnitude is undefined for NaN "
-                        "(clean or mask the tensor first)");
+      TORCH_CHECK_VALUE(false, op, ": ", name, "[", e.position,
+                        "] is NaN (or, for QSGD, infinite or beyond float32): this op cannot "
+                        "order or scale it (clean or mask the tensor first)");
     case SC_ERR_INDEX_RANGE:
       if (e.value < 0)
         TORCH_CHECK_VALUE(false, op, ": ", name, " must hold indices >= 0, but ", name, "[",

@@ -18,7 +18,7 @@ from . import algorithms, comm, formats, ops
 from .hook import DDPHookState, ddp_hook
 from .reducer import SparseAllreduce, k_for
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = ["algorithms", "baselines", "comm", "formats", "ops", "SparseAllreduce", "k_for", "DDPHookState", "ddp_hook",
            "__version__"]

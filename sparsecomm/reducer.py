@@ -1,6 +1,6 @@
 """``SparseAllreduce``: error feedback, k from density, statistics; runs one algorithm.
 
-Per call, on every rank r (DESIGN.md, "Invariants"):
+Per call, on every rank r (the error-feedback invariant of docs/architecture.md, "Algorithms"):
 
 1. ``acc = g_r + e_r`` -- the gradient plus the residual carried in (in the reducer's own
    buffer, so the steady state allocates nothing but the result),
@@ -20,12 +20,14 @@ all-gather of the version strings, only on that error path).
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 import time
 import zlib
 from typing import Any
 
 import torch
 
+from . import _version as _version_module
 from . import algorithms
 from .comm.base import Comm
 from .formats.header import DTYPE_CODES, FORMAT_VERSION, MAGIC
@@ -40,10 +42,15 @@ _VERSION_BYTES = 64
 
 
 def k_for(density: float, n: int) -> int:
-    """Elements each rank selects: max(1, ceil(density * N)), at most N (0 when N == 0)."""
+    """Elements each rank selects: max(1, ceil(density * N)), at most N (0 when N == 0).
+
+    The product is taken on the density's shortest decimal form (``repr``), exactly: the
+    binary float product overshoots for decimal densities (0.07 * 100 evaluates to
+    7.000000000000001, whose ceiling would be 8, not the 7 a user asking for 7% expects).
+    """
     if n == 0:
         return 0
-    return min(n, max(1, math.ceil(density * n)))
+    return min(n, max(1, math.ceil(Fraction(repr(float(density))) * n)))
 
 
 def check_state_version(state: dict[str, Any]) -> None:
@@ -58,10 +65,8 @@ def _crc(text: str) -> int:
 
 
 def _version() -> str:
-    """This rank's ``sparsecomm.__version__``, read at each handshake (not frozen at import)."""
-    import sparsecomm
-
-    return str(sparsecomm.__version__)
+    """This rank's sparsecomm version, read at each handshake (not frozen at import)."""
+    return str(_version_module.__version__)
 
 
 class SparseAllreduce:

@@ -1,4 +1,4 @@
-"""The collective benchmark CLI (issue 6 item 2): loopback ranks, no launcher."""
+"""The collective benchmark CLI (`python -m sparsecomm.bench collectives`): loopback ranks, no launcher."""
 import csv
 import json
 import math

@@ -174,19 +174,21 @@ MISMATCH_CASES = [  # (field named in the error, rank -> (algorithm, density, N,
 def _mismatch_rank(rank, world_size):
     from sparsecomm.comm import TorchComm
 
+    from sparsecomm import _version
+
     comm = TorchComm()
-    real_version = sc.__version__
+    real_version = _version.__version__
     messages = []
     for field, setup, _ in MISMATCH_CASES:
         algorithm, density, n, dtype, options = setup(rank)
-        sc.__version__ = OTHER_VERSION if field == "sparsecomm version" and rank == 1 else real_version
+        _version.__version__ = OTHER_VERSION if field == "sparsecomm version" and rank == 1 else real_version
         try:
             sc.SparseAllreduce(algorithm, density, comm=comm, **options)(torch.ones(n, dtype=dtype))
             messages.append(None)
         except ValueError as exc:
             messages.append(str(exc))
         finally:
-            sc.__version__ = real_version
+            _version.__version__ = real_version
     # the group still works after every refusal
     after = sc.SparseAllreduce("topka", 1.0, comm=comm)(torch.full((4,), float(rank)))
     return messages, after.tolist()

@@ -50,9 +50,9 @@ def test_k_rule_table(density, n, k):
     assert sc.SparseAllreduce("topka", density, comm=simulate(1, lambda c: c).results[0]).k_for(n) == k
 
 
-@pytest.mark.xfail(strict=True, reason="k_for evaluates ceil on the float product: 0.07 * 100 = 7.000000000000001 "
-                                       "gives k = 8, not the 7 a reader of 'ceil(density * N)' expects")
-@pytest.mark.parametrize("density,n,k", [(0.07, 100, 7), (0.14, 100, 14), (0.55, 100, 55)])
+# the float products overshoot (0.07 * 100 = 7.000000000000001): k must still be 7
+@pytest.mark.parametrize("density,n,k", [(0.07, 100, 7), (0.14, 100, 14), (0.55, 100, 55), (0.29, 100, 29),
+                                         (0.001, 15_000_000, 15_000), (1 / 3, 3, 1)])
 def test_k_rule_decimal_density_whose_float_product_overshoots(density, n, k):
     assert sc.k_for(density, n) == k
 

@@ -109,6 +109,27 @@ size_t sc_topk_cache_bytes(void) {
 #undef KEYBITS
 #undef KMASK
 
+/* Position of the first NaN of x (error path only: the selection found one). */
+static int64_t first_nan(sc_dtype dtype, const void* x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    int nan = 0;
+    switch (dtype) {
+      case SC_F32: nan = (((const uint32_t*)x)[i] & 0x7FFFFFFFu) > 0x7F800000u; break;
+      case SC_F64: nan = (((const uint64_t*)x)[i] & 0x7FFFFFFFFFFFFFFFull) > 0x7FF0000000000000ull; break;
+      case SC_F16: nan = (((const uint16_t*)x)[i] & 0x7FFFu) > 0x7C00u; break;
+      case SC_BF16: nan = (((const uint16_t*)x)[i] & 0x7FFFu) > 0x7F80u; break;
+      default: return 0;
+    }
+    if (nan) return i;
+  }
+  return 0;
+}
+
+/* Fills err for a kernel status: a NaN's position is found here, off the hot path. */
+static int topk_fail(int st, sc_dtype dtype, const void* x, int64_t n, sc_error_info* err) {
+  return sc_fail(err, st, 0, st == SC_ERR_NAN ? first_nan(dtype, x, n) : 0, 0);
+}
+
 int sc_topk_path(sc_topk_path_t path, sc_dtype dtype, const void* x, int64_t n, int64_t k,
                  int nthreads, void* out_vals, int64_t* out_idx, sc_error_info* err) {
   if (n < 0) return sc_fail(err, SC_ERR_ARG, 0, 0, n);
@@ -136,7 +157,7 @@ int sc_topk_path(sc_topk_path_t path, sc_dtype dtype, const void* x, int64_t n, 
     default:
       return sc_fail(err, SC_ERR_ARG, 0, 0, dtype);
   }
-  return st ? sc_fail(err, st, 0, 0, 0) : SC_OK;
+  return st ? topk_fail(st, dtype, x, n, err) : SC_OK;
 }
 
 int sc_topk(sc_dtype dtype, const void* x, int64_t n, int64_t k, int nthreads,
@@ -184,5 +205,5 @@ int sc_block_topk(sc_dtype dtype, const void* x, int64_t n, int64_t num_blocks,
     default:
       return sc_fail(err, SC_ERR_ARG, 0, 0, dtype);
   }
-  return st ? sc_fail(err, st, 0, 0, 0) : SC_OK;
+  return st ? topk_fail(st, dtype, x, n, err) : SC_OK;
 }

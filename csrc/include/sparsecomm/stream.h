@@ -44,8 +44,9 @@ int sc_stream_concat(sc_index_t it, sc_dtype vt, const void* ia, const void* va,
  * per byte (low nibble first; an odd n leaves the last high nibble 0). packed
  * holds ceil(n * bits / 8) bytes, every byte written. Random numbers:
  * splitmix64 of (seed, element index), so results do not depend on threads.
- * bits 4 needs an even bucket (a byte never straddles two buckets).
- * NaN in x: SC_ERR_NAN.
+ * bits 4 needs an even bucket (a byte never straddles two buckets; SC_ERR_ARG).
+ * A value no float32 scale can hold (NaN, +-Inf, or a float64 beyond FLT_MAX):
+ * SC_ERR_NAN, err input 0, position of the first such element, value 0.
  */
 int sc_qsgd_quantize(sc_dtype vt, const void* x, int64_t n, int bits, int64_t bucket,
                      uint64_t seed, uint8_t* packed, float* scales, int nthreads,
@@ -56,8 +57,10 @@ int sc_qsgd_quantize(sc_dtype vt, const void* x, int64_t n, int bits, int64_t bu
  * packed and scales come from a peer, so they are validated in full first:
  * every level q_i in [0, 2s] (a nibble or byte above 2s), every scale finite
  * and >= 0, and for bits 4 with odd n the unused last nibble 0; otherwise
- * SC_ERR_MALFORMED (err->input 0 = packed, 1 = scales; position, value) and
- * nothing is written.
+ * SC_ERR_MALFORMED and nothing is written: err->input 0 = packed (position =
+ * byte offset, value = the byte) or 1 = scales (position = bucket, value = the
+ * float32 bit pattern). bits 4 with an odd bucket: SC_ERR_ARG (the bucket is the
+ * receiver's own parameter).
  */
 int sc_qsgd_dequantize(sc_dtype vt, const uint8_t* packed, const float* scales, int64_t n,
                        int bits, int64_t bucket, void* out, int nthreads, sc_error_info* err);
