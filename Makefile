@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo test test-fast bench clean ctest sanitize fuzz fuzz-build setup-sanitizers
 
 setup:
 	bash scripts/setup.sh
@@ -21,3 +21,80 @@ bench: setup
 
 clean:
 	rm -rf build *.egg-info sparsecomm/*.so
+
+# ---------------------------------------------------------------- C tests, sanitizers, fuzzing
+# Standalone C builds of the kernels (csrc/cpu), no torch: docs/fuzzing.md.
+#   make ctest                  C tests (csrc/tests), plain -O2 -fopenmp build
+#   make sanitize               the same tests under ASan + UBSan (gcc, OpenMP on)
+#   make fuzz [FUZZ_RUNS=n] [FUZZ_TIME=s]
+#                               every libFuzzer target (csrc/fuzz) from its seed corpus,
+#                               FUZZ_RUNS runs or FUZZ_TIME seconds each, whichever first
+# clang + libFuzzer come from scripts/setup_sanitizers.sh (make setup-sanitizers).
+CC_TEST ?= gcc
+CLANG ?= clang
+FUZZ_RUNS ?= 200000
+FUZZ_TIME ?= 60
+KERNEL_SRC := $(sort $(wildcard csrc/cpu/*.c))
+KERNEL_HDR := $(wildcard csrc/cpu/*.h csrc/include/sparsecomm/*.h)
+CTEST_SRC := $(sort $(wildcard csrc/tests/*.c))
+CTEST_HDR := $(wildcard csrc/tests/*.h)
+CTEST_FLAGS := -std=gnu11 -g -fopenmp -Wall -Wno-unknown-pragmas -Icsrc/include -Icsrc/cpu
+SAN_FLAGS := -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+SAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+FUZZ_TARGETS := $(sort $(patsubst csrc/fuzz/fuzz_%.c,%,$(wildcard csrc/fuzz/fuzz_*.c)))
+FUZZ_CFLAGS := -std=gnu11 -g -O2 -Wall -Wno-unknown-pragmas -Icsrc/include -Icsrc/cpu \
+	-fno-sanitize-recover=undefined
+FUZZ_OBJ := $(patsubst csrc/cpu/%.c,build/fuzz/obj/%.o,$(KERNEL_SRC))
+
+setup-sanitizers:
+	bash scripts/setup_sanitizers.sh
+
+build/ctest/test_kernels: $(CTEST_SRC) $(CTEST_HDR) $(KERNEL_SRC) $(KERNEL_HDR)
+	@mkdir -p $(@D)
+	$(CC_TEST) $(CTEST_FLAGS) -O2 $(CTEST_SRC) $(KERNEL_SRC) -lm -o $@
+
+build/sanitize/test_kernels: $(CTEST_SRC) $(CTEST_HDR) $(KERNEL_SRC) $(KERNEL_HDR)
+	@mkdir -p $(@D)
+	$(CC_TEST) $(CTEST_FLAGS) $(SAN_FLAGS) $(CTEST_SRC) $(KERNEL_SRC) -lm -o $@
+
+ctest: build/ctest/test_kernels
+	OMP_NUM_THREADS=4 $<
+
+sanitize: build/sanitize/test_kernels
+	$(SAN_ENV) OMP_NUM_THREADS=4 $<
+
+# Comparison tracing (libFuzzer's guidance for magic values) on the kernels that parse
+# peer bytes; top-k and the sketch loop over histograms and tables whose traced
+# comparisons would cost most of each execution (3x slower), so they go without.
+FUZZ_NO_CMP := -fno-sanitize-coverage=trace-cmp
+build/fuzz/obj/topk.o build/fuzz/obj/sketch.o: FUZZ_OBJ_EXTRA := $(FUZZ_NO_CMP)
+
+build/fuzz/obj/%.o: csrc/cpu/%.c $(KERNEL_HDR)
+	@mkdir -p $(@D)
+	$(CLANG) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link,address,undefined $(FUZZ_OBJ_EXTRA) -c $< -o $@
+
+build/fuzz/fuzz_%: csrc/fuzz/fuzz_%.c csrc/fuzz/fuzz_common.h $(FUZZ_OBJ)
+	$(CLANG) $(FUZZ_CFLAGS) -fsanitize=fuzzer,address,undefined $< $(FUZZ_OBJ) -lm -o $@
+
+fuzz-build: $(addprefix build/fuzz/fuzz_,$(FUZZ_TARGETS))
+
+# Each target runs from a scratch copy of its seed corpus (build/fuzz/work/<target>), so
+# the committed seeds stay as scripts/make_fuzz_corpus.py wrote them; a finding is saved
+# as build/fuzz/artifacts/<target>-crash-* and fails the make.
+fuzz: fuzz-build
+	@mkdir -p build/fuzz/artifacts
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	  mkdir -p build/fuzz/work/$$t; \
+	  if build/fuzz/fuzz_$$t -runs=$(FUZZ_RUNS) -max_total_time=$(FUZZ_TIME) -print_final_stats=1 \
+	      -artifact_prefix=build/fuzz/artifacts/$$t- build/fuzz/work/$$t csrc/fuzz/corpus/$$t \
+	      > build/fuzz/$$t.log 2>&1; then \
+	    printf 'fuzz %-8s %s runs, %s exec/s, cov %s, corpus %s, 0 findings\n' $$t \
+	      "$$(sed -n 's/^stat::number_of_executed_units: *//p' build/fuzz/$$t.log)" \
+	      "$$(sed -n 's/^stat::average_exec_per_sec: *//p' build/fuzz/$$t.log)" \
+	      "$$(grep -o 'cov: [0-9]*' build/fuzz/$$t.log | tail -n 1 | cut -d' ' -f2)" \
+	      "$$(grep -o 'corp: [0-9]*' build/fuzz/$$t.log | tail -n 1 | cut -d' ' -f2)"; \
+	  else \
+	    tail -n 60 build/fuzz/$$t.log; echo "fuzz $$t: FINDING (log build/fuzz/$$t.log)"; exit 1; \
+	  fi; \
+	done
