@@ -17,6 +17,17 @@ LOCAL_RANK, LOCAL_WORLD_SIZE) plus GLOO_SOCKET_IFNAME, so a script calling
 with the rank. When a rank fails, the others are stopped and the launch exits non-zero.
 Every namespace the launch made is removed on exit, also on Ctrl-C or a crash of a rank.
 
+Before the ranks start, the launcher measures the link: one TCP connection from rank 0's
+namespace to rank 1's, at most 4 MB or 0.3 s, and prints ``link: 1 Gbit/s configured, 0.958
+Gbit/s measured rank 0 -> rank 1``; the ranks get it as SPARSECOMM_MEASURED_BANDWIDTH (bits/s,
+empty when not measured: one rank, or ``--bandwidth none``), and :func:`describe_link` names it.
+
+If the launcher itself is killed outright (SIGKILL, the OOM killer), every process it started
+(the ranks, ``ip netns exec``, mpirun and through it the mpi ranks) gets SIGKILL from the
+kernel (PR_SET_PDEATHSIG), so no rank runs on. Its namespaces cannot be removed then; the next
+launch removes them (``sc<pid>...`` names whose launcher pid no longer runs, killing anything
+still inside) and leaves those of live launches alone.
+
 ``--backend gloo`` (the default) starts the P ranks itself. ``--backend mpi`` starts them with
 one Open MPI ``mpirun`` (tested with 4.1), so mpi4py programs (``sparsecomm.comm.MPIComm``) run
 too, and gloo programs still get the variables above. MPI's traffic (``--mca btl self,tcp``)
@@ -41,6 +52,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -49,11 +61,16 @@ import time
 from dataclasses import dataclass, field
 
 __all__ = ["EmulatedNetwork", "launch", "main", "parse_rate", "find_mpirun", "describe_link", "LaunchError",
-           "NetworkSetupError"]
+           "NetworkSetupError", "measure_rate", "remove_stale_namespaces"]
 
 _SUBNET = "10.213.0"  # private addresses inside the launch's own namespaces only
 _HOST_BYTE = 254  # last byte of the root namespace's address on the bridge (mpi backend)
 _MPI_RANK = "--mpi-rank"  # internal: how mpirun starts each rank through this module (see _mpi_rank)
+# what this module names things: namespaces sc<launcher pid>r<rank> and sc<pid>br, the mpi host link sc<pid>h
+_OWN_NAMESPACE = re.compile(r"sc(\d+)(?:r\d+|br)")
+_OWN_HOST_LINK = re.compile(r"sc(\d+)h")
+_PR_SET_PDEATHSIG = 1
+_CLONE_NEWNET = 0x40000000
 
 
 class LaunchError(RuntimeError):
@@ -71,6 +88,113 @@ def parse_rate(text: str) -> str | None:
     if not re.fullmatch(r"\d+(\.\d+)?(kbit|mbit|gbit)", text.lower()):
         raise argparse.ArgumentTypeError(f"bandwidth must look like 1gbit, 100mbit or 'none', got {text!r}")
     return text.lower()
+
+
+def _rate_bits(rate: str) -> float:
+    """bits/s of a tc rate that :func:`parse_rate` accepted (tc's units are decimal: 1kbit = 1000 bit/s)."""
+    found = re.fullmatch(r"(\d+(?:\.\d+)?)(kbit|mbit|gbit)", rate)
+    if found is None:
+        raise ValueError(f"not a tc rate: {rate!r}")
+    number, unit = found.groups()
+    return float(number) * {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}[unit]
+
+
+def _format_bits(bits: float, unit_of: float | None = None) -> str:
+    """1e9 -> '1 Gbit/s', 9.5e7 -> '95 Mbit/s'; in the unit ``unit_of`` would get, if given
+    (9.6e8 next to a configured 1e9 -> '0.96 Gbit/s')."""
+    reference = bits if unit_of is None else unit_of
+    for scale, unit in ((1e9, "Gbit/s"), (1e6, "Mbit/s"), (1e3, "kbit/s")):
+        if reference >= scale or scale == 1e3:
+            return f"{bits / scale:.3g} {unit}"
+    raise AssertionError("unreachable")
+
+
+def _libc():
+    import ctypes  # only where needed: the --mpi-rank step runs with -I and the standard library
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _die_with_parent(sig: int = signal.SIGKILL):
+    """A ``preexec_fn`` that makes the child get ``sig`` when this process dies, even by SIGKILL.
+
+    PR_SET_PDEATHSIG survives ``exec`` (here: ``ip netns exec`` execs the command, it does not
+    fork) unless the exec changes credentials (set-user-ID files; not ``ip`` run by root), and
+    fires when the *thread* that forked the child exits, so :func:`launch` starts and waits for
+    its processes in one thread. If the parent died between fork and prctl, the child kills itself.
+    None where prctl does not exist (not Linux).
+    """
+    try:
+        prctl = _libc().prctl  # resolved before the fork: the child only calls it
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def set_death_signal() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), sig)
+
+    return set_death_signal
+
+
+def _process_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, killed and not yet reaped by its parent, is not running)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    except OSError:
+        return True  # exists but unreadable: count it as running, never remove a live launch's network
+
+
+def _kill_namespace(name: str) -> None:
+    """SIGKILL every process inside network namespace ``name``, then delete the namespace.
+
+    A namespace (and its veth links) lives on as long as a process is inside it.
+    """
+    pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def remove_stale_namespaces() -> list[str]:
+    """Remove the namespaces and host links of launches whose launcher no longer runs.
+
+    A launcher killed with SIGKILL cannot remove its network; the next launch does, here:
+    every ``sc<pid>r<rank>``/``sc<pid>br`` namespace and ``sc<pid>h`` link whose ``<pid>`` is
+    not a running process goes (processes still inside are killed first). Those of a live
+    launch, including one starting concurrently, are left alone. Returns what was removed.
+    """
+    names = [line.split()[0] for line in _run(["ip", "netns", "list"]).splitlines() if line.strip()]
+    links = [line.split(":")[1].strip().split("@")[0]
+             for line in _run(["ip", "-o", "link", "show"]).splitlines() if line.count(":") >= 2]
+    alive: dict[int, bool] = {}
+
+    def stale(pattern: re.Pattern, name: str) -> bool:
+        found = pattern.fullmatch(name)
+        if not found:
+            return False
+        pid = int(found.group(1))
+        if pid not in alive:
+            alive[pid] = pid == os.getpid() or _process_alive(pid)
+        return not alive[pid]
+
+    removed = []
+    for link in links:  # the host link first, as down() does (not left to the namespace teardown)
+        if stale(_OWN_HOST_LINK, link):
+            subprocess.run(["ip", "link", "del", link], capture_output=True)
+            removed.append(link)
+    for name in sorted(names, key=lambda n: n.endswith("br")):  # the rank namespaces before the bridge
+        if stale(_OWN_NAMESPACE, name):
+            _kill_namespace(name)
+            removed.append(name)
+    return removed
 
 
 def _run(cmd: list[str]) -> str:
@@ -95,6 +219,8 @@ class EmulatedNetwork:
     subnet: str = _SUBNET
     created: list[str] = field(default_factory=list)
     host_made: bool = False
+    #: what :meth:`up` removed of launches that no longer run (see :func:`remove_stale_namespaces`)
+    removed_stale: list[str] = field(default_factory=list)
 
     @staticmethod
     def check_possible() -> None:
@@ -134,6 +260,7 @@ class EmulatedNetwork:
         self.check_possible()
         if self.size > 250:
             raise NetworkSetupError("at most 250 ranks fit the emulated subnet")
+        self.removed_stale = remove_stale_namespaces()
         # two mpi launches at once must not both pick the same free subnet: hold a lock from
         # the choice until the host link has its address (then the next launch sees it)
         with _subnet_lock() if self.host_link else contextlib.nullcontext():
@@ -179,17 +306,102 @@ class EmulatedNetwork:
             subprocess.run(["ip", "link", "del", self.host_interface], capture_output=True)
             self.host_made = False
         for name in reversed(self.created):
-            pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
-            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+            _kill_namespace(name)
         self.created.clear()
 
     def wrap(self, rank: int, cmd: list[str]) -> list[str]:
         return ["ip", "netns", "exec", self.namespace(rank), *cmd]
+
+
+def _socket_in_namespace(namespace: str, bind: tuple[str, int] | None = None) -> socket.socket:
+    """A TCP socket created inside network namespace ``namespace`` (it stays there when used).
+
+    Made on a short-lived thread that enters the namespace (setns applies to the calling
+    thread only) and exits with it, so the launcher's own threads never change namespace.
+    """
+    made: dict[str, object] = {}
+
+    def enter() -> None:
+        try:
+            with open(os.path.join("/run/netns", namespace)) as handle:
+                if _libc().setns(handle.fileno(), _CLONE_NEWNET) != 0:
+                    import ctypes
+
+                    errno = ctypes.get_errno()
+                    raise OSError(errno, f"setns into {namespace}: {os.strerror(errno)}")
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            if bind is not None:
+                sock.bind(bind)
+                sock.listen(1)
+            made["socket"] = sock
+        except BaseException as exc:  # noqa: BLE001 -- re-raised in the caller's thread
+            made["error"] = exc
+
+    thread = threading.Thread(target=enter, name=f"sparsecomm-setns-{namespace}")
+    thread.start()
+    thread.join()
+    if "error" in made:
+        raise made["error"]
+    return made["socket"]
+
+
+def measure_rate(network: EmulatedNetwork, source: int = 0, dest: int = 1, max_bytes: int = 4 << 20,
+                 max_seconds: float = 0.3) -> float:
+    """bits/s from rank ``source`` to rank ``dest`` over one TCP connection between their namespaces.
+
+    The receiver stops after ``max_bytes`` or ``max_seconds`` from its first byte, whichever
+    comes first, and the rate is taken over the second half of that time, after tbf's burst
+    (256 kB let through at once) and TCP's slow start. Well under a second at any rate.
+    """
+    server = _socket_in_namespace(network.namespace(dest), bind=(network.address(dest), 0))
+    client = _socket_in_namespace(network.namespace(source))
+    conn = None
+    try:
+        server.settimeout(5)
+        client.settimeout(5)
+        client.connect(server.getsockname())
+        conn, _ = server.accept()
+        conn.settimeout(5)
+        chunk = bytes(64 << 10)
+
+        def send() -> None:
+            try:
+                deadline = time.monotonic() + max_seconds + 5
+                while time.monotonic() < deadline:
+                    client.sendall(chunk)
+            except OSError:  # the receiver closed: done
+                pass
+
+        sender = threading.Thread(target=send, name="sparsecomm-rate-sender", daemon=True)
+        sender.start()
+        buffer = bytearray(256 << 10)
+        samples: list[tuple[float, int]] = []
+        total, first = 0, None
+        while total < max_bytes:
+            got = conn.recv_into(buffer)
+            if not got:
+                break
+            now = time.perf_counter()
+            first = now if first is None else first
+            total += got
+            samples.append((now, total))
+            if now - first >= max_seconds:
+                break
+        conn.close()
+        conn = None
+        client.close()  # unblocks the sender
+        sender.join(timeout=5)
+        if len(samples) < 3:
+            raise LaunchError(f"only {total} bytes arrived")
+        middle = samples[0][0] + (samples[-1][0] - samples[0][0]) / 2
+        start = next(sample for sample in samples if sample[0] >= middle)
+        if start == samples[-1]:
+            start = samples[len(samples) // 2 - 1]
+        return (samples[-1][1] - start[1]) * 8 / (samples[-1][0] - start[0])
+    finally:
+        for sock in (conn, client, server):
+            if sock is not None:
+                sock.close()
 
 
 @contextlib.contextmanager
@@ -224,11 +436,21 @@ def find_mpirun() -> str:
 def describe_link() -> tuple[str, str]:
     """(where this rank's traffic goes, the emulated rate or ''), from what the launcher set.
 
-    Programs started by this launcher have SPARSECOMM_BANDWIDTH (empty on loopback); under
-    another launcher (torchrun, mpirun) the link is unknown and only the interface is named.
+    Programs started by this launcher have SPARSECOMM_BANDWIDTH (empty on loopback) and, when
+    the launcher measured the link at start, SPARSECOMM_MEASURED_BANDWIDTH (bits/s, rank 0 to
+    rank 1); under another launcher (torchrun, mpirun) the link is unknown and only the
+    interface is named.
     """
     iface = os.environ.get("GLOO_SOCKET_IFNAME")
     rate = os.environ.get("SPARSECOMM_BANDWIDTH")
+    measured = os.environ.get("SPARSECOMM_MEASURED_BANDWIDTH")
+    if rate and measured:
+        try:
+            where = (f"{_format_bits(float(measured), _rate_bits(rate))} measured rank 0 -> rank 1, "
+                     f"interface {iface}")
+        except ValueError:
+            where = f"interface {iface}"
+        return f"emulated cluster, {rate} links ({where})", rate
     if rate:
         return f"emulated cluster, {rate} links (interface {iface})", rate
     if rate is not None:
@@ -254,7 +476,7 @@ def _mpirun_command(mpirun: str, cmd: list[str], nproc: int, network: EmulatedNe
             # -I: the wrapper needs only the standard library, not the package (which imports torch)
             sys.executable, "-I", os.path.abspath(__file__), _MPI_RANK,
             network.prefix if network else "", master, str(port), "--", *cmd]
-    env = dict(os.environ)
+    env = dict(os.environ, SPARSECOMM_LAUNCHER_PID=str(os.getpid()))
     if network:  # ranks in their namespaces reach mpirun's PMIx server through the host link
         env.update(PMIX_MCA_ptl_tcp_remote_connections="1", PMIX_MCA_ptl_tcp_if_include=network.host_interface)
     return argv, env
@@ -271,10 +493,16 @@ def _mpi_rank(argv: list[str]) -> int:
                                 os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK"),
                                 os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE")))
     try:  # die with mpirun even if it is killed outright (survives the execs below)
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        _libc().prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     except (OSError, AttributeError):
         pass
+    # mpirun dies with the launcher (its own death signal); if that happened before the prctl
+    # above, this rank's parent is gone already and nothing would stop it: leave now
+    launcher = os.environ.pop("SPARSECOMM_LAUNCHER_PID", "")
+    if launcher.isdigit() and not _process_alive(int(launcher)):
+        print(f"sparsecomm.launch: rank {rank}: the launcher (pid {launcher}) is gone; not starting",
+              file=sys.stderr, flush=True)
+        return 1
     argv = network.wrap(rank, cmd) if network else cmd
     try:
         os.execvp(argv[0], argv)
@@ -379,8 +607,13 @@ def launch(cmd: list[str], nproc: int, rate: str | None, port: int = 29500, out=
     try:
         if network:
             network.up()
+            if network.removed_stale:
+                out.write("sparsecomm.launch: removed the network of launches no longer running: "
+                          f"{', '.join(network.removed_stale)}\n")
+        measured = _report_link(network, rate, nproc, out)
         master = network.address(0) if network else "127.0.0.1"
-        link_env = {"SPARSECOMM_BANDWIDTH": rate or ""}  # lets a program report the link it ran on
+        # lets a program report the link it ran on
+        link_env = {"SPARSECOMM_BANDWIDTH": rate or "", "SPARSECOMM_MEASURED_BANDWIDTH": measured}
         if mpirun:
             argv, env = _mpirun_command(mpirun, cmd, nproc, network, master, port)
             jobs = [(argv, {**env, **link_env}, _MPIOutput(out))]
@@ -391,8 +624,9 @@ def launch(cmd: list[str], nproc: int, rate: str | None, port: int = 29500, out=
                      _RankLines(out, rank))
                     for rank in range(nproc)]
         for argv, env, sink in jobs:
+            # killed with the launcher, even by SIGKILL (mpirun: its ranks die with it in turn)
             proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=_die_with_parent())
             procs.append(proc)
             sinks.append(sink)
             pump = threading.Thread(target=_pump, args=(proc.stdout, sink), daemon=True)
@@ -418,6 +652,26 @@ def launch(cmd: list[str], nproc: int, rate: str | None, port: int = 29500, out=
             network.down()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _report_link(network: EmulatedNetwork | None, rate: str | None, nproc: int, out) -> str:
+    """Print the configured and measured rank 0 -> rank 1 rate; returns bits/s as text ('' if not measured)."""
+    if network is None:
+        out.write("sparsecomm.launch: link: plain loopback, not shaped (--bandwidth none), not measured\n")
+        return ""
+    configured_bits = _rate_bits(rate)
+    configured = _format_bits(configured_bits)
+    if nproc < 2:
+        out.write(f"sparsecomm.launch: link: {configured} configured, not measured (one rank)\n")
+        return ""
+    try:
+        bits = measure_rate(network)
+    except (OSError, LaunchError) as exc:  # the launch goes on: the measurement is only a report
+        out.write(f"sparsecomm.launch: link: {configured} configured, not measured ({exc})\n")
+        return ""
+    out.write(f"sparsecomm.launch: link: {configured} configured, {_format_bits(bits, configured_bits)} measured rank 0 -> rank 1\n")
+    out.flush()
+    return str(round(bits))
 
 
 def _wait_first_failure(procs: list[subprocess.Popen]) -> tuple[int, int]:

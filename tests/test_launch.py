@@ -218,12 +218,178 @@ def test_bad_rate_is_rejected(text):
      ("emulated cluster, 1gbit links (interface eth0)", "1gbit")),
     ({"SPARSECOMM_BANDWIDTH": "", "GLOO_SOCKET_IFNAME": "lo"}, ("plain loopback (interface lo)", "")),
     ({"GLOO_SOCKET_IFNAME": "ib0"}, ("network interface ib0, link not emulated by sparsecomm.launch", "")),
+    ({"SPARSECOMM_BANDWIDTH": "1gbit", "SPARSECOMM_MEASURED_BANDWIDTH": "957000000", "GLOO_SOCKET_IFNAME": "eth0"},
+     ("emulated cluster, 1gbit links (0.957 Gbit/s measured rank 0 -> rank 1, interface eth0)", "1gbit")),
+    ({"SPARSECOMM_BANDWIDTH": "100mbit", "SPARSECOMM_MEASURED_BANDWIDTH": "", "GLOO_SOCKET_IFNAME": "eth1"},
+     ("emulated cluster, 100mbit links (interface eth1)", "100mbit")),
 ])
 def test_describe_link_says_only_what_the_launcher_set(monkeypatch, env, expected):
     from sparsecomm.launch import describe_link
 
-    for name in ("SPARSECOMM_BANDWIDTH", "GLOO_SOCKET_IFNAME"):
+    for name in ("SPARSECOMM_BANDWIDTH", "SPARSECOMM_MEASURED_BANDWIDTH", "GLOO_SOCKET_IFNAME"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert describe_link() == expected
+
+
+# -- a SIGKILLed launcher, stale namespaces, the measured rate -------------------------------------
+
+SLEEPER = textwrap.dedent("""
+    import os, sys, time
+    path = os.path.join(sys.argv[1], f"pid.{os.environ['RANK']}")
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(path + ".tmp", path)
+    time.sleep(300)
+""")
+
+needs_mpirun = pytest.mark.skipif(MPIRUN is None, reason="--backend mpi needs Open MPI's mpirun on PATH")
+
+
+def _running(pid: int) -> bool:
+    """True while pid runs (a zombie left for pid 1 to reap does not run)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+def _start_sleepers(tmp_path, bandwidth: str, backend: str = "gloo", nproc: int = 2):
+    """Start a launch whose ranks write their pid and sleep; returns (Popen, rank pids)."""
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    piddir = tmp_path / "pids"
+    piddir.mkdir()
+    cmd = [sys.executable, "-m", "sparsecomm.launch", "--nproc", str(nproc), "--bandwidth", bandwidth,
+           "--backend", backend, "--", sys.executable, str(script), str(piddir)]
+    popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    deadline = time.monotonic() + 60
+    files = [piddir / f"pid.{rank}" for rank in range(nproc)]
+    while not all(f.exists() for f in files):
+        if popen.poll() is not None or time.monotonic() > deadline:
+            popen.kill()
+            raise AssertionError(f"the ranks did not start:\n{popen.communicate()[0]}")
+        time.sleep(0.05)
+    return popen, [int(f.read_text()) for f in files]
+
+
+KILLED = [
+    pytest.param("gloo", "1gbit", marks=needs_shaping, id="gloo-shaped"),
+    pytest.param("gloo", "none", id="gloo-loopback"),
+    pytest.param("mpi", "1gbit", marks=[needs_shaping, needs_mpirun], id="mpi-shaped"),
+    pytest.param("mpi", "none", marks=needs_mpirun, id="mpi-loopback"),
+]
+
+
+@pytest.mark.parametrize("backend,bandwidth", KILLED)
+def test_sigkilled_launcher_leaves_no_rank_running(tmp_path, backend, bandwidth):
+    popen, pids = _start_sleepers(tmp_path, bandwidth, backend)
+    assert all(_running(pid) for pid in pids)
+    popen.kill()  # SIGKILL: no handler, no cleanup in the launcher
+    popen.communicate()
+    deadline = time.monotonic() + 5
+    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [pid for pid in pids if _running(pid)] == [], "ranks outlived their SIGKILLed launcher"
+    if CAN_SHAPE:  # whatever it left is removed by the next launch (tested below); do it now
+        from sparsecomm.launch import remove_stale_namespaces
+
+        remove_stale_namespaces()
+        assert _leftovers(popen.pid) == []
+
+
+@needs_shaping
+def test_next_launch_removes_stale_namespaces_but_not_a_live_launch(tmp_path):
+    (tmp_path / "live").mkdir()
+    (tmp_path / "dead").mkdir()
+    live, _ = _start_sleepers(tmp_path / "live", "1gbit")
+    try:
+        dead, _ = _start_sleepers(tmp_path / "dead", "1gbit", nproc=3)
+        dead.kill()
+        dead.communicate()
+        stale = _leftovers(dead.pid)
+        assert stale == sorted(f"sc{dead.pid}{suffix}" for suffix in ("br", "r0", "r1", "r2")), \
+            "a SIGKILLed launcher cannot remove its namespaces itself"
+        live_names = _leftovers(live.pid)
+        assert len(live_names) == 3
+        proc, _, pid = _launch(tmp_path, "1gbit", "ok")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        removed = re.search(r"removed the network of launches no longer running: (.*)", proc.stdout)
+        assert removed and sorted(removed.group(1).split(", ")) == stale, proc.stdout
+        assert _leftovers(dead.pid) == []
+        assert _leftovers(pid) == []
+        assert _leftovers(live.pid) == live_names, "a live launch's namespaces were touched"
+        assert live.poll() is None
+    finally:
+        live.terminate()  # SIGTERM: the launcher's clean path
+        live.communicate(timeout=30)
+    assert _leftovers(live.pid) == []
+
+
+MEASURED = re.compile(r"sparsecomm\.launch: link: (\S+) (\S+) configured, (\S+) (\S+) measured rank 0 -> rank 1")
+
+
+@needs_shaping
+@pytest.mark.parametrize("rate,bits", [("10mbit", 1e7), ("100mbit", 1e8), ("1gbit", 1e9)])
+def test_measured_rate_is_near_the_configured_one_and_quick(rate, bits):
+    from sparsecomm.launch import EmulatedNetwork, measure_rate
+
+    network = EmulatedNetwork(2, rate, prefix=f"sc{os.getpid()}")
+    try:
+        network.up()
+        start = time.perf_counter()
+        measured = measure_rate(network)
+        seconds = time.perf_counter() - start
+    finally:
+        network.down()
+    assert 0.8 * bits < measured < 1.05 * bits, f"{measured / 1e6:.1f} Mbit/s measured over {rate}"
+    assert seconds < 1.0
+
+
+@needs_shaping
+def test_launch_prints_and_exports_the_measured_rate(tmp_path):
+    cmd = [sys.executable, "-m", "sparsecomm.launch", "--nproc", "2", "--bandwidth", "100mbit", "--",
+           sys.executable, "-c", "import os; print('measured=' + os.environ['SPARSECOMM_MEASURED_BANDWIDTH'])"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    found = MEASURED.search(proc.stdout)
+    assert found, proc.stdout
+    assert found.group(1, 2, 4) == ("100", "Mbit/s", "Mbit/s")
+    printed = float(found.group(3))
+    assert 80 < printed < 105, proc.stdout
+    exported = {int(line.rsplit("=", 1)[1]) for line in proc.stdout.splitlines() if "measured=" in line}
+    assert len(exported) == 1 and abs(exported.pop() / 1e6 - printed) < 0.1, proc.stdout
+    assert proc.stdout.index("measured rank 0 -> rank 1") < proc.stdout.index("[rank 0]"), \
+        "the rate is measured before the ranks start"
+
+
+@pytest.mark.parametrize("nproc,bandwidth,message", [
+    pytest.param(1, "1gbit", "link: 1 Gbit/s configured, not measured (one rank)", marks=needs_shaping, id="one-rank"),
+    pytest.param(2, "none", "link: plain loopback, not shaped (--bandwidth none), not measured", id="loopback"),
+])
+def test_rate_is_not_measured_without_two_shaped_ranks(nproc, bandwidth, message):
+    cmd = [sys.executable, "-m", "sparsecomm.launch", "--nproc", str(nproc), "--bandwidth", bandwidth, "--",
+           sys.executable, "-c", "import os; print('measured=' + os.environ['SPARSECOMM_MEASURED_BANDWIDTH'])"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"sparsecomm.launch: {message}\n" in proc.stdout
+    assert proc.stdout.count("] measured=\n") == nproc
+
+
+@pytest.mark.parametrize("bits,unit_of,text", [
+    (1e9, None, "1 Gbit/s"), (9.57e8, 1e9, "0.957 Gbit/s"), (9.57e8, None, "957 Mbit/s"),
+    (1e8, None, "100 Mbit/s"), (9.5e6, 1e7, "9.5 Mbit/s"), (5e5, None, "500 kbit/s"), (12, None, "0.012 kbit/s"),
+])
+def test_rates_are_printed_in_the_configured_unit(bits, unit_of, text):
+    from sparsecomm.launch import _format_bits
+
+    assert _format_bits(bits, unit_of) == text
+
+
+@pytest.mark.parametrize("text,bits", [("1gbit", 1e9), ("100mbit", 1e8), ("2.5mbit", 2.5e6), ("64kbit", 64e3)])
+def test_tc_rates_are_decimal_bits(text, bits):
+    from sparsecomm.launch import _rate_bits
+
+    assert _rate_bits(text) == bits
