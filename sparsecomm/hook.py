@@ -1,7 +1,18 @@
 """The DDP communication hook: ``model.register_comm_hook(state, sparsecomm.ddp_hook)``.
 
 Each DDP gradient bucket goes through its own :class:`~sparsecomm.SparseAllreduce` (one per
-bucket index); the hook writes the average (sum / world size) into the bucket's buffer.
+bucket index); the hook writes the average (sum / world size) into the bucket's buffer. For
+float16/bfloat16 buckets the reducer hands back the float32 sum, which is divided by the world
+size in float32 and only then rounded to the bucket's dtype (so 2 ranks with an fp16 gradient
+of 40000 average to 40000, as with DDP's own allreduce, not to inf). Warm-up steps use DDP's
+own arithmetic: divide the bucket by the world size, then the backend's dense allreduce.
+
+Non-finite gradients (``nonfinite="propagate"``, the default): when any rank's bucket holds
+NaN or Inf the bucket's result on every rank is the dense average of the raw gradients
+(non-finite exactly where DDP's allreduce would be) and no residual changes, so
+``torch.amp.GradScaler`` finds the overflow on every rank and skips the step everywhere.
+``nonfinite="raise"`` makes every rank raise the same ValueError instead (see
+:class:`~sparsecomm.SparseAllreduce`).
 
 Bucket rebuilds. DDP re-buckets the parameters after the first iteration (in the order
 their gradients became ready). The hook keys residuals by *parameter*, not by bucket: a
@@ -43,7 +54,7 @@ from . import algorithms
 from ._bucket_worker import BucketWorker
 from .comm.base import Comm
 from .formats.header import FORMAT_VERSION
-from .reducer import SparseAllreduce, check_state_version
+from .reducer import NONFINITE_POLICIES, SparseAllreduce, check_state_version
 
 __all__ = ["DDPHookState", "ddp_hook"]
 
@@ -61,17 +72,22 @@ class DDPHookState:
             ``process_group`` (e.g. an MPIComm).
         async_comm: run the collectives on a background worker (default True); False
             runs them inside the hook.
+        nonfinite: ``"propagate"`` (default: what mixed precision's GradScaler needs) or
+            ``"raise"``: what a bucket holding NaN or Inf on any rank does.
         **options: options of the algorithm, validated here.
     """
 
     def __init__(self, algorithm: str, density: float, process_group: Any = None, warmup_steps: int = 0,
-                 comm: Comm | None = None, async_comm: bool = True, **options: Any):
+                 comm: Comm | None = None, async_comm: bool = True, nonfinite: str = "propagate", **options: Any):
         if isinstance(density, bool) or not isinstance(density, (int, float)) or not (0.0 < density <= 1.0):
             raise ValueError(f"density must be a number in (0, 1], got {density!r}")
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
         if not isinstance(async_comm, bool):
             raise ValueError(f"async_comm must be True or False, got {async_comm!r}")
+        if nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(f"nonfinite must be one of {', '.join(map(repr, NONFINITE_POLICIES))}, got {nonfinite!r}")
+        self.nonfinite = nonfinite
         algorithms.get(algorithm)(None, **options)  # validates the options now, not at the first bucket
         self.async_comm = async_comm
         self._worker: BucketWorker | None = None
@@ -136,7 +152,8 @@ class DDPHookState:
         if index in self._reducers:  # DDP rebuilt its buckets: keep residuals per parameter
             self._drain()  # no reducer may be running while its residual is cut up
             self._release_all()
-        reducer = SparseAllreduce(self.algorithm, self.density, comm=self.comm, **self.options)
+        reducer = SparseAllreduce(self.algorithm, self.density, comm=self.comm, nonfinite=self.nonfinite,
+                                  **self.options)
         if self._loose_residuals:
             buffer = bucket.buffer()
             work_dtype = torch.float32 if buffer.dtype in (torch.float16, torch.bfloat16) else buffer.dtype
@@ -162,7 +179,8 @@ class DDPHookState:
         self._drain()
         residuals = {**self._loose_residuals, **self._residual_pieces()}
         return {"format_version": FORMAT_VERSION, "algorithm": self.algorithm, "density": self.density,
-                "options": dict(self.options), "warmup_steps": self.warmup_steps, "step": self.step,
+                "options": dict(self.options), "nonfinite": self.nonfinite, "warmup_steps": self.warmup_steps,
+                "step": self.step,
                 "residuals": residuals}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -186,7 +204,7 @@ class DDPHookState:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["algorithm"], state["density"], process_group=None,
                       warmup_steps=state["warmup_steps"], async_comm=state.get("async_comm", True),
-                      **state["options"])
+                      nonfinite=state.get("nonfinite", "propagate"), **state["options"])
         self.load_state_dict(state)
 
     def close(self) -> None:
@@ -216,12 +234,18 @@ def ddp_hook(state: DDPHookState, bucket: dist.GradBucket) -> torch.futures.Futu
         state.step += 1
 
     def job() -> torch.Tensor:
-        if reducer is None:
+        if reducer is None:  # DDP's own allreduce_hook: divide first, then sum
+            buffer.div_(comm.size)
             comm.allreduce_dense(buffer)
+            return buffer
+        if buffer.dtype in (torch.float16, torch.bfloat16):
+            # the float32 sum, divided before the one rounding to the bucket's dtype
+            total = reducer(buffer, out=torch.empty(buffer.shape, dtype=torch.float32, device=buffer.device))
+            buffer.copy_(total.div_(comm.size))
         else:
             reducer(buffer, out=buffer)  # the reducer reads the gradient before writing the sum
-            state.last_stats[index] = reducer.last_stats
-        buffer.div_(comm.size)
+            buffer.div_(comm.size)
+        state.last_stats[index] = reducer.last_stats
         return buffer
 
     future: torch.futures.Future = torch.futures.Future()

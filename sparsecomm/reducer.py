@@ -8,13 +8,35 @@ Per call, on every rank r (the error-feedback invariant of docs/architecture.md,
    let through, which becomes ``e'_r``; hence ``sum_r (g_r + e_r) == out + sum_r e'_r``.
 
 float16 / bfloat16 gradients are reduced in float32 (residual, messages and sums), and
-the result is rounded once to the gradient's dtype.
+the result is rounded once to the gradient's dtype (or handed back in float32 when ``out``
+is float32, so a caller can scale it before rounding, as the DDP hook does).
+
+Non-finite gradients (NaN, +Inf, -Inf) follow one policy for every algorithm, the option
+``nonfinite``. Before the algorithm runs, each rank checks its gradient in one fused pass
+(``torch.aminmax``: NaN propagates to both ends, an Inf shows as an end) and the ranks
+all-gather a one-byte flag (``allgather_small``, counted in ``last_stats``). If every rank is
+finite the algorithm runs; otherwise no algorithm runs and no residual changes:
+
+* ``"propagate"`` (the default): the result is the backend's dense allreduce of the raw
+  gradients, non-finite exactly where a dense allreduce is (so ``torch.amp.GradScaler`` sees
+  the overflow on every rank and skips the step), and every residual stays as it was;
+* ``"raise"``: every rank raises the same ValueError naming the ranks whose gradient was
+  non-finite and what they held.
+
+``dense`` under ``"propagate"`` skips the check and the flag round: it is itself the dense
+allreduce (its residual is always zero). The functional API defaults to ``"propagate"`` like
+the hook: a SparseAllreduce then behaves as the ``dist.all_reduce`` it replaces, non-finite
+values are never dropped or silently mixed into residuals, and the caller sees them in the
+result on every rank; ``"raise"`` is the opt-in for failing fast. The check is on the
+gradient: a sum of finite values that overflows inside an algorithm is that algorithm's
+arithmetic (Inf is selected first; the kernels still raise on a NaN they meet).
 
 Before the first call with a given length and dtype the ranks exchange a small signature
 (format version, sparsecomm version, algorithm, options, density, N, dtype, k). Any
 difference raises the same ValueError on every rank, naming the ranks and the field, instead
-of a hang or a wrong sum; differing sparsecomm versions are named in words (one more small
-all-gather of the version strings, only on that error path).
+of a hang or a wrong sum; differing sparsecomm versions, algorithms and options are named
+in words (two more small all-gathers of the texts, only on that error path). The options are
+the algorithm's options and ``nonfinite``, as sorted ``key=value`` text.
 """
 
 from __future__ import annotations
@@ -37,8 +59,12 @@ __all__ = ["SparseAllreduce", "k_for"]
 _HALF_TYPES = (torch.float16, torch.bfloat16)
 _SIGNATURE_FIELDS = ("magic", "format version", "sparsecomm version", "algorithm", "options", "density", "N",
                      "dtype", "k")
-#: bytes of a version string sent to name differing versions in the error (longer ones are cut)
-_VERSION_BYTES = 64
+#: signature fields whose value is a text sent as a hash; the error names them in words
+_TEXT_FIELDS = ("sparsecomm version", "algorithm", "options")
+#: the values of the ``nonfinite`` option
+NONFINITE_POLICIES = ("propagate", "raise")
+# this rank's non-finite flag (bits), all-gathered before the algorithm runs
+_NAN, _POS_INF, _NEG_INF = 1, 2, 4
 
 
 def k_for(density: float, n: int) -> int:
@@ -81,12 +107,17 @@ class SparseAllreduce:
         density: fraction of elements each rank selects, in (0, 1].
         comm: the :class:`~sparsecomm.comm.Comm` to use; default: a TorchComm over the
             default torch.distributed process group.
+        nonfinite: ``"propagate"`` (default) or ``"raise"``: what happens when any rank's
+            gradient holds NaN or Inf (see the module docstring); part of the handshake.
         **options: the algorithm's own options (validated by it).
     """
 
-    def __init__(self, algorithm: str, density: float, comm: Comm | None = None, **options: Any):
+    def __init__(self, algorithm: str, density: float, comm: Comm | None = None, nonfinite: str = "propagate",
+                 **options: Any):
         if isinstance(density, bool) or not isinstance(density, (int, float)) or not (0.0 < density <= 1.0):
             raise ValueError(f"density must be a number in (0, 1], got {density!r}")
+        if nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(f"nonfinite must be one of {', '.join(map(repr, NONFINITE_POLICIES))}, got {nonfinite!r}")
         cls = algorithms.get(algorithm)
         if comm is None:
             from .comm.torch_comm import TorchComm
@@ -95,6 +126,7 @@ class SparseAllreduce:
             raise ValueError(f"comm must be a sparsecomm.comm.Comm, got {type(comm).__name__}")
         self.algorithm_name = algorithm
         self.density = float(density)
+        self.nonfinite = nonfinite
         self.comm = comm
         self.algorithm = cls(comm, **options)
         self._residual: torch.Tensor | None = None
@@ -151,17 +183,23 @@ class SparseAllreduce:
         if not isinstance(grad, torch.Tensor) or not grad.is_floating_point():
             raise ValueError(f"grad must be a floating-point tensor, got "
                              f"{type(grad).__name__ if not isinstance(grad, torch.Tensor) else grad.dtype}")
-        if out is not None and (out.shape != grad.shape or out.dtype != grad.dtype or out.device != grad.device):
-            raise ValueError(f"out must match grad (shape {tuple(grad.shape)}, {grad.dtype}, {grad.device}); "
-                             f"got shape {tuple(out.shape)}, {out.dtype}, {out.device}")
+        work_dtype = torch.float32 if grad.dtype in _HALF_TYPES else grad.dtype
+        if out is not None and (out.shape != grad.shape or out.dtype not in (grad.dtype, work_dtype)
+                                or out.device != grad.device):
+            raise ValueError(f"out must match grad (shape {tuple(grad.shape)}, {grad.dtype} or {work_dtype}, "
+                             f"{grad.device}); got shape {tuple(out.shape)}, {out.dtype}, {out.device}")
         start = time.perf_counter()
         flat = grad.detach().reshape(-1)
         n = flat.numel()
-        work_dtype = torch.float32 if grad.dtype in _HALF_TYPES else grad.dtype
         handshake = self.comm.stats.snapshot()
         acc = self._prepare(n, work_dtype, grad)
         after_handshake = self.comm.stats.snapshot()
-        acc.add_(flat)  # acc = g + e, accumulated in the working dtype
+        check_start = time.perf_counter()
+        nonfinite = self._nonfinite_ranks(flat)  # the same list on every rank; raises under "raise"
+        check_s = time.perf_counter() - check_start
+        after_check = self.comm.stats.snapshot()
+        if not nonfinite:
+            acc.add_(flat)  # acc = g + e, accumulated in the working dtype
         k = self.k_for(n)
         if out is not None and out.dtype == work_dtype and out.is_contiguous():
             result = out
@@ -172,13 +210,17 @@ class SparseAllreduce:
                 torch.empty(n, dtype=work_dtype, device=grad.device)
         self.algorithm.times = {}
         self.algorithm.last_nnz = None
-        if n:
+        if nonfinite:  # "propagate": the dense allreduce of the raw gradients, residuals untouched
+            work_out.copy_(flat)
+            self.comm.allreduce_dense(work_out)
+        elif n:
             self.algorithm.reduce(acc, k, work_out)
         if work_out.data_ptr() != result.data_ptr() or work_out.dtype != result.dtype:
             result.copy_(work_out.view(result.shape))
         self._shape = grad.shape
-        spent = self.comm.stats - after_handshake
+        spent = self.comm.stats - after_check
         handshake_spent = after_handshake - handshake
+        check_spent = after_check - after_handshake
         times = self.algorithm.times
         self.last_stats = {
             "algorithm": self.algorithm_name, "n": n, "k": k,
@@ -188,8 +230,25 @@ class SparseAllreduce:
             "select_s": times.get("select", 0.0), "merge_s": times.get("merge", 0.0),
             "comm_s": spent.comm_s, "total_s": time.perf_counter() - start,
             "handshake_bytes": handshake_spent.bytes_sent, "handshake_rounds": handshake_spent.rounds,
+            "check_bytes": check_spent.bytes_sent, "check_rounds": check_spent.rounds, "check_s": check_s,
+            "nonfinite_ranks": nonfinite,
         }
         return result
+
+    def _nonfinite_ranks(self, flat: torch.Tensor) -> list[int]:
+        """The ranks whose gradient holds NaN or Inf, agreed by all ranks with one all-gather
+        of a one-byte flag; under ``nonfinite="raise"`` every rank raises the same ValueError
+        when the list is not empty. Skipped (empty) for N = 0 on every rank (N was agreed),
+        and for an algorithm that is itself the dense allreduce under ``"propagate"``."""
+        if flat.numel() == 0 or (self.nonfinite == "propagate" and self.algorithm.propagates_nonfinite):
+            return []
+        mine = torch.tensor([_nonfinite_flag(flat)], dtype=torch.uint8)
+        flags = self.comm.allgather_small(mine).view(-1).tolist()
+        if not any(flags):
+            return []
+        if self.nonfinite == "raise":
+            raise nonfinite_error(flags, flat.numel(), self.algorithm_name)
+        return [rank for rank, flag in enumerate(flags) if flag]
 
     def _prepare(self, n: int, work_dtype: torch.dtype, grad: torch.Tensor) -> torch.Tensor:
         """The residual buffer for this call; agree with the other ranks first if new."""
@@ -212,9 +271,10 @@ class SparseAllreduce:
 
     def _handshake(self, n: int, dtype: torch.dtype) -> None:
         """Exchange a signature; raise the same ValueError on every rank on any difference."""
-        options = repr(sorted((key, repr(value)) for key, value in self.algorithm.options.items()))
+        options = self.options_text()
         density_bits = torch.tensor([self.density], dtype=torch.float64).view(torch.int64).item()
-        algorithm_id = f"{self.algorithm_name}/{self.algorithm.wire_revision}"
+        revision = self.algorithm.wire_revision
+        algorithm_id = f"{self.algorithm_name}/{revision}" if revision else self.algorithm_name
         version = _version()
         mine = torch.tensor([MAGIC, FORMAT_VERSION, _crc(version), _crc(algorithm_id), _crc(options),
                              density_bits, n, DTYPE_CODES.get(dtype, 0), self.k_for(n)], dtype=torch.int64)
@@ -222,18 +282,20 @@ class SparseAllreduce:
         differing = [i for i in range(len(_SIGNATURE_FIELDS)) if not bool((table[:, i] == table[0, i]).all())]
         if not differing:
             return
+        texts = {"sparsecomm version": version, "algorithm": algorithm_id, "options": options}
+        words = self._words(texts, differing, table)
         lines = []
         for i in differing:
             field = _SIGNATURE_FIELDS[i]
             values = table[:, i].tolist()
-            if field == "sparsecomm version":
-                values = self._version_words(version, differing, values)
+            if field in words:
+                values = words[field]
             elif field == "dtype":
                 by_code = {code: str(d) for d, code in DTYPE_CODES.items()}
                 values = [by_code.get(v, v) for v in values]
             elif field == "density":
                 values = [torch.tensor([v]).view(torch.float64).item() for v in values]
-            elif field in ("algorithm", "options", "magic"):
+            elif field == "magic":
                 values = [f"#{v:x}" for v in values]
             groups: dict[Any, list[int]] = {}
             for rank, value in enumerate(values):
@@ -243,20 +305,37 @@ class SparseAllreduce:
                          f"({self.algorithm_name}, density {self.density}, this rank N={n}, {dtype}):\n  "
                          + "\n  ".join(lines)
                          + "\nevery rank must call the same reducer with the same tensor size, dtype, "
-                           "algorithm, options and sparsecomm version")
+                           "algorithm, options (including nonfinite) and sparsecomm version")
 
-    def _version_words(self, version: str, differing: list[int], hashes: list[int]) -> list[str]:
-        """Every rank's version string, for the error message (all ranks call this together:
-        they all saw the same table). Only when the handshake layout itself agrees (same magic
-        and format version): a peer speaking another layout might not answer, so its version
-        is then shown by hash."""
+    def options_text(self) -> str:
+        """The options as the handshake compares and the mismatch error shows them: the
+        algorithm's options and ``nonfinite``, sorted ``key=value`` (values by ``repr``)."""
+        merged = {**self.algorithm.options, "nonfinite": self.nonfinite}
+        return ", ".join(f"{key}={merged[key]!r}" for key in sorted(merged))
+
+    def _words(self, texts: dict[str, str], differing: list[int], table: torch.Tensor) -> dict[str, list[str]]:
+        """Every rank's text of each differing text field (version, algorithm, options), in
+        words for the error message; the signature carries only their CRCs. All ranks call
+        this together (they all saw the same table): one all-gather of the texts' byte
+        lengths, one of the texts padded to the longest, only on this error path. Only when
+        the handshake layout itself agrees (same magic and format version): a peer speaking
+        another layout might not answer, so its texts are then shown by hash."""
+        fields = [_SIGNATURE_FIELDS[i] for i in differing if _SIGNATURE_FIELDS[i] in _TEXT_FIELDS]
+        if not fields:
+            return {}
         if any(_SIGNATURE_FIELDS[i] in ("magic", "format version") for i in differing):
-            return [f"#{h:x}" for h in hashes]
-        raw = version.encode()[:_VERSION_BYTES]
-        padded = torch.zeros(_VERSION_BYTES, dtype=torch.uint8)
-        padded[:len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
-        words = []
-        for row in self.comm.allgather_small(padded).cpu():
-            text = bytes(row.tolist()).rstrip(b"\0").decode("utf-8", errors="replace")
-            words.append(repr(text))
+            return {field: [f"#{h:x}" for h in table[:, _SIGNATURE_FIELDS.index(field)].tolist()] for field in fields}
+        raw = [texts[field].encode() for field in fields]
+        lengths = self.comm.allgather_small(torch.tensor([len(r) for r in raw], dtype=torch.int64)).cpu()
+        width = int(lengths.max())
+        padded = torch.zeros(len(fields), width, dtype=torch.uint8)
+        for row, data in enumerate(raw):
+            if data:
+                padded[row, :len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        gathered = self.comm.allgather_small(padded).cpu()  # (P, fields, width)
+        words: dict[str, list[str]] = {}
+        for j, field in enumerate(fields):
+            shown = "{%s}" if field == "options" else "%r"  # options as {key=value, ...}, the rest quoted
+            words[field] = [shown % bytes(gathered[rank, j, :int(lengths[rank, j])].tolist()).decode("utf-8", "replace")
+                            for rank in range(gathered.shape[0])]
         return words

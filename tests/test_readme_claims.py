@@ -20,12 +20,12 @@ raise the same ValueError naming the ranks and the field               test_redu
 a peer that does not answer raises CommTimeoutError within the         test_silent_peer_raises_comm_timeout_simulated,
 Comm's timeout                                                         test_silent_peer_raises_comm_timeout_on_gloo,
                                                                        test_comm_torch.py::test_timeout_names_pending_peer
-NaN raises in top-k selection, never silently sent or dropped          test_nan_raises_in_selection_never_sent,
-                                                                       test_ops.py::test_topk_nan_raises
-Inf is selected first                                                  test_inf_is_selected_first,
-                                                                       test_ops.py::test_topk_inf_selected_first
-float16/bfloat16 reduced in float32 and rounded once                   test_half_gradients_reduced_in_float32_rounded_once,
-                                                                       test_ops.py::test_merge_half_rounded_once
+NaN/Inf: one policy (nonfinite); "propagate" gives every rank the    test_nonfinite_gradients_follow_one_policy,
+dense sum of the raw gradients, residuals unchanged (GradScaler         test_nonfinite.py (P = 2, 3, 4 simulated,
+skips); "raise" raises the same ValueError on every rank                gloo, GradScaler on DDP)
+float16/bfloat16 reduced in float32 and rounded once; the hook          test_half_gradients_reduced_in_float32_rounded_once,
+divides by P in float32 before rounding                                test_ops.py::test_merge_half_rounded_once,
+                                                                       test_half_precision.py
 messages are uint8 tensors in documented layouts                       test_messages_are_uint8_in_documented_layouts
 nothing a peer sends is unpickled                                      test_nothing_a_peer_sends_is_unpickled
 =====================================================================  ==========================================
@@ -272,60 +272,52 @@ def test_silent_peer_raises_comm_timeout_on_gloo():
             (algorithm, seconds)
 
 
-# -- NaN raises in top-k selection; Inf is selected first -------------------------------------
+# -- NaN or Inf: one policy for every algorithm ---------------------------------------------------
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_nan_raises_in_selection_never_sent(algorithm):
-    """NaN at one index of every rank's gradient: no rank of a selecting algorithm returns a
-    result; the ranks whose selection meets the NaN raise ValueError naming it, their peers
-    fail on the Comm (here a timeout: the failing ranks stay up). dense selects nothing: the
-    NaN is summed into the result, not dropped."""
-    n, nan_at = 1000, 17
+def test_nonfinite_gradients_follow_one_policy(algorithm):
+    """NaN on rank 0, +Inf on rank 1 and -Inf on rank 2 at one index (a dense sum gives NaN),
+    +Inf on rank 3 at another. "propagate": every rank's result is the dense sum of the raw
+    gradients (NaN and signed Inf at the same places, the finite rest equal up to summation
+    order) and the residuals are what the previous step left; "raise": the same ValueError on
+    every rank, naming all four ranks."""
+    size, n = 4, 1000
+    where = {0: {17: float("nan")}, 1: {900: float("inf")}, 2: {900: float("-inf")}, 3: {5: float("inf")}}
+
+    def poisoned(rank):
+        grad = _grad(n, rank, 1, dtype=torch.float32)
+        for index, value in where[rank].items():
+            grad[index] = value
+        return grad
 
     def fn(comm):
-        grad = _grad(n, comm.rank, 0, dtype=torch.float32)
-        grad[nan_at] = float("nan")
-        try:
-            out = sc.SparseAllreduce(algorithm, 0.01, comm=comm)(grad)
-        except ValueError as exc:
-            return "ValueError: " + str(exc)
-        except CommError as exc:
-            return type(exc).__name__
-        return out
+        outcomes = {}
+        for policy in ("propagate", "raise"):
+            reducer = sc.SparseAllreduce(algorithm, 0.01, comm=comm, nonfinite=policy)
+            reducer(_grad(n, comm.rank, 0, dtype=torch.float32))
+            before = reducer.residual.clone()
+            try:
+                out = reducer(poisoned(comm.rank))
+            except ValueError as exc:
+                out = str(exc)
+            outcomes[policy] = (out, torch.equal(before, reducer.residual))
+        return outcomes
 
-    outcomes = simulate(4, fn, timeout=2.0).results
-    if algorithm == "dense":
-        assert all(bool(torch.isnan(o[nan_at])) and int(torch.isnan(o).sum()) == 1 for o in outcomes), outcomes
-        return
-    assert all(isinstance(o, str) for o in outcomes), (algorithm, outcomes)
-    raised = [o for o in outcomes if o.startswith("ValueError")]
-    assert raised and all("NaN" in o for o in raised), (algorithm, outcomes)
-    assert all(o.startswith("ValueError") or o == "CommTimeoutError" for o in outcomes), outcomes
-
-
-@pytest.mark.parametrize("density", [0.001, 0.01])   # k = 1 and k = 10 of N = 1000
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_inf_is_selected_first(algorithm, density):
-    """Rank 1 holds +Inf at a high index; every rank holds 1e30 at index 5.
-    With k = 1 the Inf must win over 1e30 (and over the lower index); it reaches every rank's
-    result and leaves rank 1's residual."""
-    n, inf_at = 1000, 900
-
-    def fn(comm):
-        grad = _grad(n, comm.rank, 0, dtype=torch.float32)
-        grad[5] = 1e30
-        if comm.rank == 1:
-            grad[inf_at] = float("inf")
-        reducer = sc.SparseAllreduce(algorithm, density, comm=comm)
-        out = reducer(grad)
-        return out, reducer.residual
-
-    results = simulate(4, fn).results
-    for rank, (out, residual) in enumerate(results):
-        assert out[inf_at].item() == float("inf") and not torch.isnan(out).any(), (algorithm, rank)
-    assert results[1][1][inf_at].item() == 0.0
-    if algorithm in OWN_TOP_K and density == 0.001:
-        # rank 1 kept its 1e30 back and sent the Inf; rank 0 sent its 1e30
-        assert results[1][1][5].item() == torch.tensor(1e30).item() and results[0][1][5].item() == 0.0
+    results = simulate(size, fn).results
+    dense = sum(poisoned(rank).double() for rank in range(size)).float()
+    messages = set()
+    for rank, outcomes in enumerate(results):
+        out, unchanged = outcomes["propagate"]
+        assert unchanged and torch.equal(out.isnan(), dense.isnan()), (algorithm, rank)
+        assert {i for i in range(n) if out[i].isnan()} == {17, 900}, (algorithm, rank)
+        assert out[5].item() == float("inf"), (algorithm, rank)
+        finite = dense.isfinite()
+        assert torch.equal(out.isfinite(), finite)
+        torch.testing.assert_close(out[finite], dense[finite], rtol=1e-6, atol=1e-5)
+        message, unchanged = outcomes["raise"]
+        assert unchanged and isinstance(message, str), (algorithm, rank, message)
+        messages.add(message)
+    assert len(messages) == 1, messages
+    assert messages.pop().startswith("non-finite gradient on ranks [0, 1, 2, 3] ("), algorithm
 
 
 # -- float16 / bfloat16: reduced in float32, rounded once ---------------------------------------
@@ -398,8 +390,10 @@ def test_messages_are_uint8_in_documented_layouts(algorithm, monkeypatch):
     """Every payload a rank sends in a reduction (after the handshake) is a 1-D uint8 tensor
     that either starts with the documented 32-byte header (sender = the sending rank), or is
     shorter than a header and then a whole number of little-endian int64 sizes, each the size
-    of a headed message (>= 32 B): exchange_var's size round, bruck_allgather_var's sizes.
-    At P = 5 a Bruck round carries at most 2 sizes (16 B), so the two kinds cannot be confused."""
+    of a headed message (>= 32 B): exchange_var's size round, bruck_allgather_var's sizes; or
+    the reducer's non-finite flags (reducer.py: one byte per rank, 0 = finite, else the bits
+    NaN 1, +Inf 2, -Inf 4), all-gathered before the algorithm: a Bruck round of 1..4 bytes.
+    At P = 5 a Bruck round carries at most 2 sizes (16 B), so the kinds cannot be confused."""
     from sparsecomm.comm.simulated import SimComm
 
     size, n = 5, 1025
@@ -425,6 +419,9 @@ def test_messages_are_uint8_in_documented_layouts(algorithm, monkeypatch):
     headed = 0
     for sender, peer, payload in sent:
         assert payload.dtype == torch.uint8 and payload.dim() == 1 and payload.is_contiguous()
+        if payload.numel() < 8:   # the flag round: this step's gradients are all finite
+            assert payload.numel() <= size - 1 and not payload.any(), (algorithm, sender, peer, payload)
+            continue
         if payload.numel() < 32:
             assert payload.numel() % 8 == 0, (algorithm, sender, peer, payload.numel())
             sizes = np.frombuffer(payload.numpy().tobytes(), dtype="<i8")

@@ -62,14 +62,24 @@ def test_k_rule_decimal_density_whose_float_product_overshoots(density, n, k):
     ("dtype", lambda rank: {"dtype": torch.float64 if rank == 1 else torch.float32},
      r"dtype: ranks \[0, 2, 3\] have torch\.float32; ranks \[1\] have torch\.float64"),
     ("algorithm", lambda rank: {"algorithm": "dense" if rank == 0 else "topka"},
-     r"algorithm: ranks \[0\] have #[0-9a-f]+; ranks \[1, 2, 3\] have #[0-9a-f]+"),
+     r"algorithm: ranks \[0\] have 'dense'; ranks \[1, 2, 3\] have 'topka'"),
+    # options in words: the algorithm's options and nonfinite, sorted key=value
+    ("options", lambda rank: {"options": {"nonfinite": "raise"} if rank == 3 else {}},
+     r"options: ranks \[0, 1, 2\] have \{nonfinite='propagate'\}; ranks \[3\] have \{nonfinite='raise'\}"),
+    ("options", lambda rank: {"algorithm": "spardl", "options": {"sag": "recursive"} if rank == 1 else {}},
+     r"options: ranks \[0, 2, 3\] have \{nonfinite='propagate', sag='auto', teams=None\}; "
+     r"ranks \[1\] have \{nonfinite='propagate', sag='recursive', teams=None\}"),
+    ("options", lambda rank: {"algorithm": "gssgd", "options": {"rows": 5, "heavymix": "random"} if rank == 0 else {}},
+     r"options: ranks \[0\] have \{columns=None, heavymix='random', nonfinite='propagate', rows=5, seed=24301\}; "
+     r"ranks \[1, 2, 3\] have \{columns=None, heavymix='topk', nonfinite='propagate', rows=7, seed=24301\}"),
     ("density", lambda rank: {"density": 0.1 if rank == 3 else 0.2},
      r"density: ranks \[0, 1, 2\] have 0\.2; ranks \[3\] have 0\.1"),
 ])
 def test_rank_mismatch_raises_on_every_rank(field, tweak, expected_line):
     def fn(comm):
-        setup = {"n": 100, "dtype": torch.float32, "algorithm": "topka", "density": 0.2, **tweak(comm.rank)}
-        reducer = sc.SparseAllreduce(setup["algorithm"], setup["density"], comm=comm)
+        setup = {"n": 100, "dtype": torch.float32, "algorithm": "topka", "density": 0.2, "options": {},
+                 **tweak(comm.rank)}
+        reducer = sc.SparseAllreduce(setup["algorithm"], setup["density"], comm=comm, **setup["options"])
         try:
             reducer(torch.ones(setup["n"], dtype=setup["dtype"]))
         except ValueError as exc:
@@ -104,7 +114,7 @@ def test_builds_with_another_wire_revision_refuse_on_every_rank():
         return None
 
     messages = simulate(3, fn).results
-    expected = r"algorithm: ranks \[0, 2\] have #[0-9a-f]+; ranks \[1\] have #[0-9a-f]+"
+    expected = r"algorithm: ranks \[0, 2\] have 'gssgd/sketch-runs16'; ranks \[1\] have 'gssgd/sketch-per-coordinate'"
     assert all(m is not None and any(re.fullmatch(expected, line.strip()) for line in m.splitlines())
                for m in messages), messages
 
@@ -180,11 +190,27 @@ def test_topk_selection_follows_magnitude_with_low_index_ties():
     assert torch.equal(out, expected)
 
 
-def test_nan_gradient_raises_instead_of_being_dropped():
+def test_nan_gradient_is_never_dropped():
+    """nonfinite="raise" raises naming the rank; the default "propagate" hands the NaN back
+    (the dense sum of the raw gradient) and leaves the residual as it was.
+    Every algorithm and P: tests/test_nonfinite.py."""
     def fn(comm):
+        grad = torch.tensor([1.0, float("nan"), 2.0, 3.0])
+        with pytest.raises(ValueError, match=r"non-finite gradient on ranks \[0\] \(ranks \[0\] have NaN"):
+            sc.SparseAllreduce("topka", 0.5, comm=comm, nonfinite="raise")(grad)
         reducer = sc.SparseAllreduce("topka", 0.5, comm=comm)
-        with pytest.raises(ValueError, match="NaN"):
-            reducer(torch.tensor([1.0, float("nan"), 2.0, 3.0]))
-        return True
+        reducer(torch.tensor([0.0, 3.0, 4.0, 1.0]))  # k = 2: residual [0, 0, 0, 1]
+        out = reducer(grad)
+        return out, reducer.residual, reducer.last_stats["nonfinite_ranks"]
 
-    assert simulate(1, fn).results == [True]
+    out, residual, ranks = simulate(1, fn).results[0]
+    assert torch.equal(out.isnan(), torch.tensor([False, True, False, False]))
+    assert torch.equal(out[[0, 2, 3]], torch.tensor([1.0, 2.0, 3.0]))
+    assert torch.equal(residual, torch.tensor([0.0, 0.0, 0.0, 1.0])) and ranks == [0]
+
+
+def test_nonfinite_policy_is_validated():
+    with pytest.raises(ValueError, match="nonfinite must be one of 'propagate', 'raise'"):
+        sc.SparseAllreduce("topka", 0.5, nonfinite="ignore")  # refused before any Comm is made
+    with pytest.raises(ValueError, match="nonfinite must be one of"):
+        sc.DDPHookState("topka", 0.5, nonfinite=True)

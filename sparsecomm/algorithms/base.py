@@ -67,6 +67,10 @@ class Algorithm(ABC):
     #: what else the ranks must share beyond name and options, e.g. a sketch's hash family
     #: (part of the reducer's handshake: ranks on builds that differ here refuse to reduce)
     wire_revision: ClassVar[str] = ""
+    #: True when the algorithm is itself the dense allreduce of ``acc`` with a zero residual:
+    #: NaN and Inf reach its result exactly as in a dense sum, so under the reducer's
+    #: ``nonfinite="propagate"`` the finiteness check and its flag round are skipped
+    propagates_nonfinite: ClassVar[bool] = False
     #: the keyword options the constructor accepts, with their defaults
     option_defaults: ClassVar[dict[str, Any]] = {}
 

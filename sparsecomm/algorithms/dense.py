@@ -17,6 +17,7 @@ __all__ = ["DenseAllreduce"]
 class DenseAllreduce(Algorithm):
     name = "dense"
     lossless = True
+    propagates_nonfinite = True  # NaN and Inf are summed like the backend's allreduce sums them
 
     def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
         out.copy_(acc)
