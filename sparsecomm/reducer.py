@@ -95,6 +95,35 @@ def _version() -> str:
     return str(_version_module.__version__)
 
 
+def _nonfinite_flag(flat: torch.Tensor) -> int:
+    """0 if every element is finite, else the bits of what the tensor holds: one fused
+    pass (``aminmax`` propagates NaN to both ends and shows an Inf as an end), one sync.
+    With a NaN present the Infs are not told apart (the NaN bit alone is set)."""
+    if flat.numel() == 0:
+        return 0
+    low, high = torch.stack(torch.aminmax(flat)).tolist()
+    if math.isnan(low) or math.isnan(high):
+        return _NAN
+    return (_POS_INF if high == math.inf else 0) | (_NEG_INF if low == -math.inf else 0)
+
+
+def _flag_words(flag: int) -> str:
+    return " and ".join(word for bit, word in ((_NAN, "NaN"), (_POS_INF, "+Inf"), (_NEG_INF, "-Inf")) if flag & bit)
+
+
+def nonfinite_error(flags: list[int], n: int, algorithm: str) -> ValueError:
+    """The ValueError every rank raises under ``nonfinite="raise"`` (the same text on all)."""
+    groups: dict[int, list[int]] = {}
+    for rank, flag in enumerate(flags):
+        if flag:
+            groups.setdefault(flag, []).append(rank)
+    held = "; ".join(f"ranks {ranks} have {_flag_words(flag)}" for flag, ranks in groups.items())
+    bad = sorted(rank for ranks in groups.values() for rank in ranks)
+    return ValueError(f"non-finite gradient on ranks {bad} ({held}; N={n}, {algorithm}, nonfinite='raise'): "
+                      "no rank reduced it and no residual changed; nonfinite='propagate' hands the dense "
+                      "allreduce of the raw gradients to every rank instead (what GradScaler expects)")
+
+
 class SparseAllreduce:
     """Sparse allreduce of one tensor with error feedback.
 
