@@ -74,7 +74,7 @@ build/fuzz/obj/%.o: csrc/cpu/%.c $(KERNEL_HDR)
 	@mkdir -p $(@D)
 	$(CLANG) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link,address,undefined $(FUZZ_OBJ_EXTRA) -c $< -o $@
 
-build/fuzz/fuzz_%: csrc/fuzz/fuzz_%.c csrc/fuzz/fuzz_common.h $(FUZZ_OBJ)
+build/fuzz/fuzz_%: csrc/fuzz/fuzz_%.c csrc/fuzz/fuzz_common.h csrc/tests/ref.h $(FUZZ_OBJ)
 	$(CLANG) $(FUZZ_CFLAGS) -fsanitize=fuzzer,address,undefined $< $(FUZZ_OBJ) -lm -o $@
 
 fuzz-build: $(addprefix build/fuzz/fuzz_,$(FUZZ_TARGETS))

@@ -36,18 +36,18 @@ static void kernels_on_valid(const uint8_t* msg, const sc_wire_layout* L, int nt
   uint8_t* rv = (uint8_t*)malloc((size_t)(2 * n * vs + 1));
   int64_t on = -1;
   FUZZ_CHECK(sc_merge_add_many(it, vt, 3, idxs, vals, lens, L->n, nt, oi, ov, &on, &e) == SC_OK);
-  int64_t rn = fz_merge_ref(it, vt, 3, idxs, vals, lens, ri, rv);
+  int64_t rn = ref_merge(it, vt, 3, idxs, vals, lens, ri, rv);
   FUZZ_CHECK(on == n && rn == n);
   FUZZ_CHECK(memcmp(oi, idx, (size_t)(n * is)) == 0);
-  for (int64_t i = 0; i < n; i++) FUZZ_CHECK(fz_same(vt, ov, i, rv, i));
+  for (int64_t i = 0; i < n; i++) FUZZ_CHECK(ref_same(vt, ov, i, rv, i));
 
   if (L->n <= (1 << 16)) {
     uint8_t* dense = (uint8_t*)calloc((size_t)(L->n * vs + 1), 1);
     FUZZ_CHECK(sc_scatter_add(it, vt, dense, L->n, idx, val, n, nt, &e) == SC_OK);
     FUZZ_CHECK(sc_gather(it, vt, dense, L->n, idx, n, nt, ov, &e) == SC_OK);
     for (int64_t i = 0; i < n; i++) {
-      fz_put(vt, rv, i, fz_add(vt, 0.0, fz_get(vt, val, i)));
-      FUZZ_CHECK(fz_same(vt, ov, i, rv, i));
+      ref_put(vt, rv, i, ref_add(vt, 0.0, ref_get(vt, val, i)));
+      FUZZ_CHECK(ref_same(vt, ov, i, rv, i));
     }
     free(dense);
   }
@@ -93,9 +93,9 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       sc_index_t it = L1.index_size == 4 ? SC_I32 : SC_I64;
       const void* idx = msg + L1.index_pos;
       int range = -1;
-      int64_t bad = fz_first_bad(it, idx, L1.count, L1.n, &range);
+      int64_t bad = ref_first_bad(it, idx, L1.count, L1.n, &range);
       FUZZ_CHECK(bad == e2.position && range == (e2.input == SC_WF_INDEX_RANGE));
-      FUZZ_CHECK(e2.value == fz_idx(it, idx, bad));
+      FUZZ_CHECK(e2.value == ref_idx(it, idx, bad));
       sc_error_info e3 = fz_err();
       int s3 = sc_check_sorted_indices(it, idx, L1.count, L1.n, nt, &e3);
       FUZZ_CHECK(s3 == (range ? SC_ERR_INDEX_RANGE : SC_ERR_INDEX_ORDER));
@@ -117,7 +117,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(L2.value_pos == ((iend + 7) & ~7) && L2.value_pos + L2.count * L2.value_size == (int64_t)n);
     for (int64_t i = iend; i < L2.value_pos; i++) FUZZ_CHECK(msg[i] == 0);
     int range;
-    FUZZ_CHECK(fz_first_bad(L2.index_size == 4 ? SC_I32 : SC_I64, msg + L2.index_pos, L2.count, L2.n,
+    FUZZ_CHECK(ref_first_bad(L2.index_size == 4 ? SC_I32 : SC_I64, msg + L2.index_pos, L2.count, L2.n,
                             &range) < 0);
     kernels_on_valid(msg, &L2, nt);
   }

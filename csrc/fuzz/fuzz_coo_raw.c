@@ -52,7 +52,7 @@ FZ_NOCOV int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   int64_t first_bad[MAXP];
   int range[MAXP];
   for (int64_t q = 0; q < p; q++) {
-    first_bad[q] = fz_first_bad(it, idx[q], lens[q], limit, &range[q]);
+    first_bad[q] = ref_first_bad(it, idx[q], lens[q], limit, &range[q]);
     sc_error_info e = fz_err();
     int st = sc_check_sorted_indices(it, idx[q], lens[q], limit, nt, &e);
     if (first_bad[q] < 0) {
@@ -60,7 +60,7 @@ FZ_NOCOV int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } else {
       FUZZ_CHECK(st == (range[q] ? SC_ERR_INDEX_RANGE : SC_ERR_INDEX_ORDER));
       FUZZ_CHECK(e.input == 0 && e.position == first_bad[q]);
-      FUZZ_CHECK(e.value == fz_idx(it, idx[q], first_bad[q]));
+      FUZZ_CHECK(e.value == ref_idx(it, idx[q], first_bad[q]));
     }
   }
 
@@ -79,11 +79,11 @@ FZ_NOCOV int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (first_bad[q] >= 0) q0 = q;
     if (q0 < 0) {
       FUZZ_CHECK(st == SC_OK);
-      int64_t rn = fz_merge_ref(it, vt, p, (const void* const*)idx, (const void* const*)val, lens,
+      int64_t rn = ref_merge(it, vt, p, (const void* const*)idx, (const void* const*)val, lens,
                                 ri, rv);
       FUZZ_CHECK(on == rn);
       FUZZ_CHECK(memcmp(oi, ri, rn * is) == 0);
-      for (int64_t i = 0; i < rn; i++) FUZZ_CHECK(fz_same(vt, ov, i, rv, i));
+      for (int64_t i = 0; i < rn; i++) FUZZ_CHECK(ref_same(vt, ov, i, rv, i));
     } else {
       FUZZ_CHECK(st == (range[q0] ? SC_ERR_INDEX_RANGE : SC_ERR_INDEX_ORDER));
       FUZZ_CHECK(e.input == q0 && e.position == first_bad[q0]);
@@ -110,11 +110,11 @@ FZ_NOCOV int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     int64_t dn = limit < 0 ? 64 : (limit < 2048 ? limit : 2048);
     void* dense = calloc(dn * vs + lens[0] * vs + 1, 1);
     void* ref = calloc(dn * vs + 1, 1);
-    for (int64_t i = 0; i < dn; i++) fz_put(vt, dense, i, (double)(i % 7) - 3.0);
+    for (int64_t i = 0; i < dn; i++) ref_put(vt, dense, i, (double)(i % 7) - 3.0);
     memcpy(ref, dense, dn * vs);
     int64_t bad = -1;
     for (int64_t i = 0; i < lens[0] && bad < 0; i++) {
-      int64_t x = fz_idx(it, idx[0], i);
+      int64_t x = ref_idx(it, idx[0], i);
       if (x < 0 || x >= dn) bad = i;
     }
     sc_error_info e = fz_err();
@@ -125,10 +125,10 @@ FZ_NOCOV int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } else {
       FUZZ_CHECK(st == SC_OK);
       for (int64_t i = 0; i < lens[0]; i++) {
-        int64_t x = fz_idx(it, idx[0], i);
-        fz_put(vt, ref, x, fz_add(vt, fz_get(vt, ref, x), fz_get(vt, val[0], i)));
+        int64_t x = ref_idx(it, idx[0], i);
+        ref_put(vt, ref, x, ref_add(vt, ref_get(vt, ref, x), ref_get(vt, val[0], i)));
       }
-      for (int64_t i = 0; i < dn; i++) FUZZ_CHECK(fz_same(vt, dense, i, ref, i));
+      for (int64_t i = 0; i < dn; i++) FUZZ_CHECK(ref_same(vt, dense, i, ref, i));
     }
     void* out = malloc(lens[0] * vs + 1);
     st = sc_gather(it, vt, dense, dn, idx[0], lens[0], nt, out, &e);
@@ -137,7 +137,7 @@ FZ_NOCOV int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } else {
       FUZZ_CHECK(st == SC_OK);
       for (int64_t i = 0; i < lens[0]; i++)
-        FUZZ_CHECK(memcmp((char*)out + vs * i, (char*)dense + vs * fz_idx(it, idx[0], i), vs) == 0);
+        FUZZ_CHECK(memcmp((char*)out + vs * i, (char*)dense + vs * ref_idx(it, idx[0], i), vs) == 0);
     }
     if ((sel & 128) && dn > 0 && lens[0] > 0) {
       /* values read from inside the dense buffer: rejected before any write */

@@ -50,7 +50,7 @@ FZ_NOCOV static void roundtrip(sc_dtype vt, const uint8_t* bytes, int64_t nbytes
   float* scales = (float*)malloc((size_t)nb * 4 + 4);
   int64_t bad = -1;
   for (int64_t i = 0; i < n && bad < 0; i++) {
-    double v = fz_get(vt, x, i);
+    double v = ref_get(vt, x, i);
     if (!(fabs(v) <= FLT_MAX)) bad = i;
   }
   sc_error_info e = fz_err();
@@ -64,8 +64,8 @@ FZ_NOCOV static void roundtrip(sc_dtype vt, const uint8_t* bytes, int64_t nbytes
     FUZZ_CHECK(sc_qsgd_dequantize(vt, packed, scales, n, bits, bucket, out, nt, &e) == SC_OK);
     for (int64_t i = 0; i < n; i++) {
       double sc = scales[i / bucket];
-      FUZZ_CHECK(sc >= fabs(fz_get(vt, x, i)));
-      double xi = fz_get(vt, x, i), err = fabs(fz_get(vt, out, i) - xi);
+      FUZZ_CHECK(sc >= fabs(ref_get(vt, x, i)));
+      double xi = ref_get(vt, x, i), err = fabs(ref_get(vt, out, i) - xi);
       /* one level step, plus the rounding of the output to its dtype (a
        * float32 subnormal's spacing can exceed a tiny scale's step) */
       double ulp = vt == SC_F32 ? 1.5e-45 + fabs(xi) * 1.2e-7 : 5e-324 + fabs(xi) * 2.3e-16;
@@ -129,7 +129,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       for (int64_t i = 0; i < L2.n; i++) {
         int q = L2.bits == 8 ? packed[i] : (i & 1) ? packed[i >> 1] >> 4 : packed[i >> 1] & 15;
         double want = (double)(q - s) * (double)scales[i / L2.bucket] / (double)s;
-        FUZZ_CHECK(fz_get(vt, out, i) == (vt == SC_F64 ? want : (double)(float)want));
+        FUZZ_CHECK(ref_get(vt, out, i) == (vt == SC_F64 ? want : (double)(float)want));
       }
     }
     free(out);

@@ -14,76 +14,12 @@
 #include "fuzz_common.h"
 #include "sparsecomm/sketch.h"
 
-FZ_NOCOV static uint64_t mix(uint64_t z) {
-  z ^= z >> 30;
-  z *= 0xBF58476D1CE4E5B9ull;
-  z ^= z >> 27;
-  z *= 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return z;
-}
-
-/* bucket and sign of coordinate i in row j (sketch.h) */
-FZ_NOCOV static void hash(uint64_t seed, int64_t j, int64_t i, int64_t cols, int64_t* bucket,
-                          double* sign) {
-  uint64_t key = mix(seed + 0x9E3779B97F4A7C15ull * (uint64_t)(j + 1));
-  uint64_t r = (uint64_t)i / SC_SKETCH_RUN, o = (uint64_t)i % SC_SKETCH_RUN;
-  uint64_t h = mix(key ^ r);
-  uint64_t base = ((h >> 32) * (uint64_t)cols) >> 32;
-  *bucket = (int64_t)((base + o) % (uint64_t)cols);
-  *sign = ((h >> o) & 1) ? -1.0 : 1.0;
-}
-
-/* T[j][b] += (TT)v * sign, in the table dtype */
-FZ_NOCOV static void ref_add(sc_dtype tt, void* table, int64_t at, double v, double sign) {
-  if (tt == SC_F32) {
-    float t;
-    memcpy(&t, (char*)table + 4 * at, 4);
-    t += (float)v * (float)sign;
-    memcpy((char*)table + 4 * at, &t, 4);
-  } else {
-    double t;
-    memcpy(&t, (char*)table + 8 * at, 8);
-    t += v * sign;
-    memcpy((char*)table + 8 * at, &t, 8);
-  }
-}
-
-FZ_NOCOV static void ref_build(sc_dtype tt, void* table, int64_t rows, int64_t cols, uint64_t seed,
-                               const int64_t* idx, sc_dtype vt, const void* val, int64_t m) {
-  for (int64_t j = 0; j < rows; j++)
-    for (int64_t t = 0; t < m; t++) {
-      int64_t i = idx ? idx[t] : t, b;
-      double sign;
-      hash(seed, j, i, cols, &b, &sign);
-      ref_add(tt, table, j * cols + b, fz_get(vt, val, t), sign);
-    }
-}
-
 FZ_NOCOV static void check_estimate(sc_dtype tt, const void* table, int64_t rows, int64_t cols,
                                     uint64_t seed, const int64_t* idx, int64_t m, const void* out) {
-  double v[SC_SKETCH_MAX_ROWS];
   for (int64_t t = 0; t < m; t++) {
-    int64_t i = idx ? idx[t] : t, nan = 0;
-    for (int64_t j = 0; j < rows; j++) {
-      int64_t b;
-      double sign;
-      hash(seed, j, i, cols, &b, &sign);
-      v[j] = fz_get(tt, table, j * cols + b) * sign; /* exact in the table dtype */
-      if (v[j] != v[j]) nan = 1;
-    }
-    if (nan) continue; /* NaN has no place in an order */
-    for (int64_t a = 1; a < rows; a++)
-      for (int64_t c = a; c > 0 && v[c - 1] > v[c]; c--) {
-        double s = v[c];
-        v[c] = v[c - 1];
-        v[c - 1] = s;
-      }
     double want;
-    if (rows & 1) want = v[rows / 2];
-    else if (tt == SC_F32) want = (double)(((float)v[rows / 2 - 1] + (float)v[rows / 2]) / 2.0f);
-    else want = (v[rows / 2 - 1] + v[rows / 2]) / 2.0;
-    double got = fz_get(tt, out, t);
+    if (!ref_sketch_estimate(tt, table, rows, cols, seed, idx ? idx[t] : t, &want)) continue;
+    double got = ref_get(tt, out, t);
     FUZZ_CHECK(got == want || (got != got && want != want));
   }
 }
@@ -121,8 +57,8 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(memcmp(table, ref, (size_t)cells * ts) == 0);
   } else {
     FUZZ_CHECK(st == SC_OK);
-    ref_build(tt, ref, rows, cols, seed, NULL, vt, val, m);
-    for (int64_t c = 0; c < cells; c++) FUZZ_CHECK(fz_same(tt, table, c, ref, c));
+    ref_sketch_build(tt, ref, rows, cols, seed, NULL, vt, val, m);
+    for (int64_t c = 0; c < cells; c++) FUZZ_CHECK(ref_same(tt, table, c, ref, c));
 
     int64_t bad = -1;
     for (int64_t t = 0; t < m && bad < 0; t++)
@@ -132,9 +68,9 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       FUZZ_CHECK(st == SC_ERR_INDEX_RANGE && e.position == bad && e.value == idx[bad]);
     } else {
       FUZZ_CHECK(st == SC_OK);
-      ref_build(tt, ref, rows, cols, seed, idx, vt, val, m);
+      ref_sketch_build(tt, ref, rows, cols, seed, idx, vt, val, m);
     }
-    for (int64_t c = 0; c < cells; c++) FUZZ_CHECK(fz_same(tt, table, c, ref, c));
+    for (int64_t c = 0; c < cells; c++) FUZZ_CHECK(ref_same(tt, table, c, ref, c));
 
     const int64_t* at = (sel & 16) ? NULL : idx;
     int64_t neg = -1;

@@ -30,7 +30,7 @@ static void sparse_kernels(const uint8_t* msg, const sc_wire_layout* L, int nt) 
   int64_t* b = (int64_t*)malloc((size_t)n * 8 + 8);
   sc_index_t it = L->index_size == 4 ? SC_I32 : SC_I64;
   for (int64_t i = 0; i < n; i++) {
-    a[i] = fz_idx(it, msg + L->index_pos, i);
+    a[i] = ref_idx(it, msg + L->index_pos, i);
     b[i] = a[i] + (L->n <= INT64_MAX / 2 ? L->n : 0); /* no shift past int64 */
   }
   sc_dtype vt = vtype_of(L->h.value_dtype);
@@ -60,14 +60,14 @@ static void dense_kernels(const uint8_t* msg, const sc_wire_layout* L, int nt) {
   const void* val = msg + L->value_pos;
   uint8_t* x = (uint8_t*)malloc((size_t)(n * vs) + 8);
   uint8_t* ref = (uint8_t*)malloc((size_t)(n * vs) + 8);
-  for (int64_t i = 0; i < n; i++) fz_put(vt, x, i, (double)(i % 5) - 2.0);
-  for (int64_t i = 0; i < n; i++) fz_put(vt, ref, i, fz_add(vt, fz_get(vt, x, i), fz_get(vt, val, i)));
+  for (int64_t i = 0; i < n; i++) ref_put(vt, x, i, (double)(i % 5) - 2.0);
+  for (int64_t i = 0; i < n; i++) ref_put(vt, ref, i, ref_add(vt, ref_get(vt, x, i), ref_get(vt, val, i)));
   sc_error_info e = fz_err();
   FUZZ_CHECK(sc_stream_add_dd(vt, x, val, n, nt, &e) == SC_OK);
-  for (int64_t i = 0; i < n; i++) FUZZ_CHECK(fz_same(vt, x, i, ref, i));
-  for (int64_t i = 0; i < n; i++) fz_put(vt, ref, i, fz_add(vt, fz_get(vt, x, i), fz_get(vt, x, i)));
+  for (int64_t i = 0; i < n; i++) FUZZ_CHECK(ref_same(vt, x, i, ref, i));
+  for (int64_t i = 0; i < n; i++) ref_put(vt, ref, i, ref_add(vt, ref_get(vt, x, i), ref_get(vt, x, i)));
   FUZZ_CHECK(sc_stream_add_dd(vt, x, x, n, nt, &e) == SC_OK);
-  for (int64_t i = 0; i < n; i++) FUZZ_CHECK(fz_same(vt, x, i, ref, i));
+  for (int64_t i = 0; i < n; i++) FUZZ_CHECK(ref_same(vt, x, i, ref, i));
   if (n >= 3) { /* [x, x + n - 1) and [x + 1, x + n) share n - 2 values */
     memcpy(ref, x, (size_t)(n * vs));
     FUZZ_CHECK(sc_stream_add_dd(vt, x, x + vs, n - 1, nt, &e) == SC_ERR_OVERLAP);
@@ -120,9 +120,9 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       sc_index_t it = L1.index_size == 4 ? SC_I32 : SC_I64;
       const void* idx = msg + L1.index_pos;
       int range = -1;
-      int64_t bad = fz_first_bad(it, idx, L1.count, L1.n, &range);
+      int64_t bad = ref_first_bad(it, idx, L1.count, L1.n, &range);
       FUZZ_CHECK(bad == e2.position && range == (e2.input == SC_WF_INDEX_RANGE));
-      FUZZ_CHECK(e2.value == fz_idx(it, idx, bad));
+      FUZZ_CHECK(e2.value == ref_idx(it, idx, bad));
       if (!range) { /* the kernel sees the same order violation */
         void* io = malloc((size_t)(L1.count * L1.index_size) + 8);
         void* vo = malloc((size_t)(L1.count * L1.value_size) + 8);
@@ -147,7 +147,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       FUZZ_CHECK((__int128)L2.count * (L2.index_size + L2.value_size) <=
                  (__int128)L2.n * L2.value_size);
       int range;
-      FUZZ_CHECK(fz_first_bad(L2.index_size == 4 ? SC_I32 : SC_I64, msg + L2.index_pos, L2.count,
+      FUZZ_CHECK(ref_first_bad(L2.index_size == 4 ? SC_I32 : SC_I64, msg + L2.index_pos, L2.count,
                               L2.n, &range) < 0);
       sparse_kernels(msg, &L2, nt);
     }

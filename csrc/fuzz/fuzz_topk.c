@@ -13,37 +13,7 @@
  *   - block top-k: sc_block_topk_count entries, each block [b n/B, (b+1) n/B)
  *     contributes min(k_per_block, len) entries that satisfy the same
  *     selection rule inside the block. */
-#include <math.h>
-
 #include "fuzz_common.h"
-
-/* |x_i| as a double; the kernels' magnitude order (exact for every dtype) */
-FZ_NOCOV static double mag(sc_dtype t, const void* x, int64_t i) { return fabs(fz_get(t, x, i)); }
-
-/* Checks a selection of m entries of x[lo, hi): ascending, values, and that
- * the worst selected entry beats the best unselected one. */
-FZ_NOCOV static void check_selection(sc_dtype t, const void* x, int64_t lo, int64_t hi,
-                                     const int64_t* idx, const void* vals, int64_t m) {
-  size_t w = sc_dtype_size(t);
-  double worst = INFINITY;
-  int64_t worst_i = -1;
-  for (int64_t j = 0; j < m; j++) {
-    FUZZ_CHECK(idx[j] >= lo && idx[j] < hi);
-    if (j) FUZZ_CHECK(idx[j] > idx[j - 1]);
-    FUZZ_CHECK(memcmp((const char*)vals + w * j, (const char*)x + w * idx[j], w) == 0);
-    double a = mag(t, x, idx[j]);
-    if (a < worst || (a == worst && idx[j] > worst_i)) { worst = a; worst_i = idx[j]; }
-  }
-  double best = -1;
-  int64_t best_i = -1;
-  int64_t j = 0;
-  for (int64_t i = lo; i < hi; i++) {
-    if (j < m && idx[j] == i) { j++; continue; }
-    double a = mag(t, x, i);
-    if (a > best) { best = a; best_i = i; }
-  }
-  if (m > 0 && best_i >= 0) FUZZ_CHECK(worst > best || (worst == best && worst_i < best_i));
-}
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fz_reader r = {data, size};
@@ -61,7 +31,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   blocks %= n + 4; /* 0 (rejected) to n + 3 (more blocks than elements) */
   int has_nan = 0;
   for (int64_t i = 0; i < n; i++) {
-    double v = fz_get(t, x, i);
+    double v = ref_get(t, x, i);
     if (v != v) has_nan = 1;
   }
 
@@ -80,7 +50,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(st == SC_ERR_NAN && st2 == SC_ERR_NAN);
   } else {
     FUZZ_CHECK(st == SC_OK && st2 == SC_OK);
-    check_selection(t, x, 0, n, idx, vals, m);
+    FUZZ_CHECK(ref_topk_ok(t, x, 0, n, idx, vals, m));
     if (radix)
       FUZZ_CHECK(memcmp(idx, idx2, (size_t)m * 8) == 0 && memcmp(vals, vals2, (size_t)m * w) == 0);
   }
@@ -105,7 +75,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       int64_t lo = (int64_t)((__int128)b * n / blocks), hi = (int64_t)((__int128)(b + 1) * n / blocks);
       int64_t mb = kpb < hi - lo ? kpb : hi - lo;
       FUZZ_CHECK(o + mb <= cnt);
-      check_selection(t, x, lo, hi, idx + o, (char*)vals + w * o, mb);
+      FUZZ_CHECK(ref_topk_ok(t, x, lo, hi, idx + o, (char*)vals + w * o, mb));
       o += mb;
     }
     FUZZ_CHECK(o == cnt);
