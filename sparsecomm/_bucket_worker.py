@@ -16,7 +16,50 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["BucketWorker"]
+__all__ = ["BucketWorker", "fail_future"]
+
+
+class _Failure:
+    """What a failed job's Future holds: DDP's C++ reducer casts a hook's result to a
+    tensor, and pybind's cast error calls ``str()`` on it, which re-raises the original
+    exception -- so ``loss.backward()`` raises the job's own exception (ValueError,
+    CommError, CommTimeoutError...), not ``RuntimeError: Unable to cast ... to Tensor``.
+    ``Future.wait()`` in Python raises it too (the unwrap function)."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+    def __str__(self) -> str:
+        raise self.exc
+
+    __repr__ = __str__
+
+
+def _raise_failure(result: Any) -> Any:
+    if isinstance(result, _Failure):
+        raise result.exc
+    return result
+
+
+def fail_future(future: torch.futures.Future, exc: BaseException) -> None:
+    """Complete ``future`` with ``exc`` so that both Python's ``wait()`` and DDP raise it
+    with its own type (``Future.set_exception`` makes DDP raise "Unable to cast")."""
+    future._set_unwrap_func(_raise_failure)
+    future.set_result(_Failure(exc))
+
+
+def _later_failure(first: BaseException) -> BaseException:
+    """The error of a job skipped after ``first``: the same family of type, naming it."""
+    from .comm.base import CommError
+
+    message = (f"sparsecomm: an earlier bucket's communication failed ({type(first).__name__}: {first}); "
+               "this rank stops communicating")
+    for cls in (CommError, ValueError, TypeError):
+        if isinstance(first, cls):
+            return cls(message)
+    return RuntimeError(message)
 
 
 _LIVE_WORKERS: "weakref.WeakSet[BucketWorker]" = weakref.WeakSet()
@@ -35,7 +78,8 @@ def _stop_live_workers() -> None:
 class BucketWorker:
     """One daemon thread running queued (job, future) pairs in FIFO order.
 
-    A job's result or exception is set on its future. After a job has failed, every later
+    A job's result or exception is set on its future (with :func:`fail_future`, so the
+    exception keeps its type through DDP). After a job has failed, every later
     job fails at once with an error naming the first failure, without running: a rank whose
     collective failed must not issue further collectives that would pair with other ranks'
     earlier ones.
@@ -74,14 +118,12 @@ class BucketWorker:
                     return
                 job, future = item
                 if self._failure is not None:
-                    future.set_exception(RuntimeError(
-                        f"sparsecomm: an earlier bucket's communication failed "
-                        f"({type(self._failure).__name__}: {self._failure}); this rank stops communicating"))
+                    fail_future(future, _later_failure(self._failure))
                     continue
                 try:
                     future.set_result(job())
                 except BaseException as exc:  # noqa: BLE001  (reaches the training loop via the Future)
                     self._failure = exc
-                    future.set_exception(exc)
+                    fail_future(future, exc)
             finally:
                 self._queue.task_done()

@@ -35,8 +35,10 @@ not, the bucket's reducer and layout, the step count) is decided on the calling 
 enqueue time; the worker only runs the reducer on the bucket buffer, which DDP keeps alive
 and untouched until it has waited on the Future. An exception in the worker is set on that
 bucket's Future, so it is raised by DDP's wait in ``loss.backward()``; every later bucket
-fails at once with an error naming the first failure (never a hang on this rank; peers
-then fail on their Comm timeout). ``state_dict``, pickling and DDP's bucket rebuild first
+fails at once with an error naming the first failure, of the same type (never a hang on
+this rank; the Comm publishes the failure, so peers raise within about 0.05 s naming this
+rank). The Future carries the original exception: ``loss.backward()`` raises the
+ValueError, CommError or CommTimeoutError itself (``_bucket_worker.fail_future``). ``state_dict``, pickling and DDP's bucket rebuild first
 wait for the queue to drain. The worker thread is not pickled; a new one starts lazily.
 With ``async_comm=False`` the collectives run inside the hook (the Future is complete
 when returned); results are identical either way.
@@ -98,6 +100,7 @@ class DDPHookState:
         self.process_group = process_group
         self.step = 0
         self._comm = comm
+        self._warmup = None  # (comm, CallScope) of the warm-up's dense allreduce
         self._reducers: dict[int, SparseAllreduce] = {}
         # bucket index -> [(param ordinal, offset, numel, shape)] of the bucket's buffer
         self._layouts: dict[int, list[tuple[int, int, int, torch.Size]]] = {}
@@ -108,10 +111,25 @@ class DDPHookState:
     # -- plumbing -------------------------------------------------------------------------
     @property
     def comm(self) -> Comm:
+        # Built on DDP's thread at the first bucket (the same point on every rank): a
+        # TorchComm runs on a private process group, so DDP's own collectives (e.g. its
+        # find_unused_parameters allreduce) never interleave with the hook's.
         if self._comm is None:
             from .comm.torch_comm import TorchComm
             self._comm = TorchComm(self.process_group)
         return self._comm
+
+    def _scoped(self, job, comm: Comm):
+        """``job`` run as one call of the warm-up's scope (its own tag; a failure on this
+        rank makes every rank raise, see Comm.call_scope)."""
+        if self._warmup is None or self._warmup[0] is not comm:
+            self._warmup = (comm, comm.new_scope("DDP hook warm-up (dense allreduce)"))
+        scope = self._warmup[1]
+
+        def run():
+            with comm.call_scope(scope):
+                return job()
+        return run
 
     def _layout_of(self, bucket: dist.GradBucket) -> list[tuple[int, int, int, torch.Size]]:
         buffer = bucket.buffer()
@@ -248,11 +266,12 @@ def ddp_hook(state: DDPHookState, bucket: dist.GradBucket) -> torch.futures.Futu
         state.last_stats[index] = reducer.last_stats
         return buffer
 
+    run = job if reducer is not None else state._scoped(job, comm)  # reducers scope their own calls
     future: torch.futures.Future = torch.futures.Future()
     if state.async_comm:
-        state._submit(job, future)
+        state._submit(run, future)
     else:
-        future.set_result(job())
+        future.set_result(run())
     return future
 
 

@@ -124,6 +124,21 @@ def nonfinite_error(flags: list[int], n: int, algorithm: str) -> ValueError:
                       "allreduce of the raw gradients to every rank instead (what GradScaler expects)")
 
 
+def _raised_everywhere(exc: BaseException, posted: bool) -> bool:
+    """Errors not to publish to the peers (Comm.call_scope): those every rank raises by
+    agreement (the handshake mismatch, the non-finite policy's "raise"), and this module's
+    own argument checks before the call sent anything (the reducer stays usable: reset())."""
+    text = str(exc)
+    if isinstance(exc, ValueError) and ("the ranks disagree on the reduction" in text
+                                        or text.startswith("non-finite gradient on ranks")):
+        return True
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return (not posted and isinstance(exc, (ValueError, TypeError)) and tb is not None
+            and tb.tb_frame.f_code.co_filename == __file__)
+
+
 class SparseAllreduce:
     """Sparse allreduce of one tensor with error feedback.
 
@@ -158,6 +173,7 @@ class SparseAllreduce:
         self.nonfinite = nonfinite
         self.comm = comm
         self.algorithm = cls(comm, **options)
+        self._scope = comm.new_scope(f"SparseAllreduce({algorithm}, density {self.density:g})")
         self._residual: torch.Tensor | None = None
         self._pending_residual: torch.Tensor | None = None
         self._agreed: tuple | None = None   # (n, dtype, device) the ranks agreed on
@@ -209,6 +225,15 @@ class SparseAllreduce:
     # own compiled code (tests/test_op_contracts.py).
     @torch.compiler.disable
     def __call__(self, grad: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        # The call's messages carry its own tag; an exception raised here on this rank is
+        # published to every peer, which then raises too, naming this rank (Comm.call_scope).
+        # No variable-size message of a call is larger than 16 bytes per element + headers.
+        n = grad.numel() if isinstance(grad, torch.Tensor) else 0
+        with self.comm.call_scope(self._scope, max_message_bytes=16 * n + 65536,
+                                  agreed=lambda exc: _raised_everywhere(exc, self.comm.posted_in_call)):
+            return self._call(grad, out)
+
+    def _call(self, grad: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         if not isinstance(grad, torch.Tensor) or not grad.is_floating_point():
             raise ValueError(f"grad must be a floating-point tensor, got "
                              f"{type(grad).__name__ if not isinstance(grad, torch.Tensor) else grad.dtype}")

@@ -122,7 +122,7 @@ def _context(start_method: str):
 
 
 def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
-          timeout: float = 120.0, start_method: str = "forkserver", **kwargs: Any) -> list:
+          timeout: float = 120.0, start_method: str = "forkserver", may_die: Any = (), **kwargs: Any) -> list:
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` fresh processes.
 
     ``start_method`` is ``"forkserver"`` (default where available: a fork server that
@@ -135,6 +135,9 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
     (CPU and loopback for gloo; for NCCL each child takes GPU ``rank % device_count``)
     whose timeout is ``timeout``, runs ``fn`` and destroys the group. ``fn`` must be a
     picklable top-level function and its return values picklable.
+
+    ``may_die`` -- ranks expected to die (e.g. SIGKILL themselves in a fault test): their
+    return value is ``None`` and their death is not a failure.
 
     Returns the return values in rank order. Raises :class:`SpawnError` (with the first
     failing rank's traceback text in its message) when a rank raises or dies; the other
@@ -198,6 +201,10 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
                     status, value = "err", None
                 if status == "err" and value is None:
                     procs[r].join(1.0)
+                    if r in may_die:
+                        pending.discard(r)
+                        results[r] = None
+                        continue
                     value = f"rank {r} exited without a result (exit code {procs[r].exitcode})"
                 pending.discard(r)
                 if status == "ok":

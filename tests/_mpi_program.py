@@ -2,6 +2,8 @@
 
     mpirun -np P python tests/_mpi_program.py checks OUT_DIR
     mpirun -np P python tests/_mpi_program.py timeout OUT_DIR SECONDS
+    mpirun -np P python tests/_mpi_program.py fail OUT_DIR      (a ValueError on rank 1)
+    mpirun -np P python tests/_mpi_program.py reorder OUT_DIR   (ranks call reducers in other orders)
 
 Each rank writes ``OUT_DIR/rank<r>.json`` (one JSON object; files rather than stdout so
 mpirun's output forwarding can never interleave two ranks' lines) and prints one line
@@ -46,6 +48,53 @@ def isolation(comm) -> dict:
     return {"isolation_comm": cc._hex(buf), "isolation_user": got_user.tobytes().hex()}
 
 
+FAIL_ALGORITHMS = ["topka", "spardl", "dense", "gtopk"]
+
+
+def _outcome(fn) -> dict:
+    import time
+
+    from sparsecomm.comm.base import CommError
+
+    t0 = time.monotonic()
+    try:
+        fn()
+        return {"type": None, "s": time.monotonic() - t0}
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        return {"type": type(exc).__name__, "msg": str(exc), "comm_error": isinstance(exc, CommError),
+                "s": time.monotonic() - t0}
+
+
+def _raise_on_call(*args, **kwargs):
+    raise ValueError("injected failure on this rank")
+
+
+def fail_together(mode: str) -> dict:
+    """Each case on a fresh MPIComm (an abort breaks a Comm): ``fail`` -- rank 1 raises inside
+    a call; ``reorder`` -- rank 0 calls reducers A, B and rank 1 calls B, A."""
+    from sparsecomm import SparseAllreduce
+    from sparsecomm.comm.mpi_comm import MPIComm
+
+    out: dict = {"rank": MPI.COMM_WORLD.Get_rank()}
+    n = 4096
+    for alg in FAIL_ALGORITHMS:
+        comm = MPIComm(timeout=60)
+        a, b = SparseAllreduce(alg, 0.05, comm=comm), SparseAllreduce(alg, 0.05, comm=comm)
+        ga, gb = torch.randn(n), torch.randn(2 * n)
+        a(ga), b(gb)
+        MPI.COMM_WORLD.Barrier()
+        if mode == "fail":
+            if comm.rank == 1:
+                a.algorithm.reduce = _raise_on_call
+            out[alg] = _outcome(lambda: a(ga))
+            out[alg + "/later"] = _outcome(lambda: b(gb))
+        else:
+            calls = [lambda: a(ga), lambda: b(gb)]
+            out[alg] = _outcome(lambda: [call() for call in (calls if comm.rank == 0 else calls[::-1])])
+        MPI.COMM_WORLD.Barrier()
+    return out
+
+
 def main() -> None:
     mode, out_dir = sys.argv[1], sys.argv[2]
     rank = MPI.COMM_WORLD.Get_rank()
@@ -64,6 +113,8 @@ def main() -> None:
         elif mode == "timeout":
             seconds = float(sys.argv[3])
             out = cc.run_timeout(MPIComm(timeout=seconds), seconds, settle=2 * seconds + 1.5)
+        elif mode in ("fail", "reorder"):
+            out = fail_together(mode)
         else:
             raise SystemExit(f"unknown mode {mode!r}")
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:

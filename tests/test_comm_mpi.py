@@ -97,6 +97,38 @@ def test_timeout_names_pending_peer(tmp_path):
     ref.check_timeout(mpirun(3, tmp_path, "timeout", str(timeout)), 3, timeout)
 
 
+@needs_mpi
+def test_local_error_fails_every_rank_within_2s(tmp_path):
+    """A ValueError on rank 1 inside a call: ranks 0 and 2 raise a CommError naming rank 1
+    and the cause within 2 s (the control communicator), the Comm then stays broken."""
+    outs = mpirun(3, tmp_path, "fail")
+    for alg in ("topka", "spardl", "dense", "gtopk"):
+        for rank, out in enumerate(outs):
+            got = out[alg]
+            assert got["s"] < 2.0, (alg, rank, got)
+            if rank == 1:
+                assert got["type"] == "ValueError", (alg, got)
+            else:
+                assert got["type"] == "CommAbortedError" and "rank 1 failed: ValueError" in got["msg"], (alg, rank, got)
+            assert out[alg + "/later"]["type"] == "CommAbortedError", out[alg + "/later"]
+
+
+@needs_mpi
+def test_reorder_is_the_same_error_on_both_ranks_within_2s(tmp_path):
+    import re
+
+    pattern = re.compile(r"ranks called the collectives in different orders: .*?in the same order\)")
+    outs = mpirun(2, tmp_path, "reorder")
+    for alg in ("topka", "spardl", "dense", "gtopk"):
+        texts = []
+        for rank, out in enumerate(outs):
+            got = out[alg]
+            assert got["comm_error"] and got["s"] < 2.0, (alg, rank, got)
+            assert "MPI_ERR" not in got["msg"], got
+            texts.append(pattern.search(got["msg"]).group(0))
+        assert texts[0] == texts[1], texts
+
+
 def test_missing_mpi4py_is_a_clear_import_error(monkeypatch):
     from sparsecomm.comm.mpi_comm import MPIComm
 

@@ -16,21 +16,50 @@ helpers built on them. Each backend implements three primitives:
 Counters (:class:`CommStats`) are cumulative per Comm; the reducer snapshots them around
 a call to report per-call figures. A *round* is one sequential communication step: all
 messages posted together and completed together count as one round.
+
+Failing together. Every call of a reducer runs inside :meth:`Comm.call_scope`, which gives
+the call's messages a tag of their own (reducer id, call number) so that messages of
+different reducers or calls can never be matched with each other, and which, when the
+call raises on this rank, :meth:`aborts <Comm.abort>` the Comm: the cause is published on
+the backend's side channel (the process group's store, an MPI control communicator, the
+simulated world) and every peer's pending or next operation raises
+:class:`CommAbortedError` naming this rank and the cause within a poll slice (0.05 s).
+A waiter that has waited ``reorder_after_s`` compares what it waits in (reducer, call)
+with its peers'; two ranks waiting on each other in different calls raise the same
+:class:`CommError` naming both. After an abort the Comm is broken -- its pending
+operations cannot be trusted -- and every later call raises at once with the original
+cause; recover by building a new Comm (for TorchComm: a new one over the same group,
+constructed on every rank) and reloading state.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
+import zlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 
 from .collectives import bruck_allgather
 
-__all__ = ["Comm", "CommStats", "CommTimeoutError", "CommError", "ring_allreduce_cost"]
+__all__ = ["Comm", "CommStats", "CommTimeoutError", "CommError", "CommAbortedError", "CallScope",
+           "ring_allreduce_cost", "DEFAULT_TIMEOUT"]
+
+#: Default seconds a round may wait for its peers (every backend): long enough for a slow
+#: step of a large model, short enough that a stuck job fails within minutes, not hours.
+DEFAULT_TIMEOUT = 300.0
+#: Seconds between two looks at the side channel while a round waits.
+POLL_SLICE_S = 0.05
+#: Seconds a round waits before it compares what it waits in with its peers.
+REORDER_AFTER_S = 0.5
+#: Tag of messages sent outside any call scope (user code, tests).
+BASE_TAG = 0x5C0C
+#: Set in the tag of the size check before a dense allreduce
+_GUARD_BIT = 0x20000000
 
 
 class CommError(RuntimeError):
@@ -39,6 +68,55 @@ class CommError(RuntimeError):
 
 class CommTimeoutError(CommError, TimeoutError):
     """A peer did not answer within the Comm's timeout."""
+
+
+class CommAbortedError(CommError):
+    """The Comm was aborted: a rank failed inside a call (``failed_rank``, ``cause``), or
+    ranks were found waiting in different calls. The Comm stays broken."""
+
+    def __init__(self, message: str, failed_rank: int | None = None, cause: str = ""):
+        super().__init__(message)
+        self.failed_rank = failed_rank
+        self.cause = cause
+
+
+class CallScope:
+    """One caller of a Comm (a reducer, the hook's warm-up): an id equal on every rank
+    (scopes are numbered in creation order, the same in SPMD code), a label for error
+    messages, and the number of calls so far."""
+
+    __slots__ = ("id", "label", "calls")
+
+    def __init__(self, id: int, label: str):
+        self.id = id
+        self.label = label
+        self.calls = 0
+
+
+def scope_tag(scope_id: int, call: int) -> int:
+    """The point-to-point tag of call ``call`` of scope ``scope_id``: 31 bits (gloo and MPI
+    take non-negative int32 tags), distinct for 16384 scopes x 65536 consecutive calls."""
+    return 0x40000000 | ((scope_id & 0x3FFF) << 16) | (call & 0xFFFF)
+
+
+def format_abort(rank: int, cause: str) -> str:
+    return f"rank {rank} failed: {cause}"
+
+
+def parse_abort(message: str) -> tuple[int | None, str]:
+    """(failed rank, cause) of a published abort message."""
+    head, _, cause = message.partition(" failed: ")
+    try:
+        return int(head.split()[-1]), cause
+    except (ValueError, IndexError):
+        return None, message
+
+
+def reorder_message(mine: tuple[int, str], theirs: tuple[int, str]) -> str:
+    """The same text on both ranks of a mismatched pair (ranks in ascending order)."""
+    (a, la), (b, lb) = sorted([mine, theirs])
+    return (f"ranks called the collectives in different orders: rank {a} waits in {la} while rank {b} "
+            f"waits in {lb} (every rank must call the same reducers in the same order)")
 
 
 @dataclass
@@ -84,7 +162,7 @@ class Comm(ABC):
     #: True when the backend can learn a message's size without a size round (MPI Probe).
     can_probe: bool = False
 
-    def __init__(self, rank: int, size: int, device: torch.device | str = "cpu", timeout: float = 300.0):
+    def __init__(self, rank: int, size: int, device: torch.device | str = "cpu", timeout: float = DEFAULT_TIMEOUT):
         if size < 1 or not (0 <= rank < size):
             raise ValueError(f"invalid rank {rank} for a group of size {size}")
         if not timeout > 0:
@@ -94,6 +172,102 @@ class Comm(ABC):
         self.device = torch.device(device)
         self.timeout = float(timeout)
         self.stats = CommStats()
+        self._scopes = 0
+        #: (scope, call number) this rank is in, or None outside any call scope
+        self._current: tuple[CallScope, int] | None = None
+        self.tag = BASE_TAG
+        #: the abort message once the Comm is broken
+        self._broken: str | None = None
+        #: bound on a size received in a variable-size round (set per call by the reducer)
+        self.max_message_bytes: int | None = None
+        self._posted = False  # a message was posted in the current call
+
+    # -- failing together ------------------------------------------------------------------
+    def new_scope(self, label: str) -> CallScope:
+        """A new caller of this Comm (every rank must create its scopes in the same order)."""
+        self._scopes += 1
+        return CallScope(self._scopes, f"{label} [#{self._scopes}]")
+
+    def waiting_in(self) -> str:
+        """What this rank is in, for reorder errors: the scope's label and call number."""
+        if self._current is None:
+            return "a call outside any reducer"
+        scope, call = self._current
+        return f"{scope.label} call {call}"
+
+    @contextlib.contextmanager
+    def call_scope(self, scope: CallScope, max_message_bytes: int | None = None,
+                   agreed=None) -> Iterator[None]:
+        """Run one call of ``scope``: its messages carry the call's own tag, and if the body
+        raises on this rank the Comm is aborted (the cause is published to every peer) before
+        the exception propagates. Raises :class:`CommAbortedError` at once if the Comm is
+        already broken.
+
+        Not aborted (the Comm stays usable): an error for which ``agreed(exc)`` is true --
+        one every rank raises by agreement (the reducer's handshake mismatch), or the
+        caller's argument validation before the call posted any message (nothing is in
+        flight; :attr:`posted_in_call` tells)."""
+        self.check_usable()
+        saved = (self._current, self.tag, self.max_message_bytes, self._posted)
+        scope.calls += 1
+        self._current = (scope, scope.calls)
+        self.tag = scope_tag(scope.id, scope.calls)
+        self.max_message_bytes = max_message_bytes
+        self._posted = False
+        try:
+            yield
+        except BaseException as exc:
+            if self._broken is None and not isinstance(exc, CommAbortedError) \
+                    and not (agreed is not None and agreed(exc)):
+                self.abort(f"{type(exc).__name__}: {exc}")
+            raise
+        finally:
+            self._current, self.tag, self.max_message_bytes, self._posted = saved
+
+    @property
+    def posted_in_call(self) -> bool:
+        """Whether the current call has posted a message yet."""
+        return self._posted
+
+    def check_usable(self) -> None:
+        """Raise :class:`CommAbortedError` if the Comm was aborted."""
+        if self._broken is not None:
+            failed, cause = parse_abort(self._broken)
+            raise CommAbortedError(f"rank {self.rank} of {self.size}: this Comm was aborted ({self._broken}); "
+                                   "build a new Comm on every rank to continue", failed, cause)
+
+    def abort(self, cause: str) -> None:
+        """Mark this Comm broken and tell every peer that this rank failed with ``cause``;
+        their pending and later operations raise :class:`CommAbortedError` naming it.
+        Idempotent: only the first cause is kept."""
+        if self._broken is not None:
+            return
+        self._broken = format_abort(self.rank, cause)
+        if self.size > 1:
+            try:
+                self._publish_abort(self._broken)
+            except Exception:  # noqa: BLE001 - best effort: the side channel may be gone too
+                pass
+
+    def _publish_abort(self, message: str) -> None:
+        """Backend hook: make ``message`` visible to every peer and release their waits."""
+
+    def _aborted_by_peer(self, message: str) -> CommAbortedError:
+        """Record a peer's abort (or a detected reorder) and build the error to raise."""
+        if self._broken is None:
+            self._broken = message
+        failed, cause = parse_abort(message)
+        return CommAbortedError(f"rank {self.rank} of {self.size}: {message}", failed, cause)
+
+    def _check_size(self, n: int, peer: int) -> int:
+        """A size received from ``peer`` for a variable-size message, within the bound."""
+        from ..errors import WireFormatError
+
+        limit = self.max_message_bytes
+        if n < 0 or (limit is not None and n > limit):
+            raise WireFormatError(f"rank {self.rank}: rank {peer} announced a message of {n} bytes, more than "
+                                  f"the {limit} bytes this call can legitimately send (corrupted size header?)")
+        return n
 
     # -- identity -------------------------------------------------------------------------
     @property
@@ -127,10 +301,35 @@ class Comm(ABC):
         size_msgs = [(peer, torch.tensor([t.numel()], dtype=torch.int64).view(torch.uint8).to(self.device))
                      for peer, t in sends]
         self.exchange(size_msgs, list(zip(sources, size_bufs)))
-        sizes = [int(b.cpu().view(torch.int64)[0]) for b in size_bufs]
+        sizes = [self._check_size(int(b.cpu().view(torch.int64)[0]), peer) for peer, b in zip(sources, size_bufs)]
         recv_bufs = [torch.empty(n, dtype=torch.uint8, device=self.device) for n in sizes]
         self.exchange(sends, list(zip(sources, recv_bufs)))
         return recv_bufs
+
+    def _guard_dense(self, tensor: torch.Tensor) -> None:
+        """Inside a call, before a backend's dense allreduce (which takes no tag): swap
+        (bytes, dtype) with the ring neighbours on the call's tag with bit 29 set. Neighbours
+        in another call never match (the reorder check reports it); a size difference raises
+        here instead of making gloo abort the process. Not counted: not part of the algorithm."""
+        if self._current is None or self.size < 2:
+            return
+        mine = torch.tensor([tensor.numel() * tensor.element_size(), zlib.crc32(str(tensor.dtype).encode())],
+                            dtype=torch.int64)
+        neighbours = sorted({(self.rank + 1) % self.size, (self.rank - 1) % self.size})
+        bufs = [torch.empty(16, dtype=torch.uint8, device=self.device) for _ in neighbours]
+        tag = self.tag
+        self.tag = tag | _GUARD_BIT
+        try:
+            self._post_and_wait([(q, mine.view(torch.uint8).to(self.device)) for q in neighbours],
+                                list(zip(neighbours, bufs)))
+        finally:
+            self.tag = tag
+        for q, b in zip(neighbours, bufs):
+            theirs = b.cpu().view(torch.int64)
+            if not torch.equal(theirs, mine):
+                (a, va), (c, vc) = sorted([(self.rank, mine), (q, theirs)], key=lambda x: x[0])
+                raise CommError(f"allreduce_dense in {self.waiting_in()}: rank {a} has {int(va[0])} bytes, "
+                                f"rank {c} has {int(vc[0])} bytes (or another dtype)")
 
     def _check_peers(self, peers: Sequence[int]) -> None:
         for peer in peers:
@@ -146,6 +345,8 @@ class Comm(ABC):
             _check_payload(t, "payload")
         if not sends and not recvs:
             return
+        self.check_usable()
+        self._posted = True
         start = time.perf_counter()
         self._post_and_wait(sends, recvs)
         self.stats.comm_s += time.perf_counter() - start
@@ -161,12 +362,16 @@ class Comm(ABC):
     def exchange_var(self, sends: Sequence[Message], sources: Sequence[int]) -> list[torch.Tensor]:
         """Like :meth:`exchange` when the receiver cannot know the sizes; returns the
         received payloads in the order of ``sources``. Costs one extra round (a size
-        header) unless the backend can probe."""
+        header) unless the backend can probe. A received size beyond
+        :attr:`max_message_bytes` (set per call by the reducer) raises
+        :class:`~sparsecomm.errors.WireFormatError` naming the peer, without allocating."""
         self._check_peers([peer for peer, _ in sends] + list(sources))
         for peer, t in sends:
             _check_payload(t, "payload")
         if not sends and not sources:
             return []
+        self.check_usable()
+        self._posted = True
         return self._exchange_var(sends, sources)
 
     def allreduce_dense(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -177,6 +382,8 @@ class Comm(ABC):
         """
         if self.size == 1 or tensor.numel() == 0:
             return tensor
+        self.check_usable()
+        self._posted = True
         start = time.perf_counter()
         sent, rounds = self._allreduce_dense(tensor)
         self.stats.comm_s += time.perf_counter() - start

@@ -62,8 +62,11 @@ def bruck_allgather_var(comm: Comm, block: torch.Tensor) -> list[torch.Tensor]:
     The sizes are all-gathered first (one int64 per rank, its own ceil(log2 P) rounds,
     counted), then the blocks.
     """
-    sizes = comm.allgather_small(torch.tensor([block.numel()], dtype=torch.int64))
-    return bruck_allgather(comm, block, [int(s) for s in sizes.reshape(-1).tolist()])
+    sizes = [int(s) for s in comm.allgather_small(torch.tensor([block.numel()], dtype=torch.int64)).reshape(-1).tolist()]
+    check = getattr(comm, "_check_size", None)  # peers' sizes are not trusted: bounded per call
+    if check is not None:
+        sizes = [n if q == comm.rank else check(n, q) for q, n in enumerate(sizes)]
+    return bruck_allgather(comm, block, sizes)
 
 
 def halving_tree(size: int) -> list[list[tuple[int, int]]]:

@@ -6,6 +6,14 @@ Every round posts ``Isend``/``Irecv`` on a private duplicate of the user's commu
 pass, when the pending receives are cancelled and :class:`CommTimeoutError` names the
 peers still pending. The dense allreduce is an ``Iallreduce`` polled the same way.
 
+Failing together: a second duplicate (the *control* communicator) carries small text
+messages only: a rank that fails inside a call sends ``rank r failed: <cause>`` to every
+peer; a rank whose round has waited longer than a poll slice (0.05 s) probes it between
+slices (the fast path never looks), and after ``REORDER_AFTER_S`` tells the peers it waits
+on what it waits in (reducer, call), so that two ranks in different calls raise the same
+error. Messages carry the call's tag (:meth:`Comm.call_scope`), so different reducers'
+messages never match; MPI errors surface as :class:`CommError`, never raw.
+
 Variable-size rounds use matched probes (``Improbe`` + ``Message.Irecv``): the receiver
 learns each size from the message itself, so they cost one round, not two.
 
@@ -21,12 +29,15 @@ from typing import Sequence
 
 import torch
 
-from .base import Comm, CommTimeoutError, Message, ring_allreduce_cost
+from .base import (BASE_TAG, DEFAULT_TIMEOUT, POLL_SLICE_S, REORDER_AFTER_S, Comm, CommError, CommTimeoutError,
+                   Message, reorder_message, ring_allreduce_cost)
 
 __all__ = ["MPIComm"]
 
 #: Tag of every sparsecomm message (on the private duplicate communicator).
-SPARSECOMM_TAG = 0x5C0C
+SPARSECOMM_TAG = BASE_TAG
+#: Tags on the control communicator
+_ABORT_TAG, _WAIT_TAG = 1, 2
 
 
 def _import_mpi():
@@ -58,7 +69,7 @@ class MPIComm(Comm):
     poll_spin_s: float = 1e-4
     poll_max_sleep_s: float = 2e-4
 
-    def __init__(self, comm=None, timeout: float = 300.0, *, device: torch.device | str = "cpu",
+    def __init__(self, comm=None, timeout: float = DEFAULT_TIMEOUT, *, device: torch.device | str = "cpu",
                  cuda_aware: bool = False):
         MPI = _import_mpi()
         self._MPI = MPI
@@ -66,15 +77,78 @@ class MPIComm(Comm):
         super().__init__(base.Get_rank(), base.Get_size(), device, timeout)
         self.user_comm = base
         self.mpi_comm = base.Dup()
+        self.ctl_comm = base.Dup()  # side channel: aborts and what a slow waiter waits in
+        tag_ub = self.mpi_comm.Get_attr(MPI.TAG_UB)
+        self._tag_ub = int(tag_ub) if tag_ub else 32767
         self.cuda_aware = bool(cuda_aware)
         # requests given up on at a timeout keep their buffers alive here
         self._abandoned: list = []
+        self._ctl_sends: list = []          # (request, buffer) of control messages in flight
+        self._remote: str | None = None     # a peer's abort or a detected reorder
+        self._peer_wait: dict[int, tuple[str, list[int], str]] = {}  # peer -> (seq, peers, label)
+        self._seq = 0
 
     def close(self) -> None:
-        """Free the duplicated communicator (collective). The MPIComm is unusable after."""
+        """Free the duplicated communicators (collective). The MPIComm is unusable after."""
         if self.mpi_comm is not None and not self._MPI.Is_finalized():
             self.mpi_comm.Free()
+            self.ctl_comm.Free()
         self.mpi_comm = None
+
+    @property
+    def _tag(self) -> int:
+        tag = self.tag
+        return tag if tag <= self._tag_ub else 1 + tag % self._tag_ub
+
+    # -- side channel ------------------------------------------------------------------------
+    def _ctl_send(self, peers, tag: int, text: str) -> None:
+        MPI = self._MPI
+        self._ctl_sends = [(r, b) for r, b in self._ctl_sends if not r.Test()]
+        data = bytearray(text.encode())
+        for q in peers:
+            self._ctl_sends.append((self.ctl_comm.Isend([data, MPI.BYTE], dest=q, tag=tag), data))
+
+    def _publish_abort(self, message: str) -> None:
+        self._ctl_send([q for q in range(self.size) if q != self.rank], _ABORT_TAG, message)
+        deadline = time.monotonic() + 0.5  # let the small messages leave before we raise
+        while time.monotonic() < deadline and not all(r.Test() for r, _ in self._ctl_sends):
+            time.sleep(1e-4)
+
+    def _read_ctl(self) -> None:
+        """Receive every control message that arrived (slow path only)."""
+        MPI = self._MPI
+        status = MPI.Status()
+        while self.ctl_comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
+            src, tag = status.Get_source(), status.Get_tag()
+            data = bytearray(status.Get_count(MPI.BYTE))
+            self.ctl_comm.Recv([data, MPI.BYTE], source=src, tag=tag)
+            text = data.decode(errors="replace")
+            if tag == _ABORT_TAG:
+                self._remote = self._remote or text
+            elif tag == _WAIT_TAG:
+                seq, peers, label = (text.split("|", 2) + ["", ""])[:3]
+                self._peer_wait[src] = (seq, [int(q) for q in peers.split(",") if q], label)
+
+    def _look(self, state: dict, start: float, peers: set) -> None:
+        """One look at the control channel while a round is slow; sets ``_remote``."""
+        self._read_ctl()
+        if self._remote is not None or time.monotonic() - start < REORDER_AFTER_S or not peers:
+            return
+        label = state["label"]
+        if not state["published"]:
+            self._ctl_send(sorted(peers), _WAIT_TAG, f"{state['seq']}|{','.join(map(str, sorted(peers)))}|{label}")
+            state["published"] = True
+        conflict = None
+        for q in sorted(peers):
+            seq, their_peers, their_label = self._peer_wait.get(q, ("", [], ""))
+            if their_label and self.rank in their_peers and their_label != label:
+                conflict = (q, seq, their_label)
+                break
+        if conflict is None or state.get("suspect") != conflict:
+            state["suspect"] = conflict  # confirm on a later look (a "done" may be in flight)
+            return
+        self._remote = reorder_message((self.rank, label), (conflict[0], conflict[2]))
+        self._publish_abort(self._remote)
 
     # -- buffers ---------------------------------------------------------------------------
     def _check_device(self, t: torch.Tensor, what: str) -> None:
@@ -116,21 +190,54 @@ class MPIComm(Comm):
         freed memory.
         """
         MPI = self._MPI
-        spin_until = time.monotonic() + self.poll_spin_s
+        start = time.monotonic()
+        spin_until = start + self.poll_spin_s
         sleep = 1e-5
-        while True:
-            more = poll() if poll is not None else False
-            if MPI.Request.Testall(reqs) and not more:
-                return
-            now = time.monotonic()
-            if now >= deadline:
-                break
-            if now >= spin_until:  # back off so oversubscribed ranks leave the CPU to peers
-                time.sleep(min(sleep, deadline - now))
-                sleep = min(self.poll_max_sleep_s, sleep * 2)
+        self._seq += 1
+        others = {q for ranks, _ in peers for q in ranks if q != self.rank}
+        state = {"seq": self._seq, "label": self.waiting_in(), "published": False}
+        next_look = start + POLL_SLICE_S
+        try:
+            while True:
+                try:
+                    more = poll() if poll is not None else False
+                    if MPI.Request.Testall(reqs) and not more:
+                        return
+                except MPI.Exception as e:  # e.g. a truncated message: never a raw MPI error
+                    self._give_up(reqs, peers)
+                    raise CommError(f"rank {self.rank} of {self.size}: {what} failed: {e}") from e
+                now = time.monotonic()
+                if now >= next_look:
+                    next_look = now + POLL_SLICE_S
+                    self._look(state, start, others)
+                    if self._remote is not None:
+                        self._give_up(reqs, peers)
+                        raise self._aborted_by_peer(self._remote)
+                if now >= deadline:
+                    break
+                if now >= spin_until:  # back off so oversubscribed ranks leave the CPU to peers
+                    time.sleep(min(sleep, max(deadline - now, 0.0)))
+                    sleep = min(self.poll_max_sleep_s, sleep * 2)
+            pending = self._give_up(reqs, peers)
+            if poll is not None:
+                pending.update(poll(final=True))
+            raise CommTimeoutError(f"rank {self.rank} of {self.size}: {what} timed out after "
+                                   f"{self.timeout:g} s; still waiting on peer(s) {sorted(pending)}")
+        finally:
+            if state["published"]:
+                self._ctl_send(sorted(others), _WAIT_TAG, f"{state['seq']}||")  # done waiting
+
+    def _give_up(self, reqs: list, peers: list) -> set[int]:
+        """Cancel the pending receives, keep every pending request referenced (MPI may still
+        touch its buffer) and return the peers still pending."""
+        MPI = self._MPI
         pending: set[int] = set()
         for req, (ranks, cancellable) in zip(reqs, peers):
-            if req != MPI.REQUEST_NULL and not req.Test():
+            try:
+                done = req == MPI.REQUEST_NULL or req.Test()
+            except MPI.Exception:
+                done = False
+            if not done:
                 pending.update(ranks)
                 if cancellable:
                     try:
@@ -138,26 +245,23 @@ class MPIComm(Comm):
                     except MPI.Exception:
                         pass
                 self._abandoned.append(req)
-        if poll is not None:
-            pending.update(poll(final=True))
-        raise CommTimeoutError(f"rank {self.rank} of {self.size}: {what} timed out after "
-                               f"{self.timeout:g} s; still waiting on peer(s) {sorted(pending)}")
+        return pending
 
     # -- Comm primitives -------------------------------------------------------------------
     def _post_and_wait(self, sends: Sequence[Message], recvs: Sequence[Message]) -> None:
-        comm, MPI = self.mpi_comm, self._MPI
+        comm, MPI, tag = self.mpi_comm, self._MPI, self._tag
         for _, t in list(sends) + list(recvs):
             self._check_device(t, "payload")
         self._sync_device()
         reqs, peers, staged = [], [], []
         for peer, t in recvs:
             buf, host = self._recv_buf(t)
-            reqs.append(comm.Irecv(buf, source=peer, tag=SPARSECOMM_TAG))
+            reqs.append(comm.Irecv(buf, source=peer, tag=tag))
             peers.append(([peer], True))
             if host is not None:
                 staged.append((t, host))
         for peer, t in sends:
-            reqs.append(comm.Isend(self._send_buf(t), dest=peer, tag=SPARSECOMM_TAG))
+            reqs.append(comm.Isend(self._send_buf(t), dest=peer, tag=tag))
             peers.append(([peer], False))
         self._wait(reqs, peers, time.monotonic() + self.timeout, "exchange")
         for t, host in staged:
@@ -166,14 +270,14 @@ class MPIComm(Comm):
     def _exchange_var(self, sends: Sequence[Message], sources: Sequence[int]) -> list[torch.Tensor]:
         """One round: post the sends, then match each expected message with ``Improbe`` as it
         arrives, allocate a buffer of its size and receive it."""
-        comm, MPI = self.mpi_comm, self._MPI  # peers were checked by Comm.exchange_var
+        comm, MPI, tag = self.mpi_comm, self._MPI, self._tag  # peers were checked by Comm.exchange_var
         for _, t in sends:
             self._check_device(t, "payload")
         start = time.perf_counter()
         self._sync_device()
         reqs, peers = [], []
         for peer, t in sends:
-            reqs.append(comm.Isend(self._send_buf(t), dest=peer, tag=SPARSECOMM_TAG))
+            reqs.append(comm.Isend(self._send_buf(t), dest=peer, tag=tag))
             peers.append(([peer], False))
         results: list = [None] * len(sources)
         staged: list = []
@@ -189,10 +293,10 @@ class MPIComm(Comm):
                 return [p for p, idx in queue.items() if idx]
             for peer, idx in queue.items():
                 while idx:
-                    msg = comm.Improbe(source=peer, tag=SPARSECOMM_TAG, status=status)
+                    msg = comm.Improbe(source=peer, tag=tag, status=status)
                     if msg is None:
                         break
-                    n = status.Get_count(MPI.BYTE)
+                    n = self._check_size(status.Get_count(MPI.BYTE), peer)  # before allocating
                     out = torch.empty(n, dtype=torch.uint8, device=self.device)
                     buf, host = self._recv_buf(out)
                     reqs.append(msg.Irecv(buf))
@@ -219,6 +323,7 @@ class MPIComm(Comm):
     def _allreduce_dense(self, tensor: torch.Tensor) -> tuple[int, int]:
         MPI = self._MPI
         self._check_device(tensor, "allreduce_dense tensor")
+        self._guard_dense(tensor)
         counted = ring_allreduce_cost(tensor.numel() * tensor.element_size(), self.size)
         if tensor.dtype in (torch.float16, torch.bfloat16):
             work = tensor.float()  # MPI has no half-precision SUM: reduce in float32

@@ -19,6 +19,7 @@ Threads release the GIL inside torch ops; sweeps up to P = 64 take seconds.
 from __future__ import annotations
 
 import threading
+import time
 import traceback
 from collections import deque
 from dataclasses import dataclass
@@ -26,7 +27,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .base import Comm, CommError, CommStats, CommTimeoutError, Message
+from .base import (POLL_SLICE_S, REORDER_AFTER_S, Comm, CommAbortedError, CommError, CommStats, CommTimeoutError,
+                   Message, parse_abort, reorder_message)
 
 __all__ = ["SimComm", "SimulationResult", "simulate", "GBIT_BETA"]
 
@@ -44,7 +46,7 @@ class SimulationResult:
     stats: list[CommStats]      # each rank's counters
 
 
-class _Aborted(CommError):
+class _Aborted(CommAbortedError):
     pass
 
 
@@ -55,9 +57,11 @@ class _World:
         self.beta = beta
         self.timeout = timeout
         self.cond = threading.Condition()
-        # mailbox[(src, dst)] holds (payload, arrival time) in posting order
-        self.mailbox: dict[tuple[int, int], deque] = {}
+        # mailbox[(src, dst, tag)] holds (payload, arrival time) in posting order
+        self.mailbox: dict[tuple[int, int, int], deque] = {}
         self.failed: str | None = None
+        # rank -> (peer it waits for, what it waits in), while blocked in a receive
+        self.waiting: dict[int, tuple[int, str]] = {}
 
     def fail(self, message: str) -> None:
         with self.cond:
@@ -74,6 +78,9 @@ class SimComm(Comm):
         self._world = world
         self.clock = 0.0
 
+    def _publish_abort(self, message: str) -> None:
+        self._world.fail(message)
+
     def _post_and_wait(self, sends: Sequence[Message], recvs: Sequence[Message]) -> None:
         world = self._world
         start = self.clock
@@ -82,7 +89,7 @@ class SimComm(Comm):
             for peer, payload in sends:
                 sent += payload.numel()
                 arrival = start + world.alpha + world.beta * sent
-                world.mailbox.setdefault((self.rank, peer), deque()).append((payload.clone(), arrival))
+                world.mailbox.setdefault((self.rank, peer, self.tag), deque()).append((payload.clone(), arrival))
             world.cond.notify_all()
         finish = start + world.alpha + world.beta * sent if sends else start
         for peer, buffer in recvs:
@@ -90,24 +97,42 @@ class SimComm(Comm):
             if payload.numel() != buffer.numel():
                 message = (f"simulated rank {self.rank} expected {buffer.numel()} bytes from rank {peer} "
                            f"but rank {peer} sent {payload.numel()}")
-                world.fail(message)
-                raise CommError(message)
+                raise CommError(message)  # the call scope (if any) fails the world
             buffer.copy_(payload)
             finish = max(finish, arrival)
         self.clock = finish
 
     def _take(self, peer: int) -> tuple[torch.Tensor, float]:
         world = self._world
-        key = (peer, self.rank)
+        key = (peer, self.rank, self.tag)
+        start = time.monotonic()
+        label = self.waiting_in()
         with world.cond:
-            ok = world.cond.wait_for(lambda: world.failed is not None or bool(world.mailbox.get(key)),
-                                     timeout=world.timeout)
-            if world.failed is not None and not world.mailbox.get(key):
-                raise _Aborted(f"simulated rank {self.rank}: aborted because {world.failed}")
-            if not ok:
-                raise CommTimeoutError(f"simulated rank {self.rank}: no message from rank {peer} "
-                                       f"within {world.timeout} s")
-            return world.mailbox[key].popleft()
+            try:
+                while True:
+                    ready = world.cond.wait_for(lambda: world.failed is not None or bool(world.mailbox.get(key)),
+                                                timeout=POLL_SLICE_S)
+                    if world.failed is not None and not world.mailbox.get(key):
+                        failed, cause = parse_abort(world.failed)
+                        self._broken = self._broken or world.failed
+                        raise _Aborted(f"simulated rank {self.rank}: aborted because {world.failed}", failed, cause)
+                    if ready:
+                        return world.mailbox[key].popleft()
+                    waited = time.monotonic() - start
+                    if waited >= world.timeout:
+                        raise CommTimeoutError(f"simulated rank {self.rank}: no message from rank {peer} "
+                                               f"within {world.timeout} s")
+                    world.waiting[self.rank] = (peer, label)
+                    theirs = world.waiting.get(peer)
+                    if waited >= REORDER_AFTER_S and theirs is not None and theirs[0] == self.rank \
+                            and theirs[1] != label:
+                        message = reorder_message((self.rank, label), (peer, theirs[1]))
+                        world.failed = world.failed or message
+                        world.cond.notify_all()
+                        self._broken = self._broken or message
+                        raise CommAbortedError(f"simulated rank {self.rank}: {message}")
+            finally:
+                world.waiting.pop(self.rank, None)
 
     def _allreduce_dense(self, tensor: torch.Tensor) -> tuple[int, int]:  # pragma: no cover - see below
         raise NotImplementedError  # allreduce_dense is overridden with a real ring
