@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from .header import HEADER_NBYTES, Kind, check_header, index_dtype_for, pack_header
+from . import _wire_ops
+from .header import HEADER_NBYTES, SHOWN, Kind, dtype_code, index_dtype_for, pack_header
 
 __all__ = ["coo_nbytes", "encode_coo", "decode_coo"]
 
@@ -43,16 +44,25 @@ def encode_coo(indices: torch.Tensor, values: torch.Tensor, n: int, sender: int)
 
 def decode_coo(payload: torch.Tensor, *, n: int, value_dtype: torch.dtype, receiver: int, sender: int,
                count: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate and view a COO message: returns (indices, values) as views into ``payload``."""
+    """Validate and view a COO message: returns (indices, values) as views into ``payload``.
+
+    Validated in full before anything is viewed (``sc_wire_check_coo``, csrc/cpu/wire.c):
+    the header against what this rank expects, the exact size, zero padding, and every
+    index strictly ascending and < ``n`` (one fused O(count) pass). A violation raises
+    :class:`WireFormatError` naming both ranks, the field and the values.
+    """
     index_dtype = index_dtype_for(n)
-    fields = check_header(payload, receiver=receiver, sender=sender, kind=Kind.COO, n=n,
-                          value_dtype=value_dtype, index_dtype=index_dtype, count=count)
-    got = fields["count"]
-    expected_nbytes = coo_nbytes(got, n, value_dtype)
-    if payload.numel() != expected_nbytes:
-        raise ValueError(f"rank {receiver} received from rank {sender} a COO message of {payload.numel()} "
-                         f"bytes; its header announces {got} entries, i.e. {expected_nbytes} bytes")
-    index_end = HEADER_NBYTES + got * torch.empty((), dtype=index_dtype).element_size()
-    indices = payload[HEADER_NBYTES:index_end].view(index_dtype)
-    values = payload[HEADER_NBYTES + _index_section(got, n):].view(value_dtype)
+    vcode = dtype_code(value_dtype)
+    r = _wire_ops.check("coo", payload, [int(Kind.COO), vcode, -1, sender, n, -1 if count is None else count, -1, -1, -1])
+    if r[0]:
+        _wire_ops.raise_malformed(
+            r, payload, what="a COO message", receiver=receiver, sender=sender, shown=SHOWN,
+            expected={"kind": int(Kind.COO), "value_dtype": vcode, "index_dtype": dtype_code(index_dtype),
+                      "sender": sender, "n": n, "count": count},
+            explain={"count": lambda v, _: f"count {v} is more than N = {n} (a COO message holds distinct "
+                                           f"indices < N)"})
+    got = r[_wire_ops.R_COUNT]
+    ipos, vpos = r[_wire_ops.R_INDEX_POS], r[_wire_ops.R_VALUE_POS]
+    indices = payload[ipos:ipos + got * r[_wire_ops.R_INDEX_SIZE]].view(index_dtype)
+    values = payload[vpos:].view(value_dtype)
     return indices, values

@@ -13,8 +13,9 @@ Layout (little-endian)::
     16     8    N             length of the dense vector the message describes
     24     8    count         number of entries that follow
 
-The receiver validates every field it can know (:func:`check_header`); a mismatch raises
-:class:`WireFormatError` naming both ranks and the field, never a silent wrong sum.
+The receiver validates every field it can know (:func:`check_header`, in C: ``csrc/cpu/wire.c``
+through :mod:`._wire_ops`); a mismatch raises :class:`WireFormatError` naming both ranks and
+the field, never a silent wrong sum.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 from ..errors import WireFormatError
+from . import _wire_ops
 
 __all__ = ["HEADER_NBYTES", "FORMAT_VERSION", "MAGIC", "Kind", "WireFormatError", "DTYPE_CODES",
            "dtype_code", "dtype_from_code", "index_dtype_for", "pack_header", "parse_header", "check_header"]
@@ -97,28 +99,31 @@ def parse_header(payload: torch.Tensor) -> dict:
     return {name: (raw[name].item() if raw[name].ndim == 0 else raw[name].tolist()) for name in _HEADER.names}
 
 
+def _kind_name(code: int):
+    return Kind(code).name if code in Kind._value2member_map_ else code
+
+
+# how the error messages show a header field's wire value
+SHOWN = {"value_dtype": dtype_from_code, "index_dtype": dtype_from_code, "kind": _kind_name}
+
+
 def check_header(payload: torch.Tensor, *, receiver: int, sender: int, kind: Kind, n: int,
                  value_dtype: torch.dtype | None, index_dtype: torch.dtype | None = None,
                  count: int | None = None) -> dict:
-    """Parse and validate a header against what the receiver expects; return its fields."""
-    fields = parse_header(payload)
-    where = f"rank {receiver} received from rank {sender}"
-    if fields["magic"] != MAGIC:
-        raise WireFormatError(f"{where} a message without the sparsecomm magic (got {fields['magic']:#x}): "
-                              "the peer is not running sparsecomm or the streams are out of step")
-    if fields["version"] != FORMAT_VERSION:
-        raise WireFormatError(f"{where} format version {fields['version']}, this rank speaks "
-                              f"{FORMAT_VERSION}: install the same sparsecomm version on every rank")
-    expected = {
-        "kind": int(kind), "sender": sender, "n": n,
-        "value_dtype": dtype_code(value_dtype), "index_dtype": dtype_code(index_dtype),
-    }
-    if count is not None:
-        expected["count"] = count
-    for name, want in expected.items():
-        if fields[name] != want:
-            shown = {"value_dtype": dtype_from_code, "index_dtype": dtype_from_code,
-                     "kind": lambda c: Kind(c).name if c in Kind._value2member_map_ else c}.get(name, lambda v: v)
-            raise WireFormatError(f"{where}: {name} differs: rank {sender} sent {shown(fields[name])}, "
-                                  f"rank {receiver} expected {shown(want)}")
-    return fields
+    """Parse and validate a header against what the receiver expects; return its fields.
+
+    The check is the C one (``sc_wire_check_header``: magic, version, kind, dtype codes,
+    reserved bytes zero, sender, N, count); a mismatch raises :class:`WireFormatError`
+    naming both ranks, the field and both values.
+    """
+    expected = {"kind": int(kind), "value_dtype": dtype_code(value_dtype), "index_dtype": dtype_code(index_dtype),
+                "sender": sender, "n": n, "count": count}
+    r = _wire_ops.check("header", payload, [expected["kind"], expected["value_dtype"], expected["index_dtype"],
+                                            sender, n, -1 if count is None else count, -1, -1, -1])
+    if r[0]:
+        _wire_ops.raise_malformed(r, payload, what="a message", receiver=receiver, sender=sender,
+                                  expected=expected, shown=SHOWN)
+    return {"magic": MAGIC, "version": FORMAT_VERSION, "kind": r[_wire_ops.R_KIND],
+            "value_dtype": r[_wire_ops.R_VALUE_DTYPE], "index_dtype": r[_wire_ops.R_INDEX_DTYPE],
+            "reserved": [0, 0, 0], "sender": r[_wire_ops.R_SENDER], "n": r[_wire_ops.R_N],
+            "count": r[_wire_ops.R_COUNT]}

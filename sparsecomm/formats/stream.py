@@ -34,7 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .header import HEADER_NBYTES, Kind, WireFormatError, check_header, index_dtype_for, pack_header, parse_header
+from . import _wire_ops
+from .header import HEADER_NBYTES, SHOWN, Kind, dtype_code, index_dtype_for, pack_header
 
 __all__ = ["StreamRange", "stream_delta", "stream_nbytes", "encode_stream", "dense_stream_message", "decode_stream",
            "qsgd_nbytes", "encode_qsgd", "decode_qsgd"]
@@ -128,32 +129,32 @@ def dense_stream_message(n: int, offset: int, value_dtype: torch.dtype, sender: 
 
 def decode_stream(payload: torch.Tensor, *, n: int, offset: int, value_dtype: torch.dtype, receiver: int,
                   sender: int) -> StreamRange:
-    """Validate a stream message (header, offset, size, index range) and view it (no copy)."""
-    fields = parse_header(payload)
-    kind = Kind.DENSE if fields["kind"] == int(Kind.DENSE) else Kind.COO
-    dense = kind == Kind.DENSE
-    fields = check_header(payload, receiver=receiver, sender=sender, kind=kind, n=n, value_dtype=value_dtype,
-                          index_dtype=None if dense else index_dtype_for(n), count=n if dense else None)
-    where = f"rank {receiver} received from rank {sender} a stream"
-    count = fields["count"]
-    if payload.numel() != stream_nbytes(n, count, value_dtype, dense):
-        raise WireFormatError(f"{where} of {payload.numel()} bytes; its header announces "
-                              f"{stream_nbytes(n, count, value_dtype, dense)}")
-    got_offset = int(payload[HEADER_NBYTES:HEADER_NBYTES + 8].view(torch.int64)[0])
-    if got_offset != offset:
-        raise WireFormatError(f"{where}: offset differs: rank {sender} sent {got_offset}, "
-                              f"rank {receiver} expected {offset}")
-    pos = HEADER_NBYTES + 8
-    if dense:
-        return StreamRange(n, offset, payload[pos:pos + n * _isize(value_dtype)].view(value_dtype), None)
-    if count > stream_delta(n, value_dtype):
-        raise WireFormatError(f"{where} of {count} sparse items past delta = {stream_delta(n, value_dtype)}")
-    it = index_dtype_for(n)
-    indices = payload[pos:pos + count * _isize(it)].view(it)
-    if count and (int(indices[0]) < 0 or int(indices[-1]) >= n):
-        raise WireFormatError(f"{where} with indices outside [0, {n})")
-    vpos = pos + _pad8(count * _isize(it))
-    values = payload[vpos:vpos + count * _isize(value_dtype)].view(value_dtype)
+    """Validate a stream message and view it (no copy).
+
+    Validated in full before anything is viewed (``sc_wire_check_stream``, csrc/cpu/wire.c):
+    the header against what this rank expects, the offset, the exact size and zero padding,
+    and by form: sparse -- at most delta items, relative indices strictly ascending and
+    < ``n`` (one fused O(count) pass); dense -- count == ``n``. A violation raises
+    :class:`WireFormatError` naming both ranks, the field and the values.
+    """
+    vcode = dtype_code(value_dtype)
+    r = _wire_ops.check("stream", payload, [-1, vcode, -1, sender, n, -1, offset, -1, -1])
+    if r[0]:
+        dense = payload.numel() > 6 and int(payload[6]) == int(Kind.DENSE)
+        _wire_ops.raise_malformed(
+            r, payload, what="a stream", receiver=receiver, sender=sender, shown=SHOWN, index_pos=HEADER_NBYTES + 8,
+            expected={"value_dtype": vcode, "index_dtype": 0 if dense else dtype_code(index_dtype_for(n)),
+                      "sender": sender, "n": n, "count": n if dense else None, "offset": offset},
+            explain={"kind": lambda v, _: f"kind {SHOWN['kind'](v)} is neither COO (a sparse range) nor DENSE",
+                     "delta": lambda v, _: f"{v} sparse items, past delta = {stream_delta(n, value_dtype)} "
+                                           "(the dense form would be smaller)",
+                     "offset": lambda v, _: f"offset {v} is negative"})
+    count, vpos = r[_wire_ops.R_COUNT], r[_wire_ops.R_VALUE_POS]
+    values = payload[vpos:vpos + count * r[_wire_ops.R_VALUE_SIZE]].view(value_dtype)
+    if r[_wire_ops.R_DENSE]:
+        return StreamRange(n, offset, values, None)
+    ipos = r[_wire_ops.R_INDEX_POS]
+    indices = payload[ipos:ipos + count * r[_wire_ops.R_INDEX_SIZE]].view(index_dtype_for(n))
     return StreamRange(n, offset, values, indices)
 
 
@@ -180,19 +181,20 @@ def encode_qsgd(packed: torch.Tensor, scales: torch.Tensor, n: int, offset: int,
 
 def decode_qsgd(payload: torch.Tensor, *, n: int, offset: int, bits: int, bucket_size: int, receiver: int,
                 sender: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate a QSGD message; returns (packed, scales) views."""
-    check_header(payload, receiver=receiver, sender=sender, kind=Kind.DENSE, n=n, value_dtype=torch.uint8,
-                 index_dtype=None, count=(n * bits + 7) // 8)
-    where = f"rank {receiver} received from rank {sender} a QSGD range"
-    if payload.numel() != qsgd_nbytes(n, bits, bucket_size):
-        raise WireFormatError(f"{where} of {payload.numel()} bytes, expected {qsgd_nbytes(n, bits, bucket_size)}")
-    got = (int(payload[HEADER_NBYTES:HEADER_NBYTES + 8].view(torch.int64)[0]),
-           *payload[HEADER_NBYTES + 8:HEADER_NBYTES + 16].view(torch.int32).tolist())
-    if tuple(got) != (offset, bucket_size, bits):
-        raise WireFormatError(f"{where}: (offset, bucket_size, bits) differ: rank {sender} sent {tuple(got)}, "
-                              f"rank {receiver} expected {(offset, bucket_size, bits)}")
-    nb = -(-n // bucket_size)
-    pos = HEADER_NBYTES + 16
-    scales = payload[pos:pos + 4 * nb].view(torch.float32)
-    packed = payload[pos + _pad8(4 * nb):pos + _pad8(4 * nb) + (n * bits + 7) // 8]
-    return packed, scales
+    """Validate a QSGD message's layout and return (packed, scales) views.
+
+    ``sc_wire_check_qsgd`` (csrc/cpu/wire.c): the header, offset, bits, bucket size, the
+    count of packed bytes, the exact size and zero padding. The levels and scales
+    themselves are validated by ``qsgd_dequantize`` as it reads them.
+    """
+    u8 = dtype_code(torch.uint8)
+    r = _wire_ops.check("qsgd", payload, [int(Kind.DENSE), u8, 0, sender, n, -1, offset, bits, bucket_size])
+    if r[0]:
+        _wire_ops.raise_malformed(
+            r, payload, what="a QSGD range", receiver=receiver, sender=sender, shown=SHOWN,
+            expected={"kind": int(Kind.DENSE), "value_dtype": u8, "index_dtype": 0, "sender": sender, "n": n,
+                      "count": (n * bits + 7) // 8, "offset": offset, "bits": bits, "bucket_size": bucket_size},
+            explain={"offset": lambda v, _: f"offset {v} is negative"})
+    spos, nscales = r[_wire_ops.R_SCALE_POS], r[_wire_ops.R_NSCALES]
+    vpos, count = r[_wire_ops.R_VALUE_POS], r[_wire_ops.R_COUNT]
+    return payload[vpos:vpos + count], payload[spos:spos + 4 * nscales].view(torch.float32)
