@@ -128,7 +128,7 @@ FZ_NOCOV int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         int64_t x = ref_idx(it, idx[0], i);
         ref_put(vt, ref, x, ref_add(vt, ref_get(vt, ref, x), ref_get(vt, val[0], i)));
       }
-      for (int64_t i = 0; i < dn; i++) FUZZ_CHECK(ref_same(vt, dense, i, ref, i));
+      FUZZ_CHECK(ref_same_all(vt, dense, ref, dn));
     }
     void* out = malloc(lens[0] * vs + 1);
     st = sc_gather(it, vt, dense, dn, idx[0], lens[0], nt, out, &e);

@@ -15,7 +15,7 @@
  *     selection rule inside the block. */
 #include "fuzz_common.h"
 
-int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+FZ_NOCOV int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fz_reader r = {data, size};
   unsigned sel = (unsigned)fz_u(&r, 1);
   static const sc_dtype dts[4] = {SC_F32, SC_F64, SC_F16, SC_BF16};

@@ -55,6 +55,14 @@ REF_NOCOV static inline int ref_same(sc_dtype t, const void* a, int64_t ia, cons
   return x != x && y != y;
 }
 
+/* ref_same over n elements: one memcmp, element by element only if that differs */
+REF_NOCOV static inline int ref_same_all(sc_dtype t, const void* a, const void* b, int64_t n) {
+  if (!memcmp(a, b, (size_t)n * sc_dtype_size(t))) return 1;
+  for (int64_t i = 0; i < n; i++)
+    if (!ref_same(t, a, i, b, i)) return 0;
+  return 1;
+}
+
 REF_NOCOV static inline int64_t ref_idx(sc_index_t it, const void* base, int64_t i) {
   if (it == SC_I32) { int32_t v; memcpy(&v, (const char*)base + 4 * i, 4); return v; }
   int64_t v;
