@@ -267,6 +267,24 @@ def test_fake_kernels_registered():
     assert len(out) == 17
 
 
+_ALL = ([("coo",) + c for c in COO_CASES] + [("stream",) + c for c in STREAM_CASES]
+        + [("qsgd",) + c for c in QSGD_CASES])
+
+
+@pytest.mark.parametrize("form,name,msg", [c[:3] for c in _ALL], ids=[f"{c[0]}-{c[1]}" for c in _ALL])
+def test_device_path_agrees_with_the_full_check(form, name, msg):
+    """The path for payloads on a device (prefix on the host, indices and padding with torch
+    ops), run here on CPU tensors: it accepts exactly what the full C check accepts."""
+    from sparsecomm.formats import _wire_ops
+    op = _wire_ops._op(form)
+    full = op(msg, [-1] * 9)
+    layout = op(msg[:48].clone(), [-1] * 9, msg.numel())
+    if layout[0]:
+        assert full[0] == layout[0]
+    else:
+        assert _wire_ops._device_content_ok(msg, layout) == (full[0] == 0)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("case", COO_CASES, ids=[c[0] for c in COO_CASES])
 def test_decode_coo_on_device(case):
