@@ -61,6 +61,14 @@ from .reducer import NONFINITE_POLICIES, SparseAllreduce, check_state_version
 __all__ = ["DDPHookState", "ddp_hook"]
 
 
+def _group_size(process_group: Any) -> int | None:
+    """The number of ranks of ``process_group`` (None: the default group), or None while unknown."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    size = dist.get_world_size(process_group)
+    return size if size > 0 else None  # -1: this rank is not in the group
+
+
 class DDPHookState:
     """Configuration and per-bucket state of :func:`ddp_hook`.
 
@@ -90,7 +98,12 @@ class DDPHookState:
         if nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"nonfinite must be one of {', '.join(map(repr, NONFINITE_POLICIES))}, got {nonfinite!r}")
         self.nonfinite = nonfinite
-        algorithms.get(algorithm)(None, **options)  # validates the options now, not at the first bucket
+        # validates the options now, not at the first bucket; those that depend on the number
+        # of ranks (spardl's teams) too when it is known already, else in `comm` below
+        checker = algorithms.get(algorithm)(None, **options)
+        size = comm.size if comm is not None else _group_size(process_group)
+        if size is not None:
+            checker.check_size(size)
         self.async_comm = async_comm
         self._worker: BucketWorker | None = None
         self.algorithm = algorithm
@@ -116,6 +129,9 @@ class DDPHookState:
         # find_unused_parameters allreduce) never interleave with the hook's.
         if self._comm is None:
             from .comm.torch_comm import TorchComm
+            size = _group_size(self.process_group)
+            if size is not None:  # options that need P fail here, on every rank, before any message
+                algorithms.get(self.algorithm)(None, **self.options).check_size(size)
             self._comm = TorchComm(self.process_group)
         return self._comm
 

@@ -86,6 +86,13 @@ class Algorithm(ABC):
         #: entries let through by the last call (the result's support), when known cheaply
         self.last_nnz: int | None = None
 
+    def check_size(self, size: int) -> None:
+        """ValueError if the options cannot work on ``size`` ranks (e.g. spardl's ``teams``).
+
+        For checks a constructor given ``comm=None`` cannot make: :class:`~sparsecomm.DDPHookState`
+        calls it once the number of ranks is known, before any message is sent. None by default.
+        """
+
     @abstractmethod
     def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
         """One step: write the reduced result into ``out`` and leave the residual in ``acc``."""

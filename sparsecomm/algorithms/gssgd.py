@@ -69,9 +69,10 @@ class GlobalSketchSGD(Algorithm):
         rows, cols, seed, fill = (self.options[key] for key in ("rows", "columns", "seed", "heavymix"))
         if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= 64:
             raise ValueError(f"gssgd: option rows must be an int in 1..64, got {rows!r}")
-        if cols is not None and (isinstance(cols, bool) or not isinstance(cols, int) or cols < 1):
-            raise ValueError(f"gssgd: option columns must be None (auto: max(256, 10 k)) or an int >= 1, "
-                             f"got {cols!r}")
+        # the sketch kernels take cols in [1, 2^32 - 1] (sketch.h)
+        if cols is not None and (isinstance(cols, bool) or not isinstance(cols, int) or not 1 <= cols < 2**32):
+            raise ValueError(f"gssgd: option columns must be None (auto: max(256, 10 k)) or an int in "
+                             f"1..{2**32 - 1}, got {cols!r}")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"gssgd: option seed must be an int, got {seed!r}")
         if fill not in ("topk", "random"):

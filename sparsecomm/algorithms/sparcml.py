@@ -174,6 +174,9 @@ class SparcmlSplitAllgather(Algorithm):
         self.last_nnz = None if dense else total
 
 
+_MAX_BUCKET = 2**31 - 1
+
+
 @register
 class TopkDSA(Algorithm):
     name = "topkdsa"
@@ -183,11 +186,13 @@ class TopkDSA(Algorithm):
     def __init__(self, comm, **options: Any):
         super().__init__(comm, **options)
         bits, bucket = self.options["quantize_bits"], self.options["bucket_size"]
-        if bits is not None and (isinstance(bits, bool) or bits not in _qsgd.QUANTIZE_BITS):
-            raise ValueError(f"topkdsa: quantize_bits must be None, 4 or 8, got {bits!r}")
-        if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 1 or (bits == 4 and bucket % 2):
-            raise ValueError(f"topkdsa: bucket_size must be an integer >= 1 (even with quantize_bits=4), "
-                             f"got {bucket!r}")
+        if bits is not None and (isinstance(bits, bool) or not isinstance(bits, int) or bits not in _qsgd.QUANTIZE_BITS):
+            raise ValueError(f"topkdsa: quantize_bits must be None, 4 or 8 (an int), got {bits!r}")
+        # the QSGD header carries bucket_size as an int32 (formats/stream.py)
+        if (isinstance(bucket, bool) or not isinstance(bucket, int) or not 1 <= bucket <= _MAX_BUCKET
+                or (bits == 4 and bucket % 2)):
+            raise ValueError(f"topkdsa: bucket_size must be an integer in 1..{_MAX_BUCKET} (even with "
+                             f"quantize_bits=4), got {bucket!r}")
         if isinstance(self.options["seed"], bool) or not isinstance(self.options["seed"], int):
             raise ValueError(f"topkdsa: seed must be an integer, got {self.options['seed']!r}")
         self.lossless = bits is None  # quantized: unbiased, error kept in the residual, not exact
@@ -262,10 +267,13 @@ class Sparcml(Algorithm):
 
     def __init__(self, comm, **options: Any):
         super().__init__(comm, **options)
-        for key in ("alpha", "beta"):
+        for key, what in (("alpha", "seconds per message, e.g. 50e-6"),
+                          ("beta", "seconds per byte, e.g. 8e-9 for 1 Gbit/s")):
             v = self.options[key]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
-                raise ValueError(f"sparcml: {key} must be a number >= 0, got {v!r}")
+            # inf or NaN would make every cost comparison in choose() the same, whatever P, N, k
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"sparcml: {key} must be a finite number >= 0 ({what}; python -m "
+                                 f"sparsecomm.bench collectives fits both on your links), got {v!r}")
         self._algs: dict[str, Algorithm] = {}
         self.observed_k: int | None = None
         self.last_choice: str | None = None

@@ -151,6 +151,10 @@ class SparDL(Algorithm):
         self._pending_state: dict[str, Any] | None = None
 
     # -- options ------------------------------------------------------------------------
+    def check_size(self, size: int) -> None:
+        """ValueError unless ``teams`` (and ``sag``) work on ``size`` ranks."""
+        self._resolve(size)
+
     def _resolve(self, size: int) -> None:
         teams, sag = self.options["teams"], self.options["sag"]
         if teams is None:

@@ -1,0 +1,191 @@
+"""Every option of every algorithm (and of the reducer and the DDP hook state) is checked when
+it is given: NaN, Inf, negative, zero, out of range or of the wrong type raise one ValueError
+naming the option, the value and what to give instead -- never a late failure at the first
+reduction. Options that depend on the number of ranks (spardl's ``teams``) are checked as soon
+as that number is known, before any message.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from sparsecomm import DDPHookState, SparseAllreduce, algorithms
+from sparsecomm.comm.simulated import simulate
+
+NAN, INF = math.nan, math.inf
+
+# algorithm, options, what the ValueError must say (regex): each invalid value of each option
+BAD = [
+    # spardl
+    ("spardl", {"teams": 0}, r"teams must be None .* or a positive int dividing the number of ranks, got 0"),
+    ("spardl", {"teams": -2}, r"teams must be .* got -2"),
+    ("spardl", {"teams": 2.0}, r"teams must be .* got 2\.0"),
+    ("spardl", {"teams": NAN}, r"teams must be .* got nan"),
+    ("spardl", {"teams": INF}, r"teams must be .* got inf"),
+    ("spardl", {"teams": True}, r"teams must be .* got True"),
+    ("spardl", {"teams": "2"}, r"teams must be .* got '2'"),
+    ("spardl", {"sag": "fast"}, r"sag must be one of 'auto', .* got 'fast'"),
+    ("spardl", {"sag": None}, r"sag must be one of .* got None"),
+    ("spardl", {"sag": "recursive", "teams": 3}, r"needs teams to be a power of two, got teams=3; use sag='bruck'"),
+    # sparcml: the alpha-beta model's constants
+    ("sparcml", {"alpha": INF}, r"alpha must be a finite number >= 0 \(seconds per message.*got inf"),
+    ("sparcml", {"beta": INF}, r"beta must be a finite number >= 0 \(seconds per byte.*got inf"),
+    ("sparcml", {"beta": -INF}, r"beta must be a finite number >= 0 .*got -inf"),
+    ("sparcml", {"alpha": NAN}, r"alpha must be a finite number >= 0 .*got nan"),
+    ("sparcml", {"beta": NAN}, r"beta must be a finite number >= 0 .*got nan"),
+    ("sparcml", {"alpha": -1e-6}, r"alpha must be .*got -1e-06"),
+    ("sparcml", {"beta": -1}, r"beta must be .*got -1"),
+    ("sparcml", {"alpha": True}, r"alpha must be .*got True"),
+    ("sparcml", {"beta": "8e-9"}, r"beta must be .*got '8e-9'"),
+    ("sparcml", {"alpha": None}, r"alpha must be .*got None"),
+    # topkdsa
+    ("topkdsa", {"quantize_bits": 4.0}, r"quantize_bits must be None, 4 or 8 \(an int\), got 4\.0"),
+    ("topkdsa", {"quantize_bits": 2}, r"quantize_bits must be None, 4 or 8 .*got 2"),
+    ("topkdsa", {"quantize_bits": 0}, r"quantize_bits must be .*got 0"),
+    ("topkdsa", {"quantize_bits": NAN}, r"quantize_bits must be .*got nan"),
+    ("topkdsa", {"quantize_bits": True}, r"quantize_bits must be .*got True"),
+    ("topkdsa", {"quantize_bits": "8"}, r"quantize_bits must be .*got '8'"),
+    ("topkdsa", {"bucket_size": 0}, r"bucket_size must be an integer in 1\.\.2147483647 .*got 0"),
+    ("topkdsa", {"bucket_size": -512}, r"bucket_size must be .*got -512"),
+    ("topkdsa", {"bucket_size": 2**31}, r"bucket_size must be an integer in 1\.\.2147483647 .*got 2147483648"),
+    ("topkdsa", {"bucket_size": 512.0}, r"bucket_size must be .*got 512\.0"),
+    ("topkdsa", {"bucket_size": INF}, r"bucket_size must be .*got inf"),
+    ("topkdsa", {"bucket_size": True}, r"bucket_size must be .*got True"),
+    ("topkdsa", {"quantize_bits": 4, "bucket_size": 3}, r"bucket_size must be .*\(even with quantize_bits=4\), got 3"),
+    ("topkdsa", {"seed": 1.5}, r"seed must be an integer, got 1\.5"),
+    ("topkdsa", {"seed": NAN}, r"seed must be an integer, got nan"),
+    ("topkdsa", {"seed": None}, r"seed must be an integer, got None"),
+    ("topkdsa", {"seed": True}, r"seed must be an integer, got True"),
+    # gssgd
+    ("gssgd", {"rows": 0}, r"rows must be an int in 1\.\.64, got 0"),
+    ("gssgd", {"rows": 65}, r"rows must be an int in 1\.\.64, got 65"),
+    ("gssgd", {"rows": -7}, r"rows must be .*got -7"),
+    ("gssgd", {"rows": 7.0}, r"rows must be .*got 7\.0"),
+    ("gssgd", {"rows": True}, r"rows must be .*got True"),
+    ("gssgd", {"rows": None}, r"rows must be .*got None"),
+    ("gssgd", {"columns": 0}, r"columns must be None \(auto: max\(256, 10 k\)\) or an int in 1\.\.4294967295, got 0"),
+    ("gssgd", {"columns": -256}, r"columns must be .*got -256"),
+    ("gssgd", {"columns": 2**32}, r"columns must be .*in 1\.\.4294967295, got 4294967296"),
+    ("gssgd", {"columns": 256.0}, r"columns must be .*got 256\.0"),
+    ("gssgd", {"columns": INF}, r"columns must be .*got inf"),
+    ("gssgd", {"columns": True}, r"columns must be .*got True"),
+    ("gssgd", {"seed": 1.0}, r"seed must be an int, got 1\.0"),
+    ("gssgd", {"seed": "0"}, r"seed must be an int, got '0'"),
+    ("gssgd", {"seed": None}, r"seed must be an int, got None"),
+    ("gssgd", {"heavymix": "TOPK"}, r"heavymix must be 'topk' or 'random', got 'TOPK'"),
+    ("gssgd", {"heavymix": None}, r"heavymix must be .*got None"),
+]
+
+# values at the edges that are valid and must be accepted
+GOOD = [
+    ("spardl", {"teams": None}), ("spardl", {"teams": 3}), ("spardl", {"teams": 1, "sag": "recursive"}),
+    ("spardl", {"teams": 6, "sag": "bruck"}), ("spardl", {"sag": "auto"}),
+    ("sparcml", {"alpha": 0, "beta": 0}), ("sparcml", {"alpha": 0.0, "beta": 1}), ("sparcml", {"alpha": 1e-3}),
+    ("topkdsa", {"quantize_bits": None}), ("topkdsa", {"quantize_bits": 8, "bucket_size": 1}),
+    ("topkdsa", {"quantize_bits": 4, "bucket_size": 2}), ("topkdsa", {"bucket_size": 2**31 - 1}),
+    ("topkdsa", {"seed": -1}), ("topkdsa", {"seed": 2**70}),
+    ("gssgd", {"rows": 1, "columns": 1}), ("gssgd", {"rows": 64, "columns": 2**32 - 1}),
+    ("gssgd", {"columns": None}), ("gssgd", {"seed": -1}), ("gssgd", {"seed": 2**64}),
+    ("gssgd", {"heavymix": "random"}),
+]
+
+
+def _ids(cases):
+    return [f"{name}-{'-'.join(f'{k}={v!r}' for k, v in options.items())}" for name, options, *_ in cases]
+
+
+@pytest.mark.parametrize("name,options,message", BAD, ids=_ids(BAD))
+def test_invalid_option_fails_at_construction(name, options, message):
+    cls = algorithms.get(name)
+    with pytest.raises(ValueError, match=rf"^{name}: .*{message}"):
+        cls(None, **options)
+    # the same check where users give options: the hook state and the reducer
+    with pytest.raises(ValueError, match=message):
+        DDPHookState(name, 0.1, **options)
+
+
+@pytest.mark.parametrize("name,options", GOOD, ids=_ids(GOOD))
+def test_valid_edge_values_are_accepted(name, options):
+    algorithms.get(name)(None, **options)
+    DDPHookState(name, 0.1, **options)
+
+
+def test_every_option_of_every_algorithm_has_invalid_cases():
+    covered = {(name, option) for name, options, _ in BAD for option in options}
+    missing = [(name, option) for name in algorithms.names()
+               for option in algorithms.get(name).option_defaults if (name, option) not in covered]
+    assert missing == [], "add invalid values of these options to BAD"
+
+
+@pytest.mark.parametrize("name", algorithms.names())
+def test_unknown_option_names_the_accepted_ones(name):
+    accepted = ", ".join(sorted(algorithms.get(name).option_defaults)) or "none"
+    with pytest.raises(ValueError, match=rf"algorithm '{name}' does not take option\(s\) tems; "
+                                         rf"accepted options: {accepted}$"):
+        algorithms.get(name)(None, tems=2)
+
+
+# what the reducer and the hook state take besides the algorithm's options
+DENSITIES = [0, -0.1, 1.5, NAN, INF, -INF, True, "0.1", None]
+
+
+@pytest.mark.parametrize("density", DENSITIES, ids=repr)
+def test_invalid_density_fails_at_construction(density):
+    with pytest.raises(ValueError, match=r"density must be a number in \(0, 1\], got "):
+        DDPHookState("topka", density)
+    with pytest.raises(ValueError, match=r"density must be a number in \(0, 1\], got "):
+        SparseAllreduce("topka", density)  # before any Comm is made
+
+
+@pytest.mark.parametrize("warmup", [-1, 1.5, NAN, INF, True, "3", None], ids=repr)
+def test_invalid_warmup_steps_fail_at_construction(warmup):
+    with pytest.raises(ValueError, match=r"warmup_steps must be an integer >= 0, got "):
+        DDPHookState("topka", 0.1, warmup_steps=warmup)
+
+
+# -- options that need the number of ranks --------------------------------------------------
+
+
+@pytest.mark.parametrize("size,teams", [(4, 3), (6, 4), (2, 4), (5, 2)])
+def test_teams_not_dividing_p_fails_on_every_rank_before_any_message(size, teams):
+    def rank(comm):
+        try:
+            SparseAllreduce("spardl", 0.1, comm=comm, teams=teams)
+        except ValueError as exc:
+            error = str(exc)
+        else:
+            error = None
+        try:
+            DDPHookState("spardl", 0.1, comm=comm, teams=teams)  # P known: fails at construction
+        except ValueError as exc:
+            assert str(exc) == error
+        return error, comm.stats.bytes_sent + comm.stats.rounds
+
+    result = simulate(size, rank)
+    errors = {error for error, _ in result.results}
+    assert len(errors) == 1, errors
+    error = errors.pop()
+    assert error is not None and error.startswith(f"spardl: teams={teams} does not divide the number of ranks "
+                                                  f"P={size}; valid choices for P={size}: ")
+    assert all(sent == 0 for _, sent in result.results)
+
+
+def _first_call_rank(rank, size, state):
+    """The state was made (and pickled here) while P was unknown; its first use of the Comm
+    is the first call of the hook."""
+    try:
+        state.comm
+    except ValueError as exc:
+        return str(exc), state._comm is None
+    return None, state._comm is None
+
+
+def test_teams_is_checked_at_the_first_call_when_p_was_unknown():
+    from sparsecomm.testing import spawn
+
+    state = DDPHookState("spardl", 0.1, teams=3)  # no process group yet: P unknown, accepted
+    results = spawn(_first_call_rank, 2, state)
+    assert results == [("spardl: teams=3 does not divide the number of ranks P=2; valid choices for P=2: 1, 2",
+                        True)] * 2, "every rank fails the same way, before its TorchComm exists"
