@@ -177,7 +177,7 @@ def qsgd_seeds():
 
 
 def topk_seeds():
-    def tk(sel, k, blocks, kpb, xs, fmt="<f"):
+    def tk(sel, k, blocks, kpb, xs, fmt="<f"):  # sel | 0xE0: also the radix path
         return bytes([sel]) + struct.pack("<HHH", k, blocks, kpb) + b"".join(struct.pack(fmt, x) for x in xs)
     yield tk(0, 3, 2, 2, [1.0, -5.0, 3.0, 0.0, -0.0, 2.0, 7.0, -7.0])
     yield tk(1, 2, 3, 1, [1.0, 2.0, float("inf"), -float("inf")], "<d")
@@ -186,6 +186,8 @@ def topk_seeds():
     yield tk(0, 2, 2, 1, [1.0, float("nan"), 3.0])
     yield tk(4, 100, 50, 3, [float((i * 37) % 11) - 5 for i in range(40)])
     yield tk(0, 0, 0, 0, [])
+    yield tk(0xE0, 3, 2, 2, [1.0, -5.0, 3.0, 0.0, -0.0, 2.0, 7.0, -7.0])    # with the radix path
+    yield tk(0xE3, 5, 4, 2, [float(i % 5) for i in range(16)], "<e")
 
 
 def sketch_seeds():
