@@ -46,6 +46,8 @@ FUZZ_TARGETS := $(sort $(patsubst csrc/fuzz/fuzz_%.c,%,$(wildcard csrc/fuzz/fuzz
 FUZZ_CFLAGS := -std=gnu11 -g -O2 -Wall -Wno-unknown-pragmas -Icsrc/include -Icsrc/cpu \
 	-fno-sanitize-recover=undefined
 FUZZ_OBJ := $(patsubst csrc/cpu/%.c,build/fuzz/obj/%.o,$(KERNEL_SRC))
+# kept between builds (make would delete them as intermediates of the fuzz_% rule)
+.SECONDARY: $(FUZZ_OBJ)
 
 setup-sanitizers:
 	bash scripts/setup_sanitizers.sh

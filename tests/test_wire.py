@@ -257,14 +257,30 @@ def test_ops_argument_errors():
 
 
 def test_fake_kernels_registered():
-    from sparsecomm.formats import _wire_ops
-    _wire_ops._op("coo")  # loads the ops and their fakes
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
     with FakeTensorMode(shape_env=ShapeEnv()) as mode:
         fake = mode.from_tensor(_coo(GOOD))
         out = torch.ops.sparsecomm.wire_check_coo(fake, [-1] * 9)
     assert len(out) == 17
+
+
+def _opcheck_samples():
+    good_coo = _coo(GOOD)
+    return [
+        ("wire_check_header", (good_coo, [-1] * 9)),
+        ("wire_check_coo", (good_coo, [1, 1, -1, 3, 10, 3, -1, -1, -1])),
+        ("wire_check_coo", (_coo([1, 5, 5]), [-1] * 9)),  # malformed: a result, not an exception
+        ("wire_check_coo", (good_coo[:48].clone(), [-1] * 9, good_coo.numel())),
+        ("wire_check_stream", (_stream([3, 50]), [-1] * 9)),
+        ("wire_check_qsgd", (_qsgd(), [-1] * 9)),
+    ]
+
+
+@pytest.mark.parametrize("name,args", _opcheck_samples(),
+                         ids=[f"{n}-{i}" for i, (n, _) in enumerate(_opcheck_samples())])
+def test_opcheck(name, args):
+    torch.library.opcheck(getattr(torch.ops.sparsecomm, name).default, args)
 
 
 _ALL = ([("coo",) + c for c in COO_CASES] + [("stream",) + c for c in STREAM_CASES]

@@ -8,8 +8,10 @@ layout, or for a malformed message the field at fault, its position and the valu
 received; the message text is composed here, where the receiver's rank and expectations
 are known.
 
-The extension is imported on the first check, not when ``sparsecomm.formats`` is
-imported: the layouts (sizes, encoders) work without a built extension.
+This module imports the extension (``sparsecomm._C``) when it is imported, and registers
+the ops' fake kernels then, so they exist wherever the ops do (``torch.library.opcheck``,
+``torch.compile``): ``sparsecomm.formats`` needs the built extension, as the package
+already does (``sparsecomm/__init__`` imports ``sparsecomm.ops``).
 
 Payloads on another device (CUDA): the op checks a host copy of the fixed prefix (at
 most 48 bytes) against the message's size; the indices and padding bytes are then
@@ -23,6 +25,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from .. import _C  # noqa: F401  (registers torch.ops.sparsecomm.wire_check_*)
 from ..errors import WireFormatError
 
 __all__ = ["FIELDS", "check", "raise_malformed"]
@@ -37,30 +40,20 @@ PREFIX_NBYTES = 48  # SC_WIRE_PREFIX_NBYTES
  R_NSCALES, R_INDEX_POS, R_INDEX_SIZE, R_VALUE_POS, R_VALUE_SIZE, R_SCALE_POS) = range(17)
 R_POSITION, R_VALUE = 1, 2  # when [0] is a field code
 
+def _fake(payload, expect, nbytes=-1):
+    # the result is data-dependent ints: under a fake tensor mode, unbacked symbols
+    ctx = torch.library.get_ctx()
+    return [ctx.new_dynamic_size() for _ in range(17)]
+
+
 _OPS: dict[str, Callable] = {}
-
-
-def _register_fakes() -> None:
-    # The result is data-dependent ints: under a fake tensor mode, unbacked symbols.
-    def fake(payload, expect, nbytes=-1):
-        ctx = torch.library.get_ctx()
-        return [ctx.new_dynamic_size() for _ in range(17)]
-
-    for form in ("header", "coo", "stream", "qsgd"):
-        torch.library.register_fake(f"sparsecomm::wire_check_{form}")(fake)
+for _form in ("header", "coo", "stream", "qsgd"):
+    torch.library.register_fake(f"sparsecomm::wire_check_{_form}")(_fake)
+    _OPS[_form] = getattr(torch.ops.sparsecomm, f"wire_check_{_form}").default
 
 
 def _op(form: str) -> Callable:
-    fn = _OPS.get(form)
-    if fn is None:
-        from .. import _C  # noqa: F401  (registers torch.ops.sparsecomm.*; lazy, see above)
-
-        if not _OPS:
-            _register_fakes()
-        for f in ("header", "coo", "stream", "qsgd"):
-            _OPS[f] = getattr(torch.ops.sparsecomm, f"wire_check_{f}").default
-        fn = _OPS[form]
-    return fn
+    return _OPS[form]
 
 
 def _device_content_ok(payload: torch.Tensor, r: Sequence[int]) -> bool:
@@ -87,11 +80,11 @@ def _device_content_ok(payload: torch.Tensor, r: Sequence[int]) -> bool:
 def check(form: str, payload: torch.Tensor, expect: list[int]) -> list[int]:
     """Run the check of ``form`` on ``payload``; the op's result (see the module doc)."""
     if payload.device.type == "cpu":
-        return _op(form)(payload, expect, -1)
+        return _OPS[form](payload, expect, -1)
     nbytes = payload.numel()
-    r = _op(form)(payload[:min(nbytes, PREFIX_NBYTES)].cpu(), expect, nbytes)
+    r = _OPS[form](payload[:min(nbytes, PREFIX_NBYTES)].cpu(), expect, nbytes)
     if r[R_FIELD] == 0 and form != "header" and not _device_content_ok(payload, r):
-        r = _op(form)(payload.cpu(), expect, -1)
+        r = _OPS[form](payload.cpu(), expect, -1)
     return r
 
 

@@ -53,7 +53,8 @@ def decode_coo(payload: torch.Tensor, *, n: int, value_dtype: torch.dtype, recei
     """
     index_dtype = index_dtype_for(n)
     vcode = dtype_code(value_dtype)
-    r = _wire_ops.check("coo", payload, [int(Kind.COO), vcode, -1, sender, n, -1 if count is None else count, -1, -1, -1])
+    r = _wire_ops.check("coo", payload,
+                        [int(Kind.COO), vcode, -1, sender, n, -1 if count is None else count, -1, -1, -1])
     if r[0]:
         _wire_ops.raise_malformed(
             r, payload, what="a COO message", receiver=receiver, sender=sender, shown=SHOWN,
