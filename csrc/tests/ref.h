@@ -94,10 +94,14 @@ REF_NOCOV static inline int64_t ref_merge(sc_index_t it, sc_dtype vt, int64_t p,
                                    void* out_val) {
   int64_t pos[64] = {0}, o = 0;
   for (;;) {
-    int64_t best = INT64_MAX;
+    int64_t best = 0;
+    int any = 0; /* no sentinel value: INT64_MAX is a valid index without a limit */
     for (int64_t q = 0; q < p; q++)
-      if (pos[q] < lens[q] && ref_idx(it, idx[q], pos[q]) < best) best = ref_idx(it, idx[q], pos[q]);
-    if (best == INT64_MAX) break;
+      if (pos[q] < lens[q] && (!any || ref_idx(it, idx[q], pos[q]) < best)) {
+        best = ref_idx(it, idx[q], pos[q]);
+        any = 1;
+      }
+    if (!any) break;
     double acc = 0;
     int first = 1;
     for (int64_t q = 0; q < p; q++)

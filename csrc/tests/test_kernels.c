@@ -729,6 +729,17 @@ static void test_merge(void) {
   CHECK(sc_merge_add_many(SC_I32, SC_F16, 3, ii, vv, l3, 10, 1, oi, ov, &on, &e) == SC_OK);
   CHECK(on == 1 && oi[0] == 3 && sc_f16_to_f32(ov[0]) == 2050.0f);
   CHECK(sc_merge_add_many(SC_I32, SC_U8, 3, ii, vv, l3, 10, 1, oi, ov, &on, &e) == SC_ERR_ARG);
+  /* the extreme index INT64_MAX, without a limit (found by fuzz_coo_raw, in its reference) */
+  int64_t a0[1] = {0}, a1[1] = {INT64_MAX}, a3[1] = {0};
+  double w0[1] = {1}, w1[1] = {2}, w3[1] = {4};
+  const void* ix[4] = {a0, a1, NULL, a3};
+  const void* vx[4] = {w0, w1, NULL, w3};
+  int64_t l4[4] = {1, 1, 0, 1}, oix[3];
+  double ovx[3];
+  CHECK(sc_merge_add_many(SC_I64, SC_F64, 4, ix, vx, l4, -1, 4, oix, ovx, &on, &e) == SC_OK);
+  CHECK(on == 2 && oix[0] == 0 && ovx[0] == 5 && oix[1] == INT64_MAX && ovx[1] == 2);
+  CHECK(sc_merge_add_many(SC_I64, SC_F64, 4, ix, vx, l4, INT64_MAX, 4, oix, ovx, &on, &e) == SC_ERR_INDEX_RANGE &&
+        e.input == 1);
   CHECK(sc_merge_add_many(SC_I32, SC_F16, 0, ii, vv, l3, 10, 1, oi, ov, &on, &e) == SC_OK && on == 0);
 }
 
