@@ -14,8 +14,11 @@
  *     err->value    = the value received (SC_WF_SIZE: the message's size;
  *                     N and count are unsigned on the wire: read as int64).
  * Checks run in the order of the fields in the message, so the first field at
- * fault is the one reported; within the index section the first bad element
- * is reported whatever the thread count. Conventions otherwise as abi.h (err
+ * fault is the one reported (a constraint on a field that depends on a later
+ * one is checked after that one: the QSGD bucket after the bits, the QSGD
+ * count after both); within the index section the first bad element is
+ * reported (at one element, the range before the order) whatever the thread
+ * count. Conventions otherwise as abi.h (err
  * last and nullable, SC_ERR_ARG for a bad argument of the caller: NULL msg
  * with nbytes > 0, negative nbytes, a bad expectation).
  *
