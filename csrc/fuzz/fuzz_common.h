@@ -16,6 +16,7 @@
 
 #include "sparsecomm/abi.h"
 #include "sparsecomm/kernels.h"
+#include "sparsecomm/wire.h"
 #include "../tests/ref.h"
 
 /* Reference code of the targets is not instrumented for coverage: the
@@ -61,6 +62,41 @@ FZ_NOCOV static inline uint8_t* fz_dup(const void* src, size_t n) {
 FZ_NOCOV static inline sc_error_info fz_err(void) {
   sc_error_info e = {-7, -7, -7};
   return e;
+}
+
+/* The rest of the input as a received message: a heap copy of all of it, and a copy of
+ * its first SC_WIRE_PREFIX_NBYTES (what the layout-only checks may read), so ASan sees a
+ * read past either. */
+typedef struct {
+  uint8_t* msg;
+  uint8_t* prefix;
+  size_t n;
+} fz_message;
+
+FZ_NOCOV static inline fz_message fz_message_take(const fz_reader* r) {
+  fz_message m;
+  m.n = r->n;
+  m.msg = fz_dup(r->p, m.n);
+  m.prefix = fz_dup(r->p, m.n < SC_WIRE_PREFIX_NBYTES ? m.n : SC_WIRE_PREFIX_NBYTES);
+  return m;
+}
+
+FZ_NOCOV static inline void fz_message_free(fz_message* m) {
+  free(m->prefix);
+  free(m->msg);
+}
+
+/* Fills the header part of an expectation from the message's own header when that header
+ * is valid (so the rest of the checks are reached); returns whether it did. */
+FZ_NOCOV static inline int fz_expect_own_header(const fz_message* m, sc_wire_expect* w,
+                                                sc_wire_header* h) {
+  if (m->n < SC_WIRE_HEADER_NBYTES || sc_wire_check_header(m->msg, (int64_t)m->n, NULL, h, NULL) != SC_OK)
+    return 0;
+  w->value_dtype = h->value_dtype;
+  w->sender = h->sender;
+  w->n = (int64_t)h->n;
+  w->count = (int64_t)h->count;
+  return 1;
 }
 
 #endif

@@ -83,10 +83,9 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   unsigned sel = (unsigned)fz_u(&r, 1);
   sc_dtype vt = (sel & 1) ? SC_F64 : SC_F32;
   int nt = 1 + (int)((sel >> 1) & 3);
-  size_t n = r.n;
-  uint8_t* msg = fz_dup(r.p, n);
-  size_t keep = n < SC_WIRE_PREFIX_NBYTES ? n : SC_WIRE_PREFIX_NBYTES;
-  uint8_t* prefix = fz_dup(r.p, keep);
+  fz_message m = fz_message_take(&r);
+  uint8_t *msg = m.msg, *prefix = m.prefix;
+  size_t n = m.n;
 
   sc_wire_expect w = sc_wire_expect_any();
   if ((sel & 8) && n >= SC_WIRE_PREFIX_NBYTES) {
@@ -139,7 +138,6 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (s1 != SC_OK && n > 1) /* arbitrary bytes through quantize with fixed arguments */
     roundtrip(vt, msg + 1, (int64_t)n - 1, (sel & 16) ? 4 : 8, (sel & 32) ? 2 : 3 + (sel & 16 ? 1 : 0), nt);
-  free(prefix);
-  free(msg);
+  fz_message_free(&m);
   return 0;
 }

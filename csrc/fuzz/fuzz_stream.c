@@ -81,24 +81,17 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fz_reader r = {data, size};
   unsigned sel = (unsigned)fz_u(&r, 1);
   int nt = 1 + (int)(sel & 3);
-  size_t n = r.n;
-  uint8_t* msg = fz_dup(r.p, n);
-  size_t keep = n < SC_WIRE_PREFIX_NBYTES ? n : SC_WIRE_PREFIX_NBYTES;
-  uint8_t* prefix = fz_dup(r.p, keep);
+  fz_message m = fz_message_take(&r);
+  uint8_t *msg = m.msg, *prefix = m.prefix;
+  size_t n = m.n;
 
   sc_wire_expect w = sc_wire_expect_any();
-  if ((sel & 4) && n >= SC_WIRE_HEADER_NBYTES + 8) {
-    sc_wire_header h;
-    if (sc_wire_check_header(msg, (int64_t)n, NULL, &h, NULL) == SC_OK) {
-      w.kind = (h.kind == SC_KIND_COO || h.kind == SC_KIND_DENSE) ? h.kind : SC_WIRE_ANY;
-      w.value_dtype = h.value_dtype;
-      w.sender = h.sender;
-      w.n = (int64_t)h.n;
-      w.count = (int64_t)h.count;
-      memcpy(&w.offset, msg + SC_WIRE_HEADER_NBYTES, 8);
-      if (w.offset < 0) w.offset = SC_WIRE_ANY;
-      else if (sel & 8) w.offset ^= 1;
-    }
+  sc_wire_header h;
+  if ((sel & 4) && n >= SC_WIRE_HEADER_NBYTES + 8 && fz_expect_own_header(&m, &w, &h)) {
+    w.kind = (h.kind == SC_KIND_COO || h.kind == SC_KIND_DENSE) ? h.kind : SC_WIRE_ANY;
+    memcpy(&w.offset, msg + SC_WIRE_HEADER_NBYTES, 8);
+    if (w.offset < 0) w.offset = SC_WIRE_ANY;
+    else if (sel & 8) w.offset ^= 1;
   }
   sc_wire_layout L1, L2;
   sc_error_info e1 = fz_err(), e2 = fz_err();
@@ -152,7 +145,6 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       sparse_kernels(msg, &L2, nt);
     }
   }
-  free(prefix);
-  free(msg);
+  fz_message_free(&m);
   return 0;
 }
