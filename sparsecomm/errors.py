@@ -6,7 +6,7 @@ module imports nothing of sparsecomm), so no layer has to import another to rais
 
 from __future__ import annotations
 
-__all__ = ["WireFormatError"]
+__all__ = ["WireFormatError", "AgreedValueError"]
 
 
 class WireFormatError(ValueError):
@@ -14,4 +14,11 @@ class WireFormatError(ValueError):
 
     Raised by the wire decoders (``sparsecomm.formats``) and by the kernels that
     validate peer data (status ``SC_ERR_MALFORMED`` of the C ABI).
+    """
+
+
+class AgreedValueError(ValueError):
+    """A ValueError that every rank raises together, having agreed on it through a
+    collective: the reducer's handshake mismatch and ``nonfinite="raise"``. Nothing is left
+    in flight, so the Comm stays usable (it is not aborted, unlike a rank-local failure).
     """

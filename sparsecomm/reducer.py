@@ -52,6 +52,7 @@ import torch
 from . import _version as _version_module
 from . import algorithms
 from .comm.base import Comm
+from .errors import AgreedValueError
 from .formats.header import DTYPE_CODES, FORMAT_VERSION, MAGIC
 
 __all__ = ["SparseAllreduce", "k_for"]
@@ -111,7 +112,7 @@ def _flag_words(flag: int) -> str:
     return " and ".join(word for bit, word in ((_NAN, "NaN"), (_POS_INF, "+Inf"), (_NEG_INF, "-Inf")) if flag & bit)
 
 
-def nonfinite_error(flags: list[int], n: int, algorithm: str) -> ValueError:
+def nonfinite_error(flags: list[int], n: int, algorithm: str) -> AgreedValueError:
     """The ValueError every rank raises under ``nonfinite="raise"`` (the same text on all)."""
     groups: dict[int, list[int]] = {}
     for rank, flag in enumerate(flags):
@@ -119,24 +120,9 @@ def nonfinite_error(flags: list[int], n: int, algorithm: str) -> ValueError:
             groups.setdefault(flag, []).append(rank)
     held = "; ".join(f"ranks {ranks} have {_flag_words(flag)}" for flag, ranks in groups.items())
     bad = sorted(rank for ranks in groups.values() for rank in ranks)
-    return ValueError(f"non-finite gradient on ranks {bad} ({held}; N={n}, {algorithm}, nonfinite='raise'): "
+    return AgreedValueError(f"non-finite gradient on ranks {bad} ({held}; N={n}, {algorithm}, nonfinite='raise'): "
                       "no rank reduced it and no residual changed; nonfinite='propagate' hands the dense "
                       "allreduce of the raw gradients to every rank instead (what GradScaler expects)")
-
-
-def _raised_everywhere(exc: BaseException, posted: bool) -> bool:
-    """Errors not to publish to the peers (Comm.call_scope): those every rank raises by
-    agreement (the handshake mismatch, the non-finite policy's "raise"), and this module's
-    own argument checks before the call sent anything (the reducer stays usable: reset())."""
-    text = str(exc)
-    if isinstance(exc, ValueError) and ("the ranks disagree on the reduction" in text
-                                        or text.startswith("non-finite gradient on ranks")):
-        return True
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return (not posted and isinstance(exc, (ValueError, TypeError)) and tb is not None
-            and tb.tb_frame.f_code.co_filename == __file__)
 
 
 class SparseAllreduce:
@@ -225,15 +211,19 @@ class SparseAllreduce:
     # own compiled code (tests/test_op_contracts.py).
     @torch.compiler.disable
     def __call__(self, grad: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        # The call's messages carry its own tag; an exception raised here on this rank is
-        # published to every peer, which then raises too, naming this rank (Comm.call_scope).
+        self.comm.check_usable()
+        # The caller's arguments are checked before the call scope: nothing is in flight
+        # then, so such an error stays local and the reducer stays usable (reset()).
+        self._check_arguments(grad, out)
+        # The call's messages carry its own tag; an exception raised inside on this rank is
+        # published to every peer, which then raises too, naming this rank (Comm.call_scope),
+        # except the errors every rank raises by agreement (AgreedValueError).
         # No variable-size message of a call is larger than 16 bytes per element + headers.
-        n = grad.numel() if isinstance(grad, torch.Tensor) else 0
-        with self.comm.call_scope(self._scope, max_message_bytes=16 * n + 65536,
-                                  agreed=lambda exc: _raised_everywhere(exc, self.comm.posted_in_call)):
+        with self.comm.call_scope(self._scope, max_message_bytes=16 * grad.numel() + 65536,
+                                  agreed=lambda exc: isinstance(exc, AgreedValueError)):
             return self._call(grad, out)
 
-    def _call(self, grad: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def _check_arguments(self, grad: torch.Tensor, out: torch.Tensor | None) -> None:
         if not isinstance(grad, torch.Tensor) or not grad.is_floating_point():
             raise ValueError(f"grad must be a floating-point tensor, got "
                              f"{type(grad).__name__ if not isinstance(grad, torch.Tensor) else grad.dtype}")
@@ -242,6 +232,14 @@ class SparseAllreduce:
                                 or out.device != grad.device):
             raise ValueError(f"out must match grad (shape {tuple(grad.shape)}, {grad.dtype} or {work_dtype}, "
                              f"{grad.device}); got shape {tuple(out.shape)}, {out.dtype}, {out.device}")
+        key = (grad.numel(), work_dtype, grad.device)
+        if self._agreed is not None and self._agreed != key:
+            raise ValueError(f"this reducer was used for N={self._agreed[0]} ({self._agreed[1]}, "
+                             f"{self._agreed[2]}) and now gets N={key[0]} ({work_dtype}, {grad.device}): "
+                             "use one SparseAllreduce per tensor, or call reset() first")
+
+    def _call(self, grad: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        work_dtype = torch.float32 if grad.dtype in _HALF_TYPES else grad.dtype
         start = time.perf_counter()
         flat = grad.detach().reshape(-1)
         n = flat.numel()
@@ -305,12 +303,9 @@ class SparseAllreduce:
         return [rank for rank, flag in enumerate(flags) if flag]
 
     def _prepare(self, n: int, work_dtype: torch.dtype, grad: torch.Tensor) -> torch.Tensor:
-        """The residual buffer for this call; agree with the other ranks first if new."""
+        """The residual buffer for this call (the key was checked in _check_arguments); agree
+        with the other ranks first if new."""
         key = (n, work_dtype, grad.device)
-        if self._agreed is not None and self._agreed != key:
-            raise ValueError(f"this reducer was used for N={self._agreed[0]} ({self._agreed[1]}, "
-                             f"{self._agreed[2]}) and now gets N={n} ({work_dtype}, {grad.device}): "
-                             "use one SparseAllreduce per tensor, or call reset() first")
         if self._agreed is None:
             self._handshake(n, grad.dtype)
             self._agreed = key
@@ -355,7 +350,7 @@ class SparseAllreduce:
             for rank, value in enumerate(values):
                 groups.setdefault(value, []).append(rank)
             lines.append(f"{field}: " + "; ".join(f"ranks {ranks} have {value}" for value, ranks in groups.items()))
-        raise ValueError(f"rank {self.comm.rank}: the ranks disagree on the reduction "
+        raise AgreedValueError(f"rank {self.comm.rank}: the ranks disagree on the reduction "
                          f"({self.algorithm_name}, density {self.density}, this rank N={n}, {dtype}):\n  "
                          + "\n  ".join(lines)
                          + "\nevery rank must call the same reducer with the same tensor size, dtype, "

@@ -180,7 +180,6 @@ class Comm(ABC):
         self._broken: str | None = None
         #: bound on a size received in a variable-size round (set per call by the reducer)
         self.max_message_bytes: int | None = None
-        self._posted = False  # a message was posted in the current call
 
     # -- failing together ------------------------------------------------------------------
     def new_scope(self, label: str) -> CallScope:
@@ -204,16 +203,16 @@ class Comm(ABC):
         already broken.
 
         Not aborted (the Comm stays usable): an error for which ``agreed(exc)`` is true --
-        one every rank raises by agreement (the reducer's handshake mismatch), or the
-        caller's argument validation before the call posted any message (nothing is in
-        flight; :attr:`posted_in_call` tells)."""
+        one every rank raises by agreement (the reducer's
+        :class:`~sparsecomm.errors.AgreedValueError`: the handshake mismatch,
+        ``nonfinite="raise"``). Callers check their arguments before entering the scope,
+        so such errors stay local."""
         self.check_usable()
-        saved = (self._current, self.tag, self.max_message_bytes, self._posted)
+        saved = (self._current, self.tag, self.max_message_bytes)
         scope.calls += 1
         self._current = (scope, scope.calls)
         self.tag = scope_tag(scope.id, scope.calls)
         self.max_message_bytes = max_message_bytes
-        self._posted = False
         try:
             yield
         except BaseException as exc:
@@ -222,12 +221,7 @@ class Comm(ABC):
                 self.abort(f"{type(exc).__name__}: {exc}")
             raise
         finally:
-            self._current, self.tag, self.max_message_bytes, self._posted = saved
-
-    @property
-    def posted_in_call(self) -> bool:
-        """Whether the current call has posted a message yet."""
-        return self._posted
+            self._current, self.tag, self.max_message_bytes = saved
 
     def check_usable(self) -> None:
         """Raise :class:`CommAbortedError` if the Comm was aborted."""
@@ -346,7 +340,6 @@ class Comm(ABC):
         if not sends and not recvs:
             return
         self.check_usable()
-        self._posted = True
         start = time.perf_counter()
         self._post_and_wait(sends, recvs)
         self.stats.comm_s += time.perf_counter() - start
@@ -371,7 +364,6 @@ class Comm(ABC):
         if not sends and not sources:
             return []
         self.check_usable()
-        self._posted = True
         return self._exchange_var(sends, sources)
 
     def allreduce_dense(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -383,7 +375,6 @@ class Comm(ABC):
         if self.size == 1 or tensor.numel() == 0:
             return tensor
         self.check_usable()
-        self._posted = True
         start = time.perf_counter()
         sent, rounds = self._allreduce_dense(tensor)
         self.stats.comm_s += time.perf_counter() - start
