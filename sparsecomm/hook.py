@@ -100,10 +100,10 @@ class DDPHookState:
         self.nonfinite = nonfinite
         # validates the options now, not at the first bucket; those that depend on the number
         # of ranks (spardl's teams) too when it is known already, else in `comm` below
-        checker = algorithms.get(algorithm)(None, **options)
+        self._options_checked = algorithms.get(algorithm)(None, **options)  # comm-less: checks only
         size = comm.size if comm is not None else _group_size(process_group)
         if size is not None:
-            checker.check_size(size)
+            self._options_checked.check_size(size)
         self.async_comm = async_comm
         self._worker: BucketWorker | None = None
         self.algorithm = algorithm
@@ -131,7 +131,7 @@ class DDPHookState:
             from .comm.torch_comm import TorchComm
             size = _group_size(self.process_group)
             if size is not None:  # options that need P fail here, on every rank, before any message
-                algorithms.get(self.algorithm)(None, **self.options).check_size(size)
+                self._options_checked.check_size(size)
             self._comm = TorchComm(self.process_group)
         return self._comm
 
