@@ -44,7 +44,6 @@ SPARSECOMM_TAG = BASE_TAG
 #: no other way to interrupt a wait) and tells the peers at once.
 _INTERRUPT_TAG = 0x7FFFFFF0
 
-_DEFAULT_TIMEOUT = DEFAULT_TIMEOUT
 #: Comms built so far over each process group name (key prefixes when isolate=False)
 _COMMS_PER_GROUP: dict[str, int] = {}
 # c10d treats a zero timeout as "no timeout" (wait for the group's own timeout), so a
@@ -135,7 +134,7 @@ class TorchComm(Comm):
             raise ValueError("TorchComm: this process is not a member of the given process group")
         size = dist.get_world_size(group)
         device = _group_device(group)
-        super().__init__(rank, size, device, _DEFAULT_TIMEOUT if timeout is None else timeout)
+        super().__init__(rank, size, device, DEFAULT_TIMEOUT if timeout is None else timeout)
         self.user_group = group
         self.backend = str(dist.get_backend(group))
         if isolate and size > 1:
