@@ -13,7 +13,8 @@ the ops' fake kernels then, so they exist wherever the ops do (``torch.library.o
 ``torch.compile``): ``sparsecomm.formats`` needs the built extension, as the package
 already does (``sparsecomm/__init__`` imports ``sparsecomm.ops``).
 
-Payloads on another device (CUDA): the op checks a host copy of the fixed prefix (at
+Payloads on another device (CUDA), and CPU payloads while the ops' torch fallback is on
+(``SPARSECOMM_OPS=torch``, ``sparsecomm.ops.use_torch_ops``): the op checks a host copy of the fixed prefix (at
 most 48 bytes) against the message's size; the indices and padding bytes are then
 checked on the device with torch (one synchronisation), and only a message that fails
 there is copied to the host to find the field and position to report.
@@ -27,6 +28,7 @@ import torch
 
 from .. import _C  # noqa: F401  (registers torch.ops.sparsecomm.wire_check_*)
 from ..errors import WireFormatError
+from ..ops._switch import torch_ops_enabled
 
 __all__ = ["FIELDS", "check", "raise_malformed"]
 
@@ -79,7 +81,7 @@ def _device_content_ok(payload: torch.Tensor, r: Sequence[int]) -> bool:
 
 def check(form: str, payload: torch.Tensor, expect: list[int]) -> list[int]:
     """Run the check of ``form`` on ``payload``; the op's result (see the module doc)."""
-    if payload.device.type == "cpu":
+    if payload.device.type == "cpu" and not torch_ops_enabled():
         return _OPS[form](payload, expect, -1)
     nbytes = payload.numel()
     r = _OPS[form](payload[:min(nbytes, PREFIX_NBYTES)].cpu(), expect, nbytes)

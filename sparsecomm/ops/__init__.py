@@ -21,6 +21,8 @@ Conventions shared by all functions:
 * float16 / bfloat16 sums are accumulated in float32 and rounded once
   (round-to-nearest-even) to the value dtype. Summation order is fixed (input order), so
   results are bit-identical for identical inputs on every rank.
+* ``SPARSECOMM_OPS=torch`` (environment) or ``with use_torch_ops():`` runs every op's
+  torch implementation on CPU tensors too (the GPU fallback path, tested everywhere).
 * Errors (``ops/_errors.py``): bad shapes, values, orders or ranges raise ``ValueError``;
   bad dtypes ``TypeError``; an allocation failure ``MemoryError``; malformed peer data
   :class:`sparsecomm.errors.WireFormatError`.
@@ -28,8 +30,10 @@ Conventions shared by all functions:
 
 from __future__ import annotations
 
-from .. import _C  # noqa: F401  (registers torch.ops.sparsecomm.*)
+from .. import _C  # registers torch.ops.sparsecomm.*
 from . import _fake, _torch_impl  # noqa: F401  (fake kernels; torch kernels for CUDA)
+from ._switch import apply_environment as _apply_environment
+from ._switch import torch_ops_enabled, use_torch_ops
 from ._coo import __all__ as _coo_all
 from ._coo import block_topk, gather, merge_add, merge_add_many, release_caches, scatter_add_, topk, topk_radix
 from ._sketch import __all__ as _sketch_all
@@ -39,6 +43,12 @@ from ._stream import __all__ as _stream_all
 from ._stream import (qsgd_dequantize, qsgd_quantize, stream_add_dd_, stream_add_sd_, stream_add_ss,
                       stream_concat)
 
-__all__ = [*_coo_all, *_stream_all, *_sketch_all]
+__all__ = [*_coo_all, *_stream_all, *_sketch_all, "use_torch_ops", "torch_ops_enabled", "CUDA_KERNELS"]
 
-_torch_impl.register("cuda")
+#: True when the extension was built with the CUDA kernels of csrc/cuda (opt-in at build time:
+#: SPARSECOMM_CUDA_KERNELS=1, see setup.py); CUDA tensors then run them, else the torch
+#: implementations of ops/_torch_impl.py.
+CUDA_KERNELS: bool = bool(getattr(_C, "CUDA_KERNELS", 0))
+if not CUDA_KERNELS:
+    _torch_impl.register("cuda")
+_apply_environment()
