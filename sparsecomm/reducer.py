@@ -294,7 +294,7 @@ class SparseAllreduce:
         and for an algorithm that is itself the dense allreduce under ``"propagate"``."""
         if flat.numel() == 0 or (self.nonfinite == "propagate" and self.algorithm.propagates_nonfinite):
             return []
-        mine = torch.tensor([_nonfinite_flag(flat)], dtype=torch.uint8)
+        mine = torch.tensor([_nonfinite_flag(flat)], dtype=torch.uint8, device="cpu")
         flags = self.comm.allgather_small(mine).view(-1).tolist()
         if not any(flags):
             return []
@@ -321,12 +321,13 @@ class SparseAllreduce:
     def _handshake(self, n: int, dtype: torch.dtype) -> None:
         """Exchange a signature; raise the same ValueError on every rank on any difference."""
         options = self.options_text()
-        density_bits = torch.tensor([self.density], dtype=torch.float64).view(torch.int64).item()
+        density_bits = torch.tensor([self.density], dtype=torch.float64, device="cpu").view(torch.int64).item()
         revision = self.algorithm.wire_revision
         algorithm_id = f"{self.algorithm_name}/{revision}" if revision else self.algorithm_name
         version = _version()
         mine = torch.tensor([MAGIC, FORMAT_VERSION, _crc(version), _crc(algorithm_id), _crc(options),
-                             density_bits, n, DTYPE_CODES.get(dtype, 0), self.k_for(n)], dtype=torch.int64)
+                             density_bits, n, DTYPE_CODES.get(dtype, 0), self.k_for(n)], dtype=torch.int64,
+                            device="cpu")
         table = self.comm.allgather_small(mine).cpu()
         differing = [i for i in range(len(_SIGNATURE_FIELDS)) if not bool((table[:, i] == table[0, i]).all())]
         if not differing:
@@ -375,9 +376,10 @@ class SparseAllreduce:
         if any(_SIGNATURE_FIELDS[i] in ("magic", "format version") for i in differing):
             return {field: [f"#{h:x}" for h in table[:, _SIGNATURE_FIELDS.index(field)].tolist()] for field in fields}
         raw = [texts[field].encode() for field in fields]
-        lengths = self.comm.allgather_small(torch.tensor([len(r) for r in raw], dtype=torch.int64)).cpu()
+        lengths = self.comm.allgather_small(torch.tensor([len(r) for r in raw], dtype=torch.int64,
+                                                         device="cpu")).cpu()
         width = int(lengths.max())
-        padded = torch.zeros(len(fields), width, dtype=torch.uint8)
+        padded = torch.zeros(len(fields), width, dtype=torch.uint8, device="cpu")
         for row, data in enumerate(raw):
             if data:
                 padded[row, :len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)

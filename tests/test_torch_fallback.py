@@ -95,7 +95,7 @@ def _vector(pattern: str, n: int, dtype, seed=0) -> torch.Tensor:
 
 TOPK_CASES = [(n, k, p) for n in (0, 1, 1000) for k in (0, 1, 37, 1000, 1005) for p in ("random", "ties")] + \
     [(LARGE, 3000, "random"), (LARGE, 3000, "ties"), (1000, 10, "inf"), (1000, 999, "inf"), (1000, 5, "nan"),
-     (LARGE, 5, "nan")]
+     (1000, 0, "nan"), (1000, 1000, "nan"), (LARGE, 5, "nan")]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

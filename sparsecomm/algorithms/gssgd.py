@@ -101,8 +101,10 @@ class GlobalSketchSGD(Algorithm):
             masked = torch.where(heavy, est, torch.zeros_like(est))
             return ops.topk(masked, k)[1]
         rest = (~heavy).nonzero().squeeze(1)
-        gen = torch.Generator().manual_seed((seed * 1_000_003 + self._step) & 0x7FFFFFFFFFFFFFFF)
-        pick = rest[torch.randperm(rest.numel(), generator=gen)[:k - h]]
+        # drawn on the host with a CPU generator, so every device picks the same indices
+        gen = torch.Generator(device="cpu").manual_seed((seed * 1_000_003 + self._step) & 0x7FFFFFFFFFFFFFFF)
+        perm = torch.randperm(rest.numel(), generator=gen, device="cpu")[:k - h]
+        pick = rest[perm.to(rest.device)]
         return torch.cat([heavy.nonzero().squeeze(1), pick]).sort().values
 
     def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
@@ -115,7 +117,7 @@ class GlobalSketchSGD(Algorithm):
             return
         rows, cols, seed = self.options["rows"], self.columns_for(k), self.options["seed"]
         with self.timed("select"):
-            table = torch.zeros(rows, cols, dtype=torch.float32)
+            table = torch.zeros(rows, cols, dtype=torch.float32, device=acc.device)
             ops.sketch_build_(table, acc, seed)
         halving_allreduce_(comm, table.view(-1), n)
         with self.timed("select"):

@@ -249,8 +249,8 @@ def choose(n: int, k: int, size: int, observed_k: int | None, value_dtype: torch
     big_k = min(n, size * k) if observed_k is None else observed_k
     if big_k >= stream_delta(n, value_dtype):
         return "topkdsa"
-    isize = torch.empty((), dtype=value_dtype).element_size()
-    item = isize + torch.empty((), dtype=index_dtype_for(n)).element_size()
+    isize = value_dtype.itemsize
+    item = isize + index_dtype_for(n).itemsize
     p2 = 1 << (size.bit_length() - 1)
     rounds = int(math.log2(p2)) + (2 if p2 != size else 0)
     t_rd = rounds * alpha + beta * item * (sum(min((1 << t) * k, big_k) for t in range(int(math.log2(p2))))

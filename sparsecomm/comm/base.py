@@ -292,7 +292,7 @@ class Comm(ABC):
     def _exchange_var(self, sends: Sequence[Message], sources: Sequence[int]) -> list[torch.Tensor]:
         """Variable-size round: a size header round first, then the payload round."""
         size_bufs = [torch.empty(8, dtype=torch.uint8, device=self.device) for _ in sources]
-        size_msgs = [(peer, torch.tensor([t.numel()], dtype=torch.int64).view(torch.uint8).to(self.device))
+        size_msgs = [(peer, torch.tensor([t.numel()], dtype=torch.int64, device="cpu").view(torch.uint8).to(self.device))
                      for peer, t in sends]
         self.exchange(size_msgs, list(zip(sources, size_bufs)))
         sizes = [self._check_size(int(b.cpu().view(torch.int64)[0]), peer) for peer, b in zip(sources, size_bufs)]
@@ -308,7 +308,7 @@ class Comm(ABC):
         if self._current is None or self.size < 2:
             return
         mine = torch.tensor([tensor.numel() * tensor.element_size(), zlib.crc32(str(tensor.dtype).encode())],
-                            dtype=torch.int64)
+                            dtype=torch.int64, device="cpu")
         neighbours = sorted({(self.rank + 1) % self.size, (self.rank - 1) % self.size})
         bufs = [torch.empty(16, dtype=torch.uint8, device=self.device) for _ in neighbours]
         tag = self.tag
@@ -412,4 +412,4 @@ class Comm(ABC):
 
     def barrier(self) -> None:
         """Synchronise all ranks (a one-byte all-gather)."""
-        self.allgather_small(torch.zeros(1, dtype=torch.uint8))
+        self.allgather_small(torch.zeros(1, dtype=torch.uint8, device=self.device))

@@ -62,7 +62,8 @@ def bruck_allgather_var(comm: Comm, block: torch.Tensor) -> list[torch.Tensor]:
     The sizes are all-gathered first (one int64 per rank, its own ceil(log2 P) rounds,
     counted), then the blocks.
     """
-    sizes = [int(s) for s in comm.allgather_small(torch.tensor([block.numel()], dtype=torch.int64)).reshape(-1).tolist()]
+    mine = torch.tensor([block.numel()], dtype=torch.int64, device="cpu")  # a host value
+    sizes = [int(s) for s in comm.allgather_small(mine).reshape(-1).tolist()]
     check = getattr(comm, "_check_size", None)  # peers' sizes are not trusted: bounded per call
     if check is not None:
         sizes = [n if q == comm.rank else check(n, q) for q, n in enumerate(sizes)]
@@ -98,16 +99,17 @@ def halving_allreduce_(comm: Comm, tensor: torch.Tensor, n: int) -> torch.Tensor
     rank = comm.rank
     count = tensor.numel()
     nbytes = HEADER_NBYTES + count * tensor.element_size()
-    header = torch.from_numpy(pack_header(Kind.DENSE, rank, n, count, tensor.dtype))
+    # the header is built on the host and copied once to the tensor's device
+    header = torch.from_numpy(pack_header(Kind.DENSE, rank, n, count, tensor.dtype)).to(tensor.device)
 
     def message() -> torch.Tensor:
-        payload = torch.empty(nbytes, dtype=torch.uint8)
+        payload = torch.empty(nbytes, dtype=torch.uint8, device=tensor.device)
         payload[:HEADER_NBYTES].copy_(header)
         payload[HEADER_NBYTES:].view(tensor.dtype).copy_(tensor)
         return payload
 
     def receive(source: int) -> torch.Tensor:
-        buf = torch.empty(nbytes, dtype=torch.uint8)
+        buf = torch.empty(nbytes, dtype=torch.uint8, device=tensor.device)
         comm.exchange([], [(source, buf)])
         check_header(buf, receiver=rank, sender=source, kind=Kind.DENSE, n=n, value_dtype=tensor.dtype,
                      count=count)

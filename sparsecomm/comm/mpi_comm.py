@@ -19,7 +19,9 @@ learns each size from the message itself, so they cost one round, not two.
 
 CPU tensors are passed to MPI as zero-copy NumPy views. CUDA tensors are passed as
 device buffers (``__cuda_array_interface__``) when ``cuda_aware=True`` (a CUDA-aware MPI
-build), and otherwise staged through host copies.
+build), and otherwise staged through page-locked (pinned) host copies: the one place where
+sparsecomm moves payloads through host memory, because a plain MPI library reads and writes
+host buffers only.
 """
 
 from __future__ import annotations
@@ -38,6 +40,14 @@ __all__ = ["MPIComm"]
 SPARSECOMM_TAG = BASE_TAG
 #: Tags on the control communicator
 _ABORT_TAG, _WAIT_TAG = 1, 2
+
+
+def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
+    """A host copy of a device tensor for MPI without CUDA support (page-locked when CUDA is
+    available, so the device-to-host copy runs at full speed)."""
+    host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=torch.cuda.is_available())
+    host.copy_(t)
+    return host
 
 
 def _import_mpi():
@@ -166,8 +176,7 @@ class MPIComm(Comm):
             return [t.numpy(), self._MPI.BYTE]
         if self.cuda_aware:
             return [t, self._MPI.BYTE]
-        host = t.cpu()
-        return [host.numpy(), self._MPI.BYTE]
+        return [_pinned_copy(t).numpy(), self._MPI.BYTE]
 
     def _recv_buf(self, t: torch.Tensor):
         """(MPI buffer spec, host staging tensor or None) to receive into ``t``."""
@@ -175,7 +184,7 @@ class MPIComm(Comm):
             return [t.numpy(), self._MPI.BYTE], None
         if self.cuda_aware:
             return [t, self._MPI.BYTE], None
-        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=torch.cuda.is_available())
+        host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=torch.cuda.is_available())
         return [host.numpy(), self._MPI.BYTE], host
 
     # -- waiting ---------------------------------------------------------------------------
@@ -338,7 +347,7 @@ class MPIComm(Comm):
         elif self.cuda_aware:
             buf = [work, mpi_type]
         else:
-            staged = work.cpu()
+            staged = _pinned_copy(work)
             buf = [staged.numpy(), mpi_type]
         self._sync_device()
         req = self.mpi_comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM)

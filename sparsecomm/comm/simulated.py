@@ -73,8 +73,8 @@ class _World:
 class SimComm(Comm):
     """One rank of a simulated world; created by :func:`simulate`."""
 
-    def __init__(self, world: _World, rank: int):
-        super().__init__(rank, world.size, "cpu", world.timeout)
+    def __init__(self, world: _World, rank: int, device: torch.device | str = "cpu"):
+        super().__init__(rank, world.size, device, world.timeout)
         self._world = world
         self.clock = 0.0
 
@@ -149,12 +149,12 @@ class SimComm(Comm):
         right, left = (rank + 1) % size, (rank - 1) % size
         for step in range(size - 1):  # reduce-scatter: after it rank r owns chunk (r + 1) % P
             send_idx, recv_idx = (rank - step) % size, (rank - step - 1) % size
-            incoming = torch.empty(nbytes[recv_idx], dtype=torch.uint8)
+            incoming = torch.empty(nbytes[recv_idx], dtype=torch.uint8, device=work.device)
             self.exchange([(right, chunks[send_idx].contiguous().view(torch.uint8))], [(left, incoming)])
             chunks[recv_idx] += incoming.view(work.dtype)
         for step in range(size - 1):  # all-gather of the reduced chunks
             send_idx, recv_idx = (rank - step + 1) % size, (rank - step) % size
-            incoming = torch.empty(nbytes[recv_idx], dtype=torch.uint8)
+            incoming = torch.empty(nbytes[recv_idx], dtype=torch.uint8, device=work.device)
             self.exchange([(right, chunks[send_idx].contiguous().view(torch.uint8))], [(left, incoming)])
             chunks[recv_idx].copy_(incoming.view(work.dtype))
         if work.data_ptr() != tensor.data_ptr():
@@ -163,9 +163,12 @@ class SimComm(Comm):
 
 
 def simulate(size: int, fn: Callable[[SimComm], Any], alpha: float = 50e-6, beta: float = GBIT_BETA,
-             timeout: float = 60.0) -> SimulationResult:
+             timeout: float = 60.0, device: torch.device | str = "cpu") -> SimulationResult:
     """Run ``fn(comm)`` on ``size`` simulated ranks and return their results and the
     alpha-beta modelled time (default: 50 us latency, 1 Gbit/s links).
+
+    ``device``: where the ranks' messages live (``comm.device``; e.g. ``"cuda"``: P ranks
+    sharing one GPU, every payload and receive buffer on it, copied device to device).
 
     If any rank raises, the others are released and the first exception is re-raised
     with that rank's traceback in its message.
@@ -175,7 +178,7 @@ def simulate(size: int, fn: Callable[[SimComm], Any], alpha: float = 50e-6, beta
     if alpha < 0 or beta < 0:
         raise ValueError(f"simulate: alpha and beta must be >= 0, got {alpha}, {beta}")
     world = _World(size, alpha, beta, timeout)
-    comms = [SimComm(world, r) for r in range(size)]
+    comms = [SimComm(world, r, device) for r in range(size)]
     results: list[Any] = [None] * size
     errors: list[tuple[int, BaseException, str] | None] = [None] * size
 

@@ -17,13 +17,13 @@ __all__ = ["coo_nbytes", "encode_coo", "decode_coo"]
 
 
 def _index_section(count: int, n: int) -> int:
-    raw = count * torch.empty((), dtype=index_dtype_for(n)).element_size()
+    raw = count * index_dtype_for(n).itemsize
     return (raw + 7) // 8 * 8
 
 
 def coo_nbytes(count: int, n: int, value_dtype: torch.dtype) -> int:
     """Size in bytes of a COO message of ``count`` entries for a vector of length ``n``."""
-    return HEADER_NBYTES + _index_section(count, n) + count * torch.empty((), dtype=value_dtype).element_size()
+    return HEADER_NBYTES + _index_section(count, n) + count * value_dtype.itemsize
 
 
 def encode_coo(indices: torch.Tensor, values: torch.Tensor, n: int, sender: int) -> torch.Tensor:
@@ -35,7 +35,7 @@ def encode_coo(indices: torch.Tensor, values: torch.Tensor, n: int, sender: int)
     payload = torch.empty(coo_nbytes(count, n, values.dtype), dtype=torch.uint8, device=values.device)
     payload[:HEADER_NBYTES].copy_(torch.from_numpy(pack_header(Kind.COO, sender, n, count, values.dtype,
                                                                index_dtype)))
-    index_end = HEADER_NBYTES + count * torch.empty((), dtype=index_dtype).element_size()
+    index_end = HEADER_NBYTES + count * index_dtype.itemsize
     payload[HEADER_NBYTES:index_end].view(index_dtype).copy_(indices)
     payload[index_end:HEADER_NBYTES + _index_section(count, n)].zero_()
     payload[HEADER_NBYTES + _index_section(count, n):].view(values.dtype).copy_(values)

@@ -42,7 +42,7 @@ __all__ = ["StreamRange", "stream_delta", "stream_nbytes", "encode_stream", "den
 
 
 def _isize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype.itemsize
 
 
 def _pad8(x: int) -> int:
@@ -171,7 +171,7 @@ def encode_qsgd(packed: torch.Tensor, scales: torch.Tensor, n: int, offset: int,
                                                                torch.uint8, None)))
     payload[HEADER_NBYTES:HEADER_NBYTES + 8].view(torch.int64).fill_(offset)
     payload[HEADER_NBYTES + 8:HEADER_NBYTES + 16].view(torch.int32).copy_(torch.tensor([bucket_size, bits],
-                                                                                      dtype=torch.int32))
+                                                                                      dtype=torch.int32, device="cpu"))
     pos = HEADER_NBYTES + 16
     payload[pos:pos + 4 * scales.numel()].view(torch.float32).copy_(scales)
     pos += _pad8(4 * scales.numel())
