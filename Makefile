@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-fast bench clean ctest sanitize fuzz fuzz-build setup-sanitizers
+.PHONY: setup demo test test-fast test-fallback bench clean ctest sanitize fuzz fuzz-build setup-sanitizers cuda-check
 
 setup:
 	bash scripts/setup.sh
@@ -15,6 +15,16 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest -q tests -m "not mpi"
+
+# The GPU fallback path (ops/_torch_impl.py) in place of the C kernels on CPU tensors: the
+# algorithm, op, stream, sketch and wire test files run whole with SPARSECOMM_OPS=torch
+# (docs/architecture.md, "Devices"); tests/test_torch_fallback.py in `make test` compares
+# the two paths op by op and algorithm by algorithm.
+FALLBACK_TESTS := tests/test_algorithms.py tests/test_spardl.py tests/test_sparcml.py tests/test_gtopk.py \
+	tests/test_gssgd.py tests/test_ops.py tests/test_stream.py tests/test_sketch.py tests/test_wire.py \
+	tests/test_half_precision.py tests/test_nonfinite.py
+test-fallback: setup
+	SPARSECOMM_OPS=torch $(PY) -m pytest -q -p no:cacheprovider $(FALLBACK_TESTS) -m "not mpi and not distributed"
 
 bench: setup
 	$(PY) benchmarks/bench_kernels.py
@@ -100,3 +110,29 @@ fuzz: fuzz-build
 	    tail -n 60 build/fuzz/$$t.log; echo "fuzz $$t: FINDING (log build/fuzz/$$t.log)"; exit 1; \
 	  fi; \
 	done
+
+# ---------------------------------------------------------------- CUDA compile check
+# Every csrc/cuda/*.cu compiled by nvcc alone for sm_80 and sm_90, to object files only (the
+# kernels see no torch: C ABI in csrc/include/sparsecomm/cuda.h), warnings as errors. No GPU
+# needed; skipped with a message when nvcc is absent. Building and running them: scripts/gpu_check.sh.
+NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA_SRC := $(sort $(wildcard csrc/cuda/*.cu))
+CUDA_HDR := $(wildcard csrc/cuda/*.cuh) csrc/include/sparsecomm/cuda.h $(wildcard csrc/include/sparsecomm/*.h)
+CUDA_ARCHS := 80 90
+NVCC_FLAGS := -std=c++17 -O3 --fmad=false -Icsrc/include -Werror all-warnings
+CUDA_OBJ := $(foreach a,$(CUDA_ARCHS),$(patsubst csrc/cuda/%.cu,build/cuda-check/sm_$(a)/%.o,$(CUDA_SRC)))
+
+define cuda_arch_rule
+build/cuda-check/sm_$(1)/%.o: csrc/cuda/%.cu $$(CUDA_HDR)
+	@mkdir -p $$(@D)
+	$$(NVCC) $$(NVCC_FLAGS) -gencode=arch=compute_$(1),code=sm_$(1) -c $$< -o $$@
+endef
+$(foreach a,$(CUDA_ARCHS),$(eval $(call cuda_arch_rule,$(a))))
+
+cuda-check:
+	@if [ -z "$(NVCC)" ]; then \
+	  echo "cuda-check: SKIPPED: nvcc not found (install the CUDA toolkit or set NVCC=/path/to/nvcc)"; \
+	else \
+	  $(MAKE) --no-print-directory $(CUDA_OBJ) && \
+	  echo "cuda-check: $(words $(CUDA_SRC)) .cu files compiled for sm_80 and sm_90 with $$($(NVCC) --version | tail -n 1)"; \
+	fi

@@ -8,8 +8,11 @@ Layout of the extension:
   csrc/cpu/*.c        C11 + GNU extensions kernels (no torch, no Python), compiled here with the
                       C compiler and C flags only (-std=gnu11 -O3 -fopenmp)
   csrc/ops.cpp        TORCH_LIBRARY binding, compiled by torch's BuildExtension
-  csrc/cuda/*.cu      CUDA kernels: only when torch has CUDA, nvcc exists and
-                      such files exist (none yet)
+  csrc/cuda/*.cu      CUDA kernels (C ABI: csrc/include/sparsecomm/cuda.h) and their
+  csrc/ops_cuda.cpp   bindings: opt-in until scripts/gpu_check.sh has passed on a GPU, so
+                      built only with SPARSECOMM_CUDA_KERNELS=1 (then torch must have CUDA
+                      and nvcc must exist, or the build stops and says which is missing);
+                      without them CUDA tensors run the torch implementations
 """
 import glob
 import os
@@ -48,13 +51,31 @@ CXX_FLAGS = ["-O3", "-fopenmp"]
 LINK_FLAGS = ["-fopenmp"]
 
 
+# nvcc flags of the CUDA kernels: --fmad=false keeps every multiply and add rounded on its
+# own, as in the C kernels (results are compared bit for bit); sm_80 (A100) and sm_90 (H100)
+# unless TORCH_CUDA_ARCH_LIST says otherwise (torch's BuildExtension reads it).
+NVCC_FLAGS = ["-O3", "--fmad=false", "-std=c++17", "-DSPARSECOMM_WITH_CUDA"]
+CUDA_ARCHS = ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90"]
+
+
 def want_cuda():
-    """CUDA kernels are built only when they exist, torch has CUDA and nvcc exists."""
-    if not CU_SOURCES or os.environ.get("SPARSECOMM_NO_CUDA") == "1":
+    """The CUDA kernels are opt-in at build time: SPARSECOMM_CUDA_KERNELS=1 (until
+    scripts/gpu_check.sh has passed on a GPU). When asked for, torch must have CUDA and
+    nvcc must exist; the build stops with the reason otherwise."""
+    if os.environ.get("SPARSECOMM_CUDA_KERNELS", "0") != "1" or os.environ.get("SPARSECOMM_NO_CUDA") == "1":
         return False
-    if not torch.version.cuda or CUDA_HOME is None:
-        return False
-    return os.path.exists(os.path.join(CUDA_HOME, "bin", "nvcc")) or shutil.which("nvcc") is not None
+    missing = []
+    if not CU_SOURCES:
+        missing.append("csrc/cuda/*.cu")
+    if not torch.version.cuda:
+        missing.append(f"a torch built with CUDA (this one is {torch.__version__}, CPU only)")
+    nvcc = os.path.join(CUDA_HOME, "bin", "nvcc") if CUDA_HOME else None
+    if not (nvcc and os.path.exists(nvcc)) and shutil.which("nvcc") is None:
+        missing.append("nvcc (the CUDA toolkit; set CUDA_HOME)")
+    if missing:
+        sys.exit("sparsecomm: SPARSECOMM_CUDA_KERNELS=1 but the CUDA kernels cannot be built: missing "
+                 + "; ".join(missing))
+    return True
 
 
 class BuildExt(BuildExtension):
@@ -85,6 +106,7 @@ class BuildExt(BuildExtension):
 def make_extension():
     # every binding file csrc/*.cpp (ops.cpp holds TORCH_LIBRARY; the others add their ops
     # with TORCH_LIBRARY_FRAGMENT so algorithm families can own their bindings)
+    # (csrc/ops_cuda.cpp compiles to nothing unless SPARSECOMM_CUDA_KERNELS is defined)
     sources = sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "csrc", "*.cpp")))
     kwargs = dict(
         include_dirs=INCLUDE_DIRS,
@@ -94,8 +116,8 @@ def make_extension():
         ext = CUDAExtension(
             "sparsecomm._C",
             sources + CU_SOURCES,
-            extra_compile_args={"cxx": CXX_FLAGS + ["-DSPARSECOMM_WITH_CUDA"],
-                                "nvcc": ["-O3", "-DSPARSECOMM_WITH_CUDA"]},
+            extra_compile_args={"cxx": CXX_FLAGS + ["-DSPARSECOMM_WITH_CUDA", "-DSPARSECOMM_CUDA_KERNELS"],
+                                "nvcc": NVCC_FLAGS + ([] if os.environ.get("TORCH_CUDA_ARCH_LIST") else CUDA_ARCHS)},
             **kwargs)
     else:
         ext = CppExtension(

@@ -202,5 +202,12 @@ extern "C" PyObject* PyInit__C(void) {
       PyModuleDef_HEAD_INIT, "_C",
       "sparsecomm kernels; use torch.ops.sparsecomm.* or sparsecomm.ops", -1,
       nullptr, nullptr, nullptr, nullptr, nullptr};
-  return PyModule_Create(&module_def);
+  PyObject* m = PyModule_Create(&module_def);
+  // whether csrc/cuda's kernels are registered for CUDA tensors (sparsecomm.ops.CUDA_KERNELS)
+#ifdef SPARSECOMM_CUDA_KERNELS
+  if (m) PyModule_AddIntConstant(m, "CUDA_KERNELS", 1);
+#else
+  if (m) PyModule_AddIntConstant(m, "CUDA_KERNELS", 0);
+#endif
+  return m;
 }
