@@ -42,3 +42,15 @@ def test_setup_fails_clearly_without_torch(tmp_path):
                        capture_output=True, text=True, cwd=ROOT, env=env)
     assert r.returncode != 0
     assert "install torch first, e.g. pip install torch==2.13.0" in r.stderr
+
+
+def test_cuda_kernels_are_opt_in_and_fail_clearly_when_impossible():
+    import sparsecomm.ops as ops
+    assert ops.CUDA_KERNELS is False  # a default build registers the torch implementations for CUDA
+    if torch.version.cuda:
+        pytest.skip("this torch has CUDA: asking for the kernels would build them")
+    env = dict(os.environ, SPARSECOMM_CUDA_KERNELS="1")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "setup.py"), "--version"],
+                       capture_output=True, text=True, cwd=ROOT, env=env)
+    assert r.returncode != 0
+    assert "SPARSECOMM_CUDA_KERNELS=1 but the CUDA kernels cannot be built: missing a torch built with CUDA" in r.stderr

@@ -95,6 +95,7 @@ int merge_impl(int64_t p, const void* const* idx, const void* const* val, const 
   SC_SCRATCH(order, int64_t, scratch, total);
   SC_SCRATCH(order_sorted, int64_t, scratch, total);
   SC_SCRATCH(heads, int64_t, scratch, total);
+  SC_SCRATCH(run_end, int64_t, scratch, total);
   int64_t at = 0;
   for (int64_t q = 0; q < p; ++q) {  // concatenation in list order
     if (!lens[q]) continue;
@@ -113,18 +114,18 @@ int merge_impl(int64_t p, const void* const* idx, const void* const* val, const 
   size_t temp_bytes = 0, t2 = 0;
   SC_CUDA_TRY(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys, keys_sorted, order, order_sorted, total,
                                               0, end_bit, s));
-  SC_CUDA_TRY(cub::DeviceScan::InclusiveSum(nullptr, t2, heads, heads, total, s));
+  SC_CUDA_TRY(cub::DeviceScan::InclusiveSum(nullptr, t2, heads, run_end, total, s));
   if (t2 > temp_bytes) temp_bytes = t2;
   SC_SCRATCH(temp, unsigned char, scratch, temp_bytes);
   SC_CUDA_TRY(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys, keys_sorted, order, order_sorted, total, 0,
                                               end_bit, s));
   head_flags<I><<<grid_for(total), kThreads, 0, s>>>(keys_sorted, total, heads);
   SC_CUDA_LAUNCHED();
-  SC_CUDA_TRY(cub::DeviceScan::InclusiveSum(temp, temp_bytes, heads, heads, total, s));
-  sum_runs<Tr, I><<<grid_for(total), kThreads, 0, s>>>(keys_sorted, order_sorted, vals, total, heads, out_idx,
+  SC_CUDA_TRY(cub::DeviceScan::InclusiveSum(temp, temp_bytes, heads, run_end, total, s));
+  sum_runs<Tr, I><<<grid_for(total), kThreads, 0, s>>>(keys_sorted, order_sorted, vals, total, run_end, out_idx,
                                                        out_val);
   SC_CUDA_LAUNCHED();
-  SC_CUDA_TRY(cudaMemcpyAsync(out_n, heads + total - 1, sizeof(int64_t), cudaMemcpyDeviceToHost, s));
+  SC_CUDA_TRY(cudaMemcpyAsync(out_n, run_end + total - 1, sizeof(int64_t), cudaMemcpyDeviceToHost, s));
   SC_CUDA_TRY(cudaStreamSynchronize(s));
   return SC_OK;
 }
