@@ -480,3 +480,38 @@ def test_hook_checkpoint_carries_the_algorithm_state():
         assert resumed[r][1] == [5], resumed[r][1]  # one bucket, 5 calls
         for step, (a, b) in enumerate(zip(plain[r][0], resumed[r][0])):
             assert np.array_equal(a, b), (r, step)
+
+
+# -- the control all-gather ------------------------------------------------------------------
+def test_allgather_int64_gives_every_rank_the_table_and_checks_headers(monkeypatch):
+    from sparsecomm.comm.collectives import allgather_int64
+    from sparsecomm.comm.simulated import SimComm
+    from sparsecomm.errors import WireFormatError
+
+    def fn(comm):
+        return allgather_int64(comm, [comm.rank, -comm.rank, 2**40 + comm.rank], 77)
+
+    for size in (1, 2, 5, 8):
+        want = torch.tensor([[r, -r, 2**40 + r] for r in range(size)])
+        for table in simulate(size, fn).results:
+            assert torch.equal(table, want)
+    post = SimComm._post_and_wait
+
+    def corrupt(self, sends, recvs):  # rank 1 announces another N in its header
+        if self.rank == 1:
+            sends = [(peer, payload.clone()) for peer, payload in sends]
+            for _, payload in sends:
+                payload[16] ^= 1
+        return post(self, sends, recvs)
+
+    monkeypatch.setattr(SimComm, "_post_and_wait", corrupt)
+
+    def checked(comm):
+        try:
+            allgather_int64(comm, [1, 2], 77)
+        except WireFormatError as exc:
+            return str(exc)
+        return None
+
+    messages = simulate(2, checked).results
+    assert messages[1] is None and "rank 1" in messages[0], messages
