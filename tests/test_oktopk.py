@@ -137,7 +137,6 @@ class RefOkTopk:
                 bruck_blocks += [block[(r + j) % P] for j in range(min(d, P - d))]
                 d *= 2
             volumes.append({"split": split, "balance": balance, "allgather": sum(bruck_blocks)})
-            L = math.ceil(math.log2(P))
             control = lambda count: (P - 1) * (32 + 8 * count)  # noqa: E731  one allgather_int64
             b_ = control(P + 3) + control(2)                      # count table, reduced counts
             b_ += control(P) if repartition else 0                # counts after the repartition
@@ -146,7 +145,6 @@ class RefOkTopk:
             b_ += sum(coo_message_bytes(c, n, itemsize) for c in bal_msgs)
             b_ += sum(coo_message_bytes(c, n, itemsize) for c in bruck_blocks)
             nbytes.append(b_)
-            assert L >= 1
         self.step += 1
         return out, residuals, events, volumes, nbytes
 

@@ -284,7 +284,8 @@ class OkTopk(Algorithm):
                     bounds.append(i * n // size)
             self.boundaries = bounds + [n]
             events["repartition"] = True
-        cuts = torch.searchsorted(selected, torch.tensor(self.boundaries, dtype=torch.int64)).tolist()
+        cuts = torch.searchsorted(selected, torch.tensor(self.boundaries, dtype=torch.int64,
+                                                         device=selected.device)).tolist()
         counts = [cuts[j + 1] - cuts[j] for j in range(size)]
         if repartition:
             counts_table = allgather_int64(comm, counts, n) if size > 1 else torch.tensor([counts])
@@ -390,8 +391,8 @@ class OkTopk(Algorithm):
                                     count=b - a)
                 mine_idx.append(i_)
                 mine_val.append(v_)
-        blk_idx = torch.cat(mine_idx) if mine_idx else torch.empty(0, dtype=itype)
-        blk_val = torch.cat(mine_val) if mine_val else torch.empty(0, dtype=acc.dtype)
+        blk_idx = torch.cat(mine_idx) if mine_idx else torch.empty(0, dtype=itype, device=acc.device)
+        blk_val = torch.cat(mine_val) if mine_val else torch.empty(0, dtype=acc.dtype, device=acc.device)
         nbytes = [coo_nbytes(b, n, acc.dtype) for b in block]
         blocks = bruck_allgather(comm, encode_coo(blk_idx, blk_val, n, rank), nbytes)
         with self.timed("merge"):

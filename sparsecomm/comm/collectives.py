@@ -85,7 +85,7 @@ def allgather_int64(comm: Comm, values: Sequence[int], n: int) -> torch.Tensor:
     block = torch.empty(nbytes, dtype=torch.uint8)
     block[:HEADER_NBYTES].copy_(torch.from_numpy(pack_header(Kind.DENSE, rank, n, count, torch.int64)))
     block[HEADER_NBYTES:].view(torch.int64).copy_(mine)
-    blocks = bruck_allgather(comm, block, [nbytes] * size)
+    blocks = bruck_allgather(comm, block.to(comm.device), [nbytes] * size)
     table = torch.empty((size, count), dtype=torch.int64)
     for source, got in enumerate(blocks):
         got = got.cpu()
