@@ -63,13 +63,14 @@ the control all-gathers are not entries). An early recomputation does not move t
 schedule (steps that are multiples of ``tau``).
 
 **Choices where the paper is open.** Defaults ``tau = 32`` (both thresholds) and
-``tau_prime = 64``, the authors' settings for VGG-16 and the LSTM in their released training
-code (BERT used 128 for the thresholds); boundaries by the mean of per-rank quantiles (as the
-authors' code does); the exact global threshold by radix select instead of gathering every
-reduced value; split messages of zero entries are not sent (both sides know the counts from
-an all-gather of the P x P count table, one per call). Every call all-gathers the step and a
-checksum of the shared state (boundaries, global threshold): ranks that disagree (e.g. only
-some loaded a checkpoint) raise the same ValueError before anything changes.
+``tau_prime = 64``, the authors' settings in their released training code (LSTM trainer and
+DDP-hook version; their BERT trainer recomputes the thresholds every 128 steps); boundaries by
+the mean of per-rank quantiles (as the authors' code does); the exact global threshold by radix
+select instead of gathering every reduced value; split messages of zero entries are not sent
+(both sides know the counts from an all-gather of the P x P count table, one per call). Every
+call all-gathers the step and a checksum of the shared state (boundaries, global threshold):
+ranks that disagree (e.g. only some loaded a checkpoint) raise the same ValueError before
+anything changes.
 
 Cost per call, L = ceil(log2 P): L (count table) + at most P-1 (split) + L (reduced counts) +
 at most 1 (balance) + L (all-gather) rounds; + L on repartition steps; + 4L when the exact
