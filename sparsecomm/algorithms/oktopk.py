@@ -289,7 +289,7 @@ class OkTopk(Algorithm):
                                                          device=selected.device)).tolist()
         counts = [cuts[j + 1] - cuts[j] for j in range(size)]
         if repartition:
-            counts_table = allgather_int64(comm, counts, n) if size > 1 else torch.tensor([counts])
+            counts_table = allgather_int64(comm, counts, n) if size > 1 else torch.tensor([counts], device="cpu")
         else:
             counts_table = self._agree(step, checksum, [*counts, 0], n)[:, 2:2 + size]
         # from here on every rank is at the same step with the same shared state
@@ -335,9 +335,9 @@ class OkTopk(Algorithm):
         reuse = self.global_threshold is not None and step % self.tau != 0
         mine_g = 0
         if reuse:
-            t_key = int(torch.tensor([self.global_threshold], dtype=torch.float32).view(torch.int32))
+            t_key = int(torch.tensor([self.global_threshold], dtype=torch.float32, device="cpu").view(torch.int32))
             mine_g = int((keys >= t_key).sum())
-        mg = allgather_int64(comm, [m, mine_g], n) if size > 1 else torch.tensor([[m, mine_g]])
+        mg = allgather_int64(comm, [m, mine_g], n) if size > 1 else torch.tensor([[m, mine_g]], device="cpu")
         total_m = int(mg[:, 0].sum())
         if reuse and int(mg[:, 1].sum()) <= k:
             keep = keys >= t_key
@@ -350,7 +350,7 @@ class OkTopk(Algorithm):
                 self.global_threshold = 0.0
             else:
                 keep, g, t_key = self._radix_select(keys, k, n)
-                self.global_threshold = float(torch.tensor([t_key], dtype=torch.int32).view(torch.float32))
+                self.global_threshold = float(torch.tensor([t_key], dtype=torch.int32, device="cpu").view(torch.float32))
         g_idx, g_val = cand_idx[keep], cand_val[keep]
 
         # 5. balance and allgatherv
@@ -423,7 +423,7 @@ class OkTopk(Algorithm):
         """All-gather ``[step, checksum, *payload]``; the same ValueError on every rank when the
         ranks are at different steps or hold different shared state."""
         if self.comm.size == 1:
-            return torch.tensor([[step, checksum, *payload]])
+            return torch.tensor([[step, checksum, *payload]], device="cpu")
         table = allgather_int64(self.comm, [step, checksum, *payload], n)
         steps, sums = table[:, 0].tolist(), table[:, 1].tolist()
         if len(set(steps)) > 1 or len(set(sums)) > 1:

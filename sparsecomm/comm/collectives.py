@@ -80,14 +80,15 @@ def allgather_int64(comm: Comm, values: Sequence[int], n: int) -> torch.Tensor:
     Returns a (P, count) int64 tensor in rank order, equal on every rank.
     """
     rank, size = comm.rank, comm.size
-    mine = torch.tensor(list(values), dtype=torch.int64)
+    # control data: built and read on the host, sent on the Comm's device
+    mine = torch.tensor(list(values), dtype=torch.int64, device="cpu")
     count = mine.numel()
     nbytes = HEADER_NBYTES + 8 * count
-    block = torch.empty(nbytes, dtype=torch.uint8)
+    block = torch.empty(nbytes, dtype=torch.uint8, device="cpu")
     block[:HEADER_NBYTES].copy_(torch.from_numpy(pack_header(Kind.DENSE, rank, n, count, torch.int64)))
     block[HEADER_NBYTES:].view(torch.int64).copy_(mine)
     blocks = bruck_allgather(comm, block.to(comm.device), [nbytes] * size)
-    table = torch.empty((size, count), dtype=torch.int64)
+    table = torch.empty((size, count), dtype=torch.int64, device="cpu")
     for source, got in enumerate(blocks):
         got = got.cpu()
         if source != rank:
