@@ -569,17 +569,14 @@ def test_torch_implementations_agree_with_the_kernels(dtype):
         ti.densestream_to_coo(*bad, n)
 
 
-@pytest.mark.parametrize("proposals,match", [([10, 5, 20], r"boundary \[1\] = 5 is outside \[0, N = 100\] or below"),
-                                             ([10, 20, 101], r"boundary \[2\] = 101"),
-                                             ([-1, 20, 30], r"boundary \[0\] = -1")])
-def test_boundary_proposals_are_validated(proposals, match):
-    from sparsecomm.formats.densestream import decode_boundaries, encode_boundaries
+@pytest.mark.parametrize("row,match", [([10, 5, 20], r"rank 2 a boundary proposal whose boundary \[1\] = 5 is outside"),
+                                       ([10, 20, 101], r"rank 2 .*boundary \[2\] = 101"),
+                                       ([-1, 20, 30], r"rank 2 .*boundary \[0\] = -1")])
+def test_boundary_proposals_of_peers_are_validated(row, match):
+    from sparsecomm.algorithms.densestream import check_proposals
 
-    good = encode_boundaries(torch.tensor([10, 20, 30]), 100, 3)
-    assert decode_boundaries(good, n=100, parts=4, receiver=0, sender=3).tolist() == [10, 20, 30]
+    table = torch.tensor([[10, 20, 30], [0, 0, 100], [10, 20, 30]])
+    check_proposals(table, 100, 0)
+    table[2] = torch.tensor(row)
     with pytest.raises(WireFormatError, match=match):
-        decode_boundaries(encode_boundaries(torch.tensor(proposals), 100, 3), n=100, parts=4, receiver=0, sender=3)
-    with pytest.raises(WireFormatError, match="expected 56"):
-        decode_boundaries(good[:-8], n=100, parts=4, receiver=0, sender=3)
-    with pytest.raises(WireFormatError, match="n differs"):
-        decode_boundaries(good, n=99, parts=4, receiver=0, sender=3)
+        check_proposals(table, 100, 0)

@@ -8,10 +8,11 @@ blocks, :mod:`sparsecomm.formats.densestream`). Then three phases (lines 14-19):
 1. **Balanced split** (section III-B-1). Each rank proposes the boundaries of ``p2``
    partitions of ``[0, N)`` holding equal counts of its own selection: with its ``m``
    selected indices sorted, boundary ``j`` (1 <= j < p2) is the index at position
-   ``floor(j m / p2)``. The ranks average the proposals: the shared Bruck all-gather of
-   one small message per rank (the int64 proposals behind a header, validated on receipt:
-   in [0, N], non-decreasing), summed in int64 -- integer sums are exact, so every rank
-   gets the same sums in any order -- then ``floor(sum / P)`` on every rank. Averages of non-decreasing sequences are non-decreasing, so the boundaries
+   ``floor(j m / p2)``. The ranks average the proposals: the shared all-gather of small
+   headed int64 messages (``comm.collectives.allgather_int64``; each rank's proposals are
+   then checked to lie in [0, N] and not decrease), summed in int64 -- integer sums are
+   exact, so every rank gets the same sums in any order -- then ``floor(sum / P)`` on
+   every rank. Averages of non-decreasing sequences are non-decreasing, so the boundaries
    ``0 = B_0 <= B_1 <= ... <= B_p2 = N`` are valid (a partition may be empty) and
    identical everywhere. All P ranks propose (folded ones too); ``p2`` is the core size
    below.
@@ -41,7 +42,7 @@ what each rank did not select, so sum_r acc_r == out + sum_r residual_r. No stat
 kept between calls (the boundaries are recomputed each call from the current selection).
 
 Cost per rank (section III-B, eqs. 4-6, alpha-beta with k elements per rank): rounds
-``ceil(log2 P)`` (the boundary all-gather: P - 1 messages of 32 + 8 (p2 - 1) bytes) + ``2 log2 p2`` data rounds, each doubled by a
+``ceil(log2 P)`` (the boundary all-gather: P - 1 blocks of 32 + 8 (p2 - 1) bytes) + ``2 log2 p2`` data rounds, each doubled by a
 size round unless the Comm probes, + 2 (x2 without probe) when P is not a power of two.
 Elements sent: scatter-reduce between (P-1)/P k (fully overlapping selections) and
 (P-1) k (disjoint ones), within eq. 4's log2(P)/2 P k; all-gatherv between (P-1)/P k and
@@ -57,13 +58,13 @@ from typing import Any
 import torch
 
 from .. import ops
-from ..comm.collectives import bruck_allgather
-from ..formats.densestream import (DenseBlocks, boundaries_nbytes, decode_boundaries, decode_densestream,
-                                   encode_boundaries, encode_densestream)
+from ..comm.collectives import allgather_int64
+from ..errors import WireFormatError
+from ..formats.densestream import DenseBlocks, decode_densestream, encode_densestream
 from ._folding import fold_layout
 from .base import Algorithm, register
 
-__all__ = ["DenseStreamAllreduce", "propose_boundaries", "average_boundaries"]
+__all__ = ["DenseStreamAllreduce", "propose_boundaries", "check_proposals", "average_boundaries"]
 
 
 def propose_boundaries(sorted_indices: torch.Tensor, parts: int) -> torch.Tensor:
@@ -74,6 +75,18 @@ def propose_boundaries(sorted_indices: torch.Tensor, parts: int) -> torch.Tensor
         return torch.zeros(parts - 1, dtype=torch.int64)
     pos = torch.tensor([j * m // parts for j in range(1, parts)], dtype=torch.int64)
     return sorted_indices.to(torch.int64).cpu()[pos]
+
+
+def check_proposals(table: torch.Tensor, n: int, receiver: int) -> None:
+    """Every rank's proposals (row q of the all-gathered int64 table, from rank q) lie in
+    [0, N] and do not decrease; :class:`WireFormatError` naming the rank otherwise (a peer's
+    numbers, so the same check as any message field)."""
+    bad = (table < 0) | (table > n)
+    bad[:, 1:] |= table[:, 1:] < table[:, :-1]
+    if bool(bad.any()):
+        q, j = (int(x) for x in bad.nonzero()[0])
+        raise WireFormatError(f"rank {receiver} received from rank {q} a boundary proposal whose boundary [{j}] = "
+                              f"{int(table[q, j])} is outside [0, N = {n}] or below the one before")
 
 
 def average_boundaries(summed: torch.Tensor, size: int, n: int) -> list[int]:
@@ -143,12 +156,9 @@ class DenseStreamAllreduce(Algorithm):
         fold = fold_layout(size, rank)
         p2 = fold.p2
         # 1. balanced split: every rank proposes, the int64 sums are exact and identical
-        blocks = bruck_allgather(comm, encode_boundaries(propose_boundaries(indices, p2), n, rank),
-                                 [boundaries_nbytes(p2)] * size)
-        summed = torch.zeros(p2 - 1, dtype=torch.int64)
-        for q, blk in enumerate(blocks):
-            summed += decode_boundaries(blk, n=n, parts=p2, receiver=rank, sender=q)
-        b = average_boundaries(summed, size, n)
+        table = allgather_int64(comm, propose_boundaries(indices, p2).tolist(), n)
+        check_proposals(table, n, rank)
+        b = average_boundaries(table.sum(0), size, n)
         self.last_boundaries = b
         if fold.folded_out:
             self._swap("fold", fold.partner, mine, None, None, receive=False)

@@ -38,11 +38,10 @@ import torch
 
 from ..errors import WireFormatError
 from . import _wire_ops
-from .header import HEADER_NBYTES, SHOWN, Kind, check_header, dtype_code, pack_header
+from .header import HEADER_NBYTES, SHOWN, Kind, dtype_code, pack_header
 
 __all__ = ["DenseBlocks", "densestream_width", "densestream_max_zero_run", "densestream_nbytes",
-           "densestream_payload_nbytes", "encode_densestream", "decode_densestream", "boundaries_nbytes",
-           "encode_boundaries", "decode_boundaries"]
+           "densestream_payload_nbytes", "encode_densestream", "decode_densestream"]
 
 PREFIX_NBYTES = HEADER_NBYTES + 32
 _FIELDS_DS = {32: "range", 33: "nvalues", 34: "width", 35: "block_order", 36: "block_range"}
@@ -185,38 +184,3 @@ def _raise(r, payload: torch.Tensor, *, n: int, vcode: int, receiver: int, sende
         explain={"count": lambda v, _: f"{v} blocks, more than N = {n} (blocks are disjoint and non-empty)",
                  "value_dtype": lambda v, _: f"value dtype {SHOWN['value_dtype'](v)} is not a float type"})
 
-
-# -- the balanced split's proposals -------------------------------------------------------
-# [header 32 B: kind DENSE, value dtype int64, index dtype 0, sender, N, count = parts - 1]
-# [parts - 1 int64 boundaries], each in [0, N], non-decreasing
-
-def boundaries_nbytes(parts: int) -> int:
-    return HEADER_NBYTES + 8 * (parts - 1)
-
-
-def encode_boundaries(proposals: torch.Tensor, n: int, sender: int) -> torch.Tensor:
-    """A rank's proposed interior boundaries (int64) as one message."""
-    payload = torch.empty(boundaries_nbytes(proposals.numel() + 1), dtype=torch.uint8)
-    payload[:HEADER_NBYTES].copy_(torch.from_numpy(pack_header(Kind.DENSE, sender, n, proposals.numel(),
-                                                               torch.int64, None)))
-    payload[HEADER_NBYTES:].view(torch.int64).copy_(proposals.to(torch.int64).cpu())
-    return payload
-
-
-def decode_boundaries(payload: torch.Tensor, *, n: int, parts: int, receiver: int, sender: int) -> torch.Tensor:
-    """Validate a proposal message (header in C; the ``parts - 1`` boundaries in [0, N] and
-    non-decreasing) and view its int64 boundaries; :class:`WireFormatError` otherwise."""
-    if payload.numel() != boundaries_nbytes(parts):
-        raise WireFormatError(f"rank {receiver} received from rank {sender} a boundary proposal of "
-                              f"{payload.numel()} bytes, expected {boundaries_nbytes(parts)} ({parts - 1} int64)")
-    check_header(payload, receiver=receiver, sender=sender, kind=Kind.DENSE, n=n, value_dtype=torch.int64,
-                 count=parts - 1)
-    b = payload[HEADER_NBYTES:].view(torch.int64)
-    bad = (b < 0) | (b > n)
-    if parts > 2:
-        bad[1:] |= b[1:] < b[:-1]
-    if bool(bad.any()):
-        j = int(bad.nonzero()[0])
-        raise WireFormatError(f"rank {receiver} received from rank {sender} a boundary proposal whose "
-                              f"boundary [{j}] = {int(b[j])} is outside [0, N = {n}] or below the one before")
-    return b
