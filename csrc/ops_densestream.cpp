@@ -1,13 +1,15 @@
 // DenseStream ops ("DenseStream: A Novel Data Representation for Gradient
 // Sparsification", section III-A): bindings of csrc/cpu/densestream.c (C ABI in
 // csrc/include/sparsecomm/densestream.h), written like every binding: checks
-// from csrc/checks.h, the kernel's counting pass, exact allocations, the
-// writing pass, raise_status.
+// from csrc/checks.h, outputs allocated (the header's bounds, then narrowed to
+// what the kernel wrote: one pass; encode_dense and to_coo, whose bound is N,
+// count first), one kernel call, raise_status.
 //
 // A DenseStream is three tensors: starts (int64), lengths (int64) and values
 // (the value dtype, all blocks back to back).
 #include <torch/library.h>
 
+#include <algorithm>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -57,6 +59,16 @@ Blocks alloc_blocks(const sc_ds_counts& c, const Tensor& like) {
   return {at::empty({c.nblocks}, i64), at::empty({c.nblocks}, i64), empty_out(c.nvalues, like.options())};
 }
 
+// The outputs cut to what the kernel wrote (views of the bound-sized buffers).
+Blocks narrowed(const Blocks& b, const sc_ds_counts& c) {
+  return {std::get<0>(b).narrow(0, 0, c.nblocks), std::get<1>(b).narrow(0, 0, c.nblocks),
+          std::get<2>(b).narrow(0, 0, c.nvalues)};
+}
+
+int64_t run_of(int64_t width, const Tensor& values) {
+  return sc_ds_max_zero_run(width, values.element_size());
+}
+
 Blocks encode_coo_cpu(const Tensor& idx, const Tensor& val, int64_t n, int64_t width) {
   const char* op = "sparsecomm.densestream_encode_coo";
   check_vector(idx, op, "idx");
@@ -68,17 +80,16 @@ Blocks encode_coo_cpu(const Tensor& idx, const Tensor& val, int64_t n, int64_t w
   sc_dtype vt = value_dtype(val, op, "val");
   Tensor ic = idx.contiguous(), vc = val.contiguous();
   const std::string names[] = {"idx", "val", "n", "width", "capacity"};
+  const int64_t m = ic.numel(), T = run_of(width, vc);
+  sc_ds_counts cap{m, std::min(n, m + (m > 0 ? m - 1 : 0) * T)};  // densestream.h's bound
+  Blocks out = alloc_blocks(cap, vc);
   sc_ds_counts c{0, 0};
   sc_error_info e{0, 0, 0};
-  int st = sc_ds_encode_coo(it, vt, ic.data_ptr(), vc.data_ptr(), ic.numel(), n, width, nullptr,
-                            nullptr, nullptr, 0, 0, &c, &e);
+  int st = sc_ds_encode_coo(it, vt, ic.data_ptr(), vc.data_ptr(), m, n, width,
+                            std::get<0>(out).data_ptr<int64_t>(), std::get<1>(out).data_ptr<int64_t>(),
+                            std::get<2>(out).data_ptr(), cap.nblocks, cap.nvalues, &c, &e);
   if (st) raise_status(st, op, e, {names, 5}, n);
-  Blocks out = alloc_blocks(c, vc);
-  st = sc_ds_encode_coo(it, vt, ic.data_ptr(), vc.data_ptr(), ic.numel(), n, width,
-                        std::get<0>(out).data_ptr<int64_t>(), std::get<1>(out).data_ptr<int64_t>(),
-                        std::get<2>(out).data_ptr(), c.nblocks, c.nvalues, &c, &e);
-  if (st) raise_status(st, op, e, {names, 5}, n);
-  return out;
+  return narrowed(out, c);
 }
 
 Blocks encode_dense_cpu(const Tensor& x, int64_t width) {
@@ -109,21 +120,19 @@ Blocks add_cpu(const Tensor& sa, const Tensor& la, const Tensor& va, const Tenso
   check_same_dtype(va, vb, op, "values_a", "values_b");
   check_nonnegative(n, op, "n");
   width = width_for(width, n, op);
+  const int64_t T = run_of(width, a.v);
+  sc_ds_counts cap{a.v.numel() + b.v.numel(),
+                   std::min(n, a.v.numel() + b.v.numel() + (a.s.numel() + b.s.numel()) * T)};
+  Blocks out = alloc_blocks(cap, a.v);
   sc_ds_counts c{0, 0};
   sc_error_info e{0, 0, 0};
-  auto call = [&](int64_t* s, int64_t* l, void* v, sc_ds_counts cap) {
-    return sc_ds_add(a.vt, a.s.data_ptr<int64_t>(), a.l.data_ptr<int64_t>(), a.v.data_ptr(),
-                     a.s.numel(), a.v.numel(), b.s.data_ptr<int64_t>(), b.l.data_ptr<int64_t>(),
-                     b.v.data_ptr(), b.s.numel(), b.v.numel(), n, width, s, l, v, cap.nblocks,
+  int st = sc_ds_add(a.vt, a.s.data_ptr<int64_t>(), a.l.data_ptr<int64_t>(), a.v.data_ptr(), a.s.numel(),
+                     a.v.numel(), b.s.data_ptr<int64_t>(), b.l.data_ptr<int64_t>(), b.v.data_ptr(),
+                     b.s.numel(), b.v.numel(), n, width, std::get<0>(out).data_ptr<int64_t>(),
+                     std::get<1>(out).data_ptr<int64_t>(), std::get<2>(out).data_ptr(), cap.nblocks,
                      cap.nvalues, &c, &e);
-  };
-  int st = call(nullptr, nullptr, nullptr, c);
   if (st) raise_status(st, op, e, {kPairNames, 6}, n);
-  Blocks out = alloc_blocks(c, a.v);
-  st = call(std::get<0>(out).data_ptr<int64_t>(), std::get<1>(out).data_ptr<int64_t>(),
-            std::get<2>(out).data_ptr(), c);
-  if (st) raise_status(st, op, e, {kPairNames, 6}, n);
-  return out;
+  return narrowed(out, c);
 }
 
 Blocks slice_cpu(const Tensor& s, const Tensor& l, const Tensor& v, int64_t n, int64_t lo,
@@ -134,20 +143,16 @@ Blocks slice_cpu(const Tensor& s, const Tensor& l, const Tensor& v, int64_t n, i
   TORCH_CHECK_VALUE(0 <= lo && lo <= hi && hi <= n, op, ": the range [lo, hi) must satisfy 0 <= lo <= hi <= n = ",
                     n, ", got [", lo, ", ", hi, ")");
   width = width_for(width, n, op);
+  sc_ds_counts cap{a.v.numel(), a.v.numel()};
+  Blocks out = alloc_blocks(cap, a.v);
   sc_ds_counts c{0, 0};
   sc_error_info e{0, 0, 0};
-  auto call = [&](int64_t* so, int64_t* lo_, void* vo, sc_ds_counts cap) {
-    return sc_ds_slice(a.vt, a.s.data_ptr<int64_t>(), a.l.data_ptr<int64_t>(), a.v.data_ptr(),
-                       a.s.numel(), a.v.numel(), n, lo, hi, width, so, lo_, vo, cap.nblocks,
+  int st = sc_ds_slice(a.vt, a.s.data_ptr<int64_t>(), a.l.data_ptr<int64_t>(), a.v.data_ptr(), a.s.numel(),
+                       a.v.numel(), n, lo, hi, width, std::get<0>(out).data_ptr<int64_t>(),
+                       std::get<1>(out).data_ptr<int64_t>(), std::get<2>(out).data_ptr(), cap.nblocks,
                        cap.nvalues, &c, &e);
-  };
-  int st = call(nullptr, nullptr, nullptr, c);
   if (st) raise_status(st, op, e, {kBlockNames, 3}, n);
-  Blocks out = alloc_blocks(c, a.v);
-  st = call(std::get<0>(out).data_ptr<int64_t>(), std::get<1>(out).data_ptr<int64_t>(),
-            std::get<2>(out).data_ptr(), c);
-  if (st) raise_status(st, op, e, {kBlockNames, 3}, n);
-  return out;
+  return narrowed(out, c);
 }
 
 void add_into_cpu(Tensor& dense, const Tensor& s, const Tensor& l, const Tensor& v) {

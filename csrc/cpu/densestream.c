@@ -104,11 +104,6 @@ static int outputs_ok(const int64_t* starts, const int64_t* lengths, const void*
   return none || all;
 }
 
-/* After a counting run into `got`: a writing run needs capacity for all of it. */
-static int fits(const int64_t* starts, sc_ds_counts got, int64_t cap_blocks, int64_t cap_values) {
-  return !starts || (got.nblocks <= cap_blocks && got.nvalues <= cap_values);
-}
-
 /* ------------------------------------------------------------ encode */
 
 int sc_ds_encode_coo(sc_index_t it, sc_dtype vt, const void* idx, const void* val, int64_t m,
@@ -121,20 +116,15 @@ int sc_ds_encode_coo(sc_index_t it, sc_dtype vt, const void* idx, const void* va
     return sc_fail(err, SC_ERR_ARG, 0, -1, m);
   int st = sc_check_sorted_indices(it, idx, m, n, 1, err); /* err->input 0 */
   if (st) return st;
-  /* a counting run first when writing: capacities are checked before any write */
   sc_ds_counts got = {0, 0};
   const int64_t T = sc_ds_max_zero_run(width, (int64_t)sc_dtype_size(vt));
-  if (starts) {
-    st = sc_ds_encode_coo(it, vt, idx, val, m, n, width, NULL, NULL, NULL, 0, 0, &got, err);
-    if (st) return st;
-    if (!fits(starts, got, cap_blocks, cap_values)) return sc_fail(err, SC_ERR_ARG, 4, -1, cap_values);
-  }
   switch (vt) {
-    case SC_F32: got = ds_encode_coo_f32(it, idx, val, m, T, starts, lengths, values); break;
-    case SC_F64: got = ds_encode_coo_f64(it, idx, val, m, T, starts, lengths, values); break;
-    case SC_F16: got = ds_encode_coo_f16(it, idx, val, m, T, starts, lengths, values); break;
-    default: got = ds_encode_coo_bf16(it, idx, val, m, T, starts, lengths, values); break;
+    case SC_F32: got = ds_encode_coo_f32(it, idx, val, m, T, starts, lengths, values, cap_blocks, cap_values); break;
+    case SC_F64: got = ds_encode_coo_f64(it, idx, val, m, T, starts, lengths, values, cap_blocks, cap_values); break;
+    case SC_F16: got = ds_encode_coo_f16(it, idx, val, m, T, starts, lengths, values, cap_blocks, cap_values); break;
+    default: got = ds_encode_coo_bf16(it, idx, val, m, T, starts, lengths, values, cap_blocks, cap_values); break;
   }
+  if (got.nblocks < 0) return sc_fail(err, SC_ERR_ARG, -1, -1, cap_values); /* out of capacity */
   *out = got;
   return SC_OK;
 }
@@ -148,17 +138,13 @@ int sc_ds_encode_dense(sc_dtype vt, const void* x, int64_t n, int64_t width, int
     return sc_fail(err, SC_ERR_ARG, 0, -1, n);
   sc_ds_counts got = {0, 0};
   const int64_t T = sc_ds_max_zero_run(width, (int64_t)sc_dtype_size(vt));
-  if (starts) {
-    int st = sc_ds_encode_dense(vt, x, n, width, NULL, NULL, NULL, 0, 0, &got, err);
-    if (st) return st;
-    if (!fits(starts, got, cap_blocks, cap_values)) return sc_fail(err, SC_ERR_ARG, 2, -1, cap_values);
-  }
   switch (vt) {
-    case SC_F32: got = ds_encode_dense_f32(x, n, T, starts, lengths, values); break;
-    case SC_F64: got = ds_encode_dense_f64(x, n, T, starts, lengths, values); break;
-    case SC_F16: got = ds_encode_dense_f16(x, n, T, starts, lengths, values); break;
-    default: got = ds_encode_dense_bf16(x, n, T, starts, lengths, values); break;
+    case SC_F32: got = ds_encode_dense_f32(x, n, T, starts, lengths, values, cap_blocks, cap_values); break;
+    case SC_F64: got = ds_encode_dense_f64(x, n, T, starts, lengths, values, cap_blocks, cap_values); break;
+    case SC_F16: got = ds_encode_dense_f16(x, n, T, starts, lengths, values, cap_blocks, cap_values); break;
+    default: got = ds_encode_dense_bf16(x, n, T, starts, lengths, values, cap_blocks, cap_values); break;
   }
+  if (got.nblocks < 0) return sc_fail(err, SC_ERR_ARG, -1, -1, cap_values); /* out of capacity */
   *out = got;
   return SC_OK;
 }
@@ -183,18 +169,13 @@ int sc_ds_add(sc_dtype vt, const int64_t* sa, const int64_t* la, const void* va,
   }
   sc_ds_counts got = {0, 0};
   const int64_t T = sc_ds_max_zero_run(width, (int64_t)sc_dtype_size(vt));
-  if (starts) {
-    st = sc_ds_add(vt, sa, la, va, nba, nva, sb, lb, vb, nbb, nvb, n, width, NULL, NULL, NULL, 0,
-                   0, &got, err);
-    if (st) return st;
-    if (!fits(starts, got, cap_blocks, cap_values)) return sc_fail(err, SC_ERR_ARG, 7, -1, cap_values);
-  }
   switch (vt) {
-    case SC_F32: got = ds_add_f32(sa, la, va, nba, sb, lb, vb, nbb, T, starts, lengths, values); break;
-    case SC_F64: got = ds_add_f64(sa, la, va, nba, sb, lb, vb, nbb, T, starts, lengths, values); break;
-    case SC_F16: got = ds_add_f16(sa, la, va, nba, sb, lb, vb, nbb, T, starts, lengths, values); break;
-    default: got = ds_add_bf16(sa, la, va, nba, sb, lb, vb, nbb, T, starts, lengths, values); break;
+    case SC_F32: got = ds_add_f32(sa, la, va, nba, sb, lb, vb, nbb, T, starts, lengths, values, cap_blocks, cap_values); break;
+    case SC_F64: got = ds_add_f64(sa, la, va, nba, sb, lb, vb, nbb, T, starts, lengths, values, cap_blocks, cap_values); break;
+    case SC_F16: got = ds_add_f16(sa, la, va, nba, sb, lb, vb, nbb, T, starts, lengths, values, cap_blocks, cap_values); break;
+    default: got = ds_add_bf16(sa, la, va, nba, sb, lb, vb, nbb, T, starts, lengths, values, cap_blocks, cap_values); break;
   }
+  if (got.nblocks < 0) return sc_fail(err, SC_ERR_ARG, -1, -1, cap_values); /* out of capacity */
   *out = got;
   return SC_OK;
 }
@@ -212,17 +193,13 @@ int sc_ds_slice(sc_dtype vt, const int64_t* s, const int64_t* l, const void* v, 
   if (st) return st;
   sc_ds_counts got = {0, 0};
   const int64_t T = sc_ds_max_zero_run(width, (int64_t)sc_dtype_size(vt));
-  if (starts) {
-    st = sc_ds_slice(vt, s, l, v, nb, nv, n, lo, hi, width, NULL, NULL, NULL, 0, 0, &got, err);
-    if (st) return st;
-    if (!fits(starts, got, cap_blocks, cap_values)) return sc_fail(err, SC_ERR_ARG, 6, -1, cap_values);
-  }
   switch (vt) {
-    case SC_F32: got = ds_slice_f32(s, l, v, nb, lo, hi, T, starts, lengths, values); break;
-    case SC_F64: got = ds_slice_f64(s, l, v, nb, lo, hi, T, starts, lengths, values); break;
-    case SC_F16: got = ds_slice_f16(s, l, v, nb, lo, hi, T, starts, lengths, values); break;
-    default: got = ds_slice_bf16(s, l, v, nb, lo, hi, T, starts, lengths, values); break;
+    case SC_F32: got = ds_slice_f32(s, l, v, nb, lo, hi, T, starts, lengths, values, cap_blocks, cap_values); break;
+    case SC_F64: got = ds_slice_f64(s, l, v, nb, lo, hi, T, starts, lengths, values, cap_blocks, cap_values); break;
+    case SC_F16: got = ds_slice_f16(s, l, v, nb, lo, hi, T, starts, lengths, values, cap_blocks, cap_values); break;
+    default: got = ds_slice_bf16(s, l, v, nb, lo, hi, T, starts, lengths, values, cap_blocks, cap_values); break;
   }
+  if (got.nblocks < 0) return sc_fail(err, SC_ERR_ARG, -1, -1, cap_values); /* out of capacity */
   *out = got;
   return SC_OK;
 }

@@ -19,44 +19,52 @@ typedef struct {
   int64_t* lengths;
   VT* values;
   int64_t nb, nv, last, max_zero_run;
+  int64_t cap_blocks, cap_values; /* writing stops (overflow set) past these */
+  int overflow;
 } FN(ds_emitter);
 
 static inline FN(ds_emitter) FN(ds_emitter_new)(int64_t* starts, int64_t* lengths, void* values,
-                                                 int64_t max_zero_run) {
-  FN(ds_emitter) e = {starts, lengths, (VT*)values, 0, 0, -1, max_zero_run};
+                                                 int64_t max_zero_run, int64_t cap_blocks,
+                                                 int64_t cap_values) {
+  FN(ds_emitter) e = {starts, lengths, (VT*)values, 0, 0, -1, max_zero_run, cap_blocks, cap_values, 0};
   return e;
 }
 
-/* a non-zero value v at position p (> every position emitted before) */
+/* a non-zero value v at position p (> every position emitted before); counts always,
+   writes while the capacities hold */
 static inline void FN(ds_emit)(FN(ds_emitter)* e, int64_t p, VT v) {
   int64_t gap = p - e->last - 1;
-  if (e->nb > 0 && gap <= e->max_zero_run) {
-    if (e->starts) {
+  int join = e->nb > 0 && gap <= e->max_zero_run;
+  int64_t add = join ? gap + 1 : 1;
+  if (e->starts && !e->overflow) {
+    if (e->nv + add > e->cap_values || (!join && e->nb >= e->cap_blocks)) {
+      e->overflow = 1;
+    } else if (join) {
       for (int64_t g = 0; g < gap; g++) e->values[e->nv + g] = ZERO;
       e->values[e->nv + gap] = v;
-      e->lengths[e->nb - 1] += gap + 1;
-    }
-    e->nv += gap + 1;
-  } else {
-    if (e->starts) {
+      e->lengths[e->nb - 1] += add;
+    } else {
       e->starts[e->nb] = p;
       e->lengths[e->nb] = 1;
       e->values[e->nv] = v;
     }
-    e->nb++;
-    e->nv++;
   }
+  e->nb += !join;
+  e->nv += add;
   e->last = p;
 }
 
+/* the counts, or {-1, -1} when a writing run ran out of capacity */
 static sc_ds_counts FN(ds_done)(const FN(ds_emitter)* e) {
   sc_ds_counts c = {e->nb, e->nv};
+  if (e->overflow) c.nblocks = c.nvalues = -1;
   return c;
 }
 
 static sc_ds_counts FN(ds_encode_coo)(sc_index_t it, const void* idx, const VT* val, int64_t m,
-                                      int64_t T, int64_t* starts, int64_t* lengths, void* values) {
-  FN(ds_emitter) e = FN(ds_emitter_new)(starts, lengths, values, T);
+                                      int64_t T, int64_t* starts, int64_t* lengths, void* values,
+                                      int64_t cb, int64_t cv) {
+  FN(ds_emitter) e = FN(ds_emitter_new)(starts, lengths, values, T, cb, cv);
   for (int64_t i = 0; i < m; i++) {
     if (ISZERO(val[i])) continue;
     int64_t p = it == SC_I32 ? (int64_t)((const int32_t*)idx)[i] : ((const int64_t*)idx)[i];
@@ -66,8 +74,8 @@ static sc_ds_counts FN(ds_encode_coo)(sc_index_t it, const void* idx, const VT* 
 }
 
 static sc_ds_counts FN(ds_encode_dense)(const VT* x, int64_t n, int64_t T, int64_t* starts,
-                                        int64_t* lengths, void* values) {
-  FN(ds_emitter) e = FN(ds_emitter_new)(starts, lengths, values, T);
+                                        int64_t* lengths, void* values, int64_t cb, int64_t cv) {
+  FN(ds_emitter) e = FN(ds_emitter_new)(starts, lengths, values, T, cb, cv);
   for (int64_t p = 0; p < n; p++)
     if (!ISZERO(x[p])) FN(ds_emit)(&e, p, x[p]);
   return FN(ds_done)(&e);
@@ -95,8 +103,9 @@ static inline void FN(ds_next)(FN(ds_cursor)* c) {
 
 static sc_ds_counts FN(ds_add)(const int64_t* sa, const int64_t* la, const VT* va, int64_t nba,
                                const int64_t* sb, const int64_t* lb, const VT* vb, int64_t nbb,
-                               int64_t T, int64_t* starts, int64_t* lengths, void* values) {
-  FN(ds_emitter) e = FN(ds_emitter_new)(starts, lengths, values, T);
+                               int64_t T, int64_t* starts, int64_t* lengths, void* values,
+                               int64_t cb, int64_t cv) {
+  FN(ds_emitter) e = FN(ds_emitter_new)(starts, lengths, values, T, cb, cv);
   FN(ds_cursor) a = {sa, la, va, nba, 0, 0, 0}, b = {sb, lb, vb, nbb, 0, 0, 0};
   for (;;) {
     int64_t pa = FN(ds_pos)(&a), pb = FN(ds_pos)(&b);
@@ -124,8 +133,8 @@ static sc_ds_counts FN(ds_add)(const int64_t* sa, const int64_t* la, const VT* v
 
 static sc_ds_counts FN(ds_slice)(const int64_t* s, const int64_t* l, const VT* v, int64_t nb,
                                  int64_t lo, int64_t hi, int64_t T, int64_t* starts,
-                                 int64_t* lengths, void* values) {
-  FN(ds_emitter) e = FN(ds_emitter_new)(starts, lengths, values, T);
+                                 int64_t* lengths, void* values, int64_t cb, int64_t cv) {
+  FN(ds_emitter) e = FN(ds_emitter_new)(starts, lengths, values, T, cb, cv);
   /* first block ending after lo (blocks are sorted and disjoint: ends ascend) */
   int64_t a = 0, z = nb, k = 0;
   while (a < z) {

@@ -29,9 +29,13 @@
  * before the previous one ends, value = its start), SC_ERR_ARG (input 2: the
  * lengths sum to something other than nvalues, value = the sum).
  *
- * Producing kernels work in two passes: with the output pointers NULL they
- * only count (out->nblocks, out->nvalues); with outputs of at least those
- * capacities (cap_blocks, cap_values; SC_ERR_ARG when smaller) they write.
+ * Producing kernels count or write: with the output pointers NULL they only
+ * count (out->nblocks, out->nvalues); with outputs of cap_blocks / cap_values
+ * elements they write, and return SC_ERR_ARG (the outputs partly written) if
+ * the result does not fit. Callers either count first or allocate a bound:
+ * encode_coo of m entries <= m blocks and min(n, m + (m - 1) T) values; add
+ * <= nva + nvb blocks and min(n, nva + nvb + (nba + nbb) T) values; slice <=
+ * nv blocks and nv values.
  * Value types: every sc_dtype but SC_U8. Sums of half types are computed in
  * float32 and rounded once. Serial kernels: O(input) time, no workspace.
  */
