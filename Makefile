@@ -34,7 +34,7 @@ clean:
 
 # ---------------------------------------------------------------- C tests, sanitizers, fuzzing
 # Standalone C builds of the kernels (csrc/cpu), no torch: docs/fuzzing.md.
-#   make ctest                  C tests (csrc/tests), plain -O2 -fopenmp build
+#   make ctest                  C tests (csrc/tests/test_*.c, one binary each), plain -O2 -fopenmp build
 #   make sanitize               the same tests under ASan + UBSan (gcc, OpenMP on)
 #   make fuzz [FUZZ_RUNS=n] [FUZZ_TIME=s]
 #                               every libFuzzer target (csrc/fuzz) from its seed corpus,
@@ -62,19 +62,22 @@ FUZZ_OBJ := $(patsubst csrc/cpu/%.c,build/fuzz/obj/%.o,$(KERNEL_SRC))
 setup-sanitizers:
 	bash scripts/setup_sanitizers.sh
 
-build/ctest/test_kernels: $(CTEST_SRC) $(CTEST_HDR) $(KERNEL_SRC) $(KERNEL_HDR)
+# one binary per csrc/tests/test_*.c (each has its own main)
+CTEST_NAMES := $(patsubst csrc/tests/%.c,%,$(CTEST_SRC))
+
+build/ctest/%: csrc/tests/%.c $(CTEST_HDR) $(KERNEL_SRC) $(KERNEL_HDR)
 	@mkdir -p $(@D)
-	$(CC_TEST) $(CTEST_FLAGS) -O2 $(CTEST_SRC) $(KERNEL_SRC) -lm -o $@
+	$(CC_TEST) $(CTEST_FLAGS) -O2 $< $(KERNEL_SRC) -lm -o $@
 
-build/sanitize/test_kernels: $(CTEST_SRC) $(CTEST_HDR) $(KERNEL_SRC) $(KERNEL_HDR)
+build/sanitize/%: csrc/tests/%.c $(CTEST_HDR) $(KERNEL_SRC) $(KERNEL_HDR)
 	@mkdir -p $(@D)
-	$(CC_TEST) $(CTEST_FLAGS) $(SAN_FLAGS) $(CTEST_SRC) $(KERNEL_SRC) -lm -o $@
+	$(CC_TEST) $(CTEST_FLAGS) $(SAN_FLAGS) $< $(KERNEL_SRC) -lm -o $@
 
-ctest: build/ctest/test_kernels
-	OMP_NUM_THREADS=4 $<
+ctest: $(addprefix build/ctest/,$(CTEST_NAMES))
+	@set -e; for t in $^; do OMP_NUM_THREADS=4 $$t; done
 
-sanitize: build/sanitize/test_kernels
-	$(SAN_ENV) OMP_NUM_THREADS=4 $<
+sanitize: $(addprefix build/sanitize/,$(CTEST_NAMES))
+	@set -e; for t in $^; do $(SAN_ENV) OMP_NUM_THREADS=4 $$t; done
 
 # Comparison tracing (libFuzzer's guidance for magic values) on the kernels that parse
 # peer bytes; top-k and the sketch loop over histograms and tables whose traced

@@ -5,7 +5,7 @@ index, one padding byte or one size off), in the input format each target docume
 its top.
 
 Plain struct packing, no torch and no sparsecomm import, so the corpus can be rebuilt on
-any machine; the layouts are those of sparsecomm/formats (header.py, coo.py, stream.py),
+any machine; the layouts are those of sparsecomm/formats (header.py, coo.py, stream.py, densestream.py),
 and tests/test_wire.py checks that the Python encoders produce the same bytes.
 
     python scripts/make_fuzz_corpus.py          # rewrite csrc/fuzz/corpus
@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "csrc", "fuzz", "corpus")
 
 MAGIC = 0x4D435053
-COO, DENSE, SIGNATURE = 1, 2, 3
+COO, DENSE, SIGNATURE, DENSE_BLOCKS = 1, 2, 3, 4
 F32, F64, F16, BF16, I32, I64, U8 = 1, 2, 3, 4, 5, 6, 7
 SIZE = {F32: 4, F64: 8, F16: 2, BF16: 2, I32: 4, I64: 8, U8: 1}
 PACK = {F32: "<f", F64: "<d", I32: "<i", I64: "<q"}
@@ -81,6 +81,21 @@ def qsgd(n, bits, bucket, offset=0, sender=1, levels=None, scales=None) -> bytes
     scales = [1.0 + b for b in range(nb)] if scales is None else scales
     return (header(DENSE, U8, 0, sender, n, len(packed)) + struct.pack("<qii", offset, bucket, bits)
             + pad8(b"".join(struct.pack("<f", x) for x in scales)) + pad8(packed))
+
+
+def ds_width(n: int) -> int:
+    return max(1, (max(n - 1, 0).bit_length() + 7) // 8)
+
+
+def densestream(starts, lengths, n, lo, hi, vdt=F32, sender=1, vals=None, width=None) -> bytes:
+    """formats/densestream.py: header, [lo][hi][nvalues][width + 7 zero bytes], fields, values."""
+    w = ds_width(n) if width is None else width
+    nv = sum(lengths)
+    vals = [float(1 + i % 5) for i in range(nv)] if vals is None else vals
+    fields = b"".join(s.to_bytes(8, "little")[:w] for s in starts) + b"".join(
+        (l - 1).to_bytes(8, "little")[:w] for l in lengths)
+    return (header(DENSE_BLOCKS, vdt, 0, sender, n, len(starts)) + struct.pack("<qqqB7x", lo, hi, nv, w)
+            + pad8(fields) + pad8(values(vdt, vals)))
 
 
 def flip(msg: bytes, pos: int, value: int) -> bytes:
@@ -204,6 +219,30 @@ def sketch_seeds():
     yield sk(3, 4, 1000, 123456789, 200, list(range(0, 200, 13)), [float(i) for i in range(16)])
 
 
+def densestream_seeds():
+    good = densestream([300, 310, 400], [5, 2, 100], 1000, 250, 500)
+    yield b"\x01" + good                                                    # own expectations
+    yield b"\x00" + densestream([0, 3], [2, 1], 8, 0, 8, F64)
+    yield b"\x01" + densestream([5], [3], 20, 0, 20, F16, vals=[1.0, 0.0, -2.0])
+    yield b"\x01" + densestream([5], [3], 20, 0, 20, BF16, vals=[1.0, 0.0, -2.0])
+    yield b"\x00" + densestream([], [], 1, 0, 1)                              # N = 1, empty
+    yield b"\x00" + densestream([0], [1], 1, 0, 1)
+    yield b"\x00" + densestream([0], [70000], 70000, 0, 70000)                # one dense block, width 3
+    yield b"\x03" + good                                                    # expectation off
+    yield b"\x00" + densestream([310, 300, 400], [5, 2, 100], 1000, 250, 500) # unsorted
+    yield b"\x00" + densestream([300, 302, 400], [5, 2, 100], 1000, 250, 500) # overlapping
+    yield b"\x00" + densestream([300, 310, 450], [5, 2, 100], 1000, 250, 500) # past hi
+    yield b"\x00" + densestream([300, 310, 450], [5, 2, 100], 500, 0, 500)    # past N
+    yield b"\x00" + densestream([300], [5], 1000, 250, 500, width=3)          # bad width
+    yield b"\x00" + flip(good, 58, 1)                                        # reserved byte
+    yield b"\x00" + good[:-8]                                                 # short
+    yield b"\x00" + flip(good, len(good) - 1, 1)                             # value padding
+    yield b"\x04" + struct.pack("<HB", 20, 6) + bytes([0, 2, 5, 2, 9, 2])   # raw blocks: valid
+    yield b"\x04" + struct.pack("<HB", 20, 6) + bytes([0, 2, 1, 2, 9, 2])   # raw: overlap
+    yield b"\x04" + struct.pack("<HB", 10, 6) + bytes([0, 2, 5, 2, 9, 2])   # raw: past n
+    yield b"\x04" + struct.pack("<HB", 20, 5) + bytes([0, 2, 5, 0, 9, 2])   # raw: empty block
+
+
 TARGETS = {
     "header": header_seeds,
     "coo": coo_seeds,
@@ -212,6 +251,7 @@ TARGETS = {
     "qsgd": qsgd_seeds,
     "topk": topk_seeds,
     "sketch": sketch_seeds,
+    "densestream": densestream_seeds,
 }
 
 

@@ -1,4 +1,4 @@
-"""dense and topka against the invariants of README.md's "Behaviour you can rely on", on the
+"""dense, topka and densestream against the invariants of README.md's "Behaviour you can rely on", on the
 simulated Comm (P up to 64).
 
 For every step and rank the test keeps its own copy of the residual and computes what the
@@ -84,6 +84,8 @@ def check_lossless(size, algorithm, density, n, dtype, pattern, expect_cost, res
         for rank in range(size):
             stats = results[rank][step][2]
             want_bytes, want_rounds = expect_cost(size, n, k, torch.empty((), dtype=work).element_size())
+            if callable(want_rounds):  # densestream: core, fold and folded ranks differ
+                want_rounds = want_rounds(rank)
             assert stats["rounds"] == want_rounds, (step, rank, stats)
             if isinstance(want_bytes, tuple):
                 assert want_bytes[0] <= stats["bytes_sent"] <= want_bytes[1], (step, rank, stats, want_bytes)
@@ -95,6 +97,32 @@ def topka_cost(size, n, k, itemsize):
     if size == 1 or n == 0:
         return 0, 0
     return (size - 1) * coo_message_bytes(k, n, itemsize), math.ceil(math.log2(size))
+
+
+def densestream_cost(size, n, k, itemsize):
+    """DenseStream (section III-B, eqs. 4-6): rounds exactly -- the boundary all-reduce
+    (ceil(log2 P)), 2 log2 p2 data rounds on a core rank, 2 fold rounds on a fold pair, each
+    data round with a size round (neither the simulated Comm nor gloo probes); bytes within
+    eq. 6's upper bound on elements ([(log2 p2 / 2 + 1) p2 - 1] k, k doubled on a folded
+    core) plus the fold, each element at most a block's fields, its value and T zeros, plus
+    the fixed part of each message."""
+    if size == 1 or n == 0:
+        return 0, 0
+    p2 = 1 << (size.bit_length() - 1)
+    lg = int(math.log2(p2))
+    k_core = 2 * k if size != p2 else k
+    w = max(1, (max(n - 1, 0).bit_length() + 7) // 8)
+    t = -(-2 * w // itemsize)
+    per_element = 2 * w + itemsize * (1 + t)
+    elements = ((lg / 2 + 1) * p2 - 1) * k_core + size * k  # eq. 6 and the fold's message back
+    messages = 2 * lg + 2
+    boundary = (size - 1) * (32 + 8 * (p2 - 1))  # the Bruck all-gather of the headed int64 proposals
+
+    def rounds(rank):
+        return (math.ceil(math.log2(size)) + (4 * lg if rank < p2 else 0)
+                + (4 if rank >= p2 or rank < size - p2 else 0))
+
+    return (boundary, int(boundary + messages * (8 + 64 + 14) + per_element * elements)), rounds
 
 
 def dense_cost(size, n, k, itemsize):
@@ -130,6 +158,11 @@ def test_topka_invariants(size, n, density, dtype, pattern):
     check_lossless(size, "topka", density, n, dtype, pattern, topka_cost)
 
 
+@pytest.mark.parametrize("size,n,density,dtype,pattern", [c for c in SWEEP if c[1] < 2**20 and c[0] <= 33])
+def test_densestream_invariants(size, n, density, dtype, pattern):
+    check_lossless(size, "densestream", density, n, dtype, pattern, densestream_cost)
+
+
 @pytest.mark.parametrize("size,n,density,dtype,pattern", [c for c in SWEEP if c[1] < 2**20])
 def test_dense_invariants(size, n, density, dtype, pattern):
     check_lossless(size, "dense", density, n, dtype, pattern, dense_cost)
@@ -139,6 +172,7 @@ GLOO_CASES = [  # (algorithm, N, density, dtype, pattern), run on every P in 1..
     ("topka", 1025, 0.01, torch.float32, "random"),
     ("topka", 3001, 0.05, torch.float64, "disjoint"),
     ("dense", 1025, 1.0, torch.float32, "overlap"),
+    ("densestream", 3001, 0.05, torch.float32, "random"),
 ]
 
 
@@ -150,11 +184,11 @@ def test_invariants_on_gloo_ranks(size):
         results = [[(torch.from_numpy(out), torch.from_numpy(res), stats) for out, res, stats in runs[rank][case_index]]
                    for rank in range(size)]
         # TorchComm counts the backend's dense allreduce with the ring formula
-        cost = topka_cost if algorithm == "topka" else dense_cost
+        cost = {"topka": topka_cost, "dense": dense_cost, "densestream": densestream_cost}[algorithm]
         check_lossless(size, algorithm, density, n, dtype, pattern, cost, results=results)
 
 
 def test_registry_lists_baselines():
-    assert {"dense", "topka"} <= set(sc.algorithms.names())
+    assert {"dense", "topka", "densestream"} <= set(sc.algorithms.names())
     with pytest.raises(ValueError, match="unknown algorithm 'nope'.*topka"):
         sc.algorithms.get("nope")

@@ -48,7 +48,19 @@ def _samples():
         ("sketch_build_coo_", (table.clone(), _i(3, 900, 3), _f(1, 2, 3), 1000, 5)),
         ("sketch_estimate", (torch.randn(3, 64, generator=g), 100, 5)),
         ("sketch_estimate_at", (torch.randn(3, 64, generator=g), _i(0, 17, 99), 5)),
+        ("densestream_encode_coo", (_i(1, 2, 9, dtype=torch.int32), _f(1, 2, 3), 20, 0)),
+        ("densestream_encode_dense", (_f(0, 1, 0, 2, 0, 0, 0, 3), 1)),
+        ("densestream_add", (_i(1, 9), _i(2, 1), _f(1, 2, 3), _i(2), _i(3), _f(-2, 4, 5), 20, 0)),
+        ("densestream_slice", (_i(1, 9), _i(2, 1), _f(1, 2, 3), 20, 2, 10, 0)),
+        ("densestream_add_into_", (torch.zeros(20), _i(1, 9), _i(2, 1), _f(1, 2, 3))),
+        ("densestream_to_coo", (_i(1, 9), _i(2, 1), _f(1, 0, 3), 20)),
+        ("wire_check_densestream", (_densestream_message(), [1, 0, 20, 2, 0, 20])),
     ]
+
+
+def _densestream_message():
+    from sparsecomm.formats.densestream import DenseBlocks, encode_densestream
+    return encode_densestream(DenseBlocks(20, 0, 20, _i(1, 9), _i(2, 1), _f(1, 2, 3)), 0)
 
 
 _TENSORLESS = {"release_caches"}  # takes no tensor: nothing to fake or to check
@@ -68,7 +80,8 @@ def test_opcheck(name, args):
     torch.library.opcheck(getattr(torch.ops.sparsecomm, name).default, args)
 
 
-@pytest.mark.parametrize("name", ["scatter_add_", "stream_add_dd_", "sketch_build_", "sketch_build_coo_"])
+@pytest.mark.parametrize("name", ["scatter_add_", "stream_add_dd_", "sketch_build_", "sketch_build_coo_",
+                                  "densestream_add_into_"])
 def test_mutating_ops_return_nothing(name):
     schema = getattr(torch.ops.sparsecomm, name).default._schema
     assert schema.returns == [], str(schema)

@@ -5,6 +5,7 @@
 #define SPARSECOMM_TESTS_REF_H
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "sparsecomm/abi.h"
@@ -221,6 +222,58 @@ REF_NOCOV static inline int ref_sketch_estimate(sc_dtype tt, const void* table, 
   else if (tt == SC_F32) *out = (double)(((float)v[rows / 2 - 1] + (float)v[rows / 2]) / 2.0f);
   else *out = (v[rows / 2 - 1] + v[rows / 2]) / 2.0;
   return 1;
+}
+
+/* ------------------------------------------------------------- DenseStream */
+
+/* Canonical DenseStream of x[0..n) (sparsecomm/densestream.h): one block per maximal
+ * group of non-zeros (+0 and -0 are zero, NaN is not) whose gaps hold at most T zeros.
+ * Writes starts and lengths (room for n each); returns the block count and the value
+ * count in *nvalues. The values of a block are x over it, zeros as +0. */
+REF_NOCOV static inline int64_t ref_ds_blocks(sc_dtype t, const void* x, int64_t n, int64_t T,
+                                              int64_t* starts, int64_t* lengths, int64_t* nvalues) {
+  int64_t nb = 0, last = -1, nv = 0;
+  for (int64_t i = 0; i < n; i++) {
+    if (ref_get(t, x, i) == 0.0) continue;
+    if (nb > 0 && i - last - 1 <= T) {
+      lengths[nb - 1] = i - starts[nb - 1] + 1;
+    } else {
+      starts[nb] = i;
+      lengths[nb] = 1;
+      nb++;
+    }
+    last = i;
+  }
+  for (int64_t b = 0; b < nb; b++) nv += lengths[b];
+  *nvalues = nv;
+  return nb;
+}
+
+/* 1 if (starts, lengths, values) is exactly the canonical DenseStream of x: the blocks of
+ * ref_ds_blocks, and each value the bits of x there, or +0 where x is zero. */
+REF_NOCOV static inline int ref_ds_same(sc_dtype t, const void* x, int64_t n, int64_t T,
+                                        const int64_t* starts, const int64_t* lengths,
+                                        const void* values, int64_t nb, int64_t nv) {
+  int64_t* s = (int64_t*)malloc((size_t)(n ? n : 1) * 8);
+  int64_t* l = (int64_t*)malloc((size_t)(n ? n : 1) * 8);
+  int64_t rv = 0, rb = ref_ds_blocks(t, x, n, T, s, l, &rv), k = 0;
+  int ok = rb == nb && rv == nv;
+  size_t w = sc_dtype_size(t);
+  for (int64_t b = 0; ok && b < nb; b++) {
+    ok = s[b] == starts[b] && l[b] == lengths[b];
+    for (int64_t j = 0; ok && j < l[b]; j++, k++) {
+      int64_t i = s[b] + j;
+      if (ref_get(t, x, i) == 0.0) {
+        static const uint8_t zeros[8] = {0};
+        ok = memcmp((const char*)values + w * k, zeros, w) == 0;
+      } else {
+        ok = ref_same(t, values, k, x, i);
+      }
+    }
+  }
+  free(s);
+  free(l);
+  return ok;
 }
 
 #endif

@@ -9,5 +9,6 @@ from . import dense, topka, gssgd, gtopk  # noqa: F401  (each module registers i
 from . import spardl  # noqa: F401
 from . import oktopk  # noqa: F401  (Ok-Topk: docs/oktopk.md)
 from . import sparcml  # noqa: F401  (sparcml_*, topkdsa and the sparcml chooser: docs/sparcml.md)
+from . import densestream  # noqa: F401  (DenseStreamAllreduce: docs/densestream.md)
 
 __all__ = ["Algorithm", "get", "names", "register"]

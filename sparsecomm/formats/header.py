@@ -40,6 +40,7 @@ class Kind(IntEnum):
     COO = 1
     DENSE = 2
     SIGNATURE = 3
+    DENSE_BLOCKS = 4  # a DenseStream (formats/densestream.py)
 
 
 

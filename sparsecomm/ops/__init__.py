@@ -1,4 +1,4 @@
-"""Selection, sparse-vector, sparse-stream, QSGD and Count-Sketch kernels: the one face
+"""Selection, sparse-vector, sparse-stream, QSGD, Count-Sketch and DenseStream kernels: the one face
 of sparsecomm's op layer (the hot path of every algorithm).
 
 Every function here is a ``torch.ops.sparsecomm`` custom op (schemas in ``csrc/ops*.cpp``)
@@ -35,6 +35,9 @@ from . import _fake, _torch_impl  # noqa: F401  (fake kernels; torch kernels for
 from ._switch import apply_environment as _apply_environment
 from ._switch import torch_ops_enabled, use_torch_ops
 from ._coo import __all__ as _coo_all
+from ._densestream import __all__ as _densestream_all
+from ._densestream import (densestream_add, densestream_add_into_, densestream_encode_coo, densestream_encode_dense,
+                           densestream_slice, densestream_to_coo)
 from ._coo import block_topk, gather, merge_add, merge_add_many, release_caches, scatter_add_, topk, topk_radix
 from ._sketch import __all__ as _sketch_all
 from ._sketch import (MAX_ROWS, RUN, sketch_build_, sketch_build_coo_, sketch_estimate, sketch_estimate_at,
@@ -43,7 +46,8 @@ from ._stream import __all__ as _stream_all
 from ._stream import (qsgd_dequantize, qsgd_quantize, stream_add_dd_, stream_add_sd_, stream_add_ss,
                       stream_concat)
 
-__all__ = [*_coo_all, *_stream_all, *_sketch_all, "use_torch_ops", "torch_ops_enabled", "CUDA_KERNELS"]
+__all__ = [*_coo_all, *_stream_all, *_sketch_all, *_densestream_all, "use_torch_ops", "torch_ops_enabled",
+           "CUDA_KERNELS"]
 
 #: True when the extension was built with the CUDA kernels of csrc/cuda (opt-in at build time:
 #: SPARSECOMM_CUDA_KERNELS=1, see setup.py); CUDA tensors then run them, else the torch

@@ -101,3 +101,47 @@ def _sketch_estimate(table, n, seed):
 @torch.library.register_fake("sparsecomm::sketch_estimate_at")
 def _sketch_estimate_at(table, idx, seed):
     return table.new_empty(idx.shape[0])
+
+
+def _blocks(values_like: torch.Tensor):
+    ctx = torch.library.get_ctx()
+    nb, nv = ctx.new_dynamic_size(), ctx.new_dynamic_size()
+    i64 = torch.int64
+    return values_like.new_empty(nb, dtype=i64), values_like.new_empty(nb, dtype=i64), values_like.new_empty(nv)
+
+
+@torch.library.register_fake("sparsecomm::densestream_encode_coo")
+def _densestream_encode_coo(idx, val, n, width):
+    return _blocks(val)
+
+
+@torch.library.register_fake("sparsecomm::densestream_encode_dense")
+def _densestream_encode_dense(x, width):
+    return _blocks(x)
+
+
+@torch.library.register_fake("sparsecomm::densestream_add")
+def _densestream_add(starts_a, lengths_a, values_a, starts_b, lengths_b, values_b, n, width):
+    return _blocks(values_a)
+
+
+@torch.library.register_fake("sparsecomm::densestream_slice")
+def _densestream_slice(starts, lengths, values, n, lo, hi, width):
+    return _blocks(values)
+
+
+@torch.library.register_fake("sparsecomm::densestream_add_into_")
+def _densestream_add_into_(dense, starts, lengths, values):
+    return None
+
+
+@torch.library.register_fake("sparsecomm::densestream_to_coo")
+def _densestream_to_coo(starts, lengths, values, n):
+    m = torch.library.get_ctx().new_dynamic_size()
+    return starts.new_empty(m), values.new_empty(m)
+
+
+@torch.library.register_fake("sparsecomm::wire_check_densestream")
+def _wire_check_densestream(payload, expect):
+    ctx = torch.library.get_ctx()
+    return [ctx.new_dynamic_size() for _ in range(11)]
