@@ -48,6 +48,11 @@ def _samples():
         ("sketch_build_coo_", (table.clone(), _i(3, 900, 3), _f(1, 2, 3), 1000, 5)),
         ("sketch_estimate", (torch.randn(3, 64, generator=g), 100, 5)),
         ("sketch_estimate_at", (torch.randn(3, 64, generator=g), _i(0, 17, 99), 5)),
+        ("skcompress_quantiles", (x, 16, 100)),
+        ("skcompress_quantize", (x, 256, 65536)),
+        ("skcompress_encode", (_i(3, 17, 900), _f(1, -2, 3), 1000, 1, 1, 256, 2, 0.2, 8, 0, 0, 65536)),
+        ("skcompress_decode", (ops.skcompress_encode(_i(3, 17, 900), _f(1, -2, 3), 1000), 1000, 3,
+                               torch.float32, 1, 1)),
     ]
 
 
