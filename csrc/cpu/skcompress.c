@@ -35,9 +35,57 @@ static inline int64_t cell_col(uint64_t rk, int64_t key, int64_t cols) {
   return (int64_t)(((mix64((uint64_t)key ^ rk) >> 32) * (uint64_t)cols) >> 32);
 }
 
-static int cmp_double(const void* a, const void* b) {
-  double x = *(const double*)a, y = *(const double*)b;
-  return (x > y) - (x < y);
+/* Ascending sort of doubles without NaN: LSD radix sort on order-preserving keys (sign bit
+ * flipped for positives, all bits for negatives; -0.0 sorts before +0.0), 8-bit digits below
+ * 2^15 elements and 16-bit digits above,
+ * passes over constant digits skipped. Falls back to insertion sort for short arrays. */
+static inline uint64_t order_key(double x) {
+  uint64_t u;
+  memcpy(&u, &x, 8);
+  return (u >> 63) ? ~u : (u | 0x8000000000000000ull);
+}
+
+static inline double from_order_key(uint64_t k) {
+  uint64_t u = (k >> 63) ? (k & 0x7FFFFFFFFFFFFFFFull) : ~k;
+  double x;
+  memcpy(&x, &u, 8);
+  return x;
+}
+
+static int sort_doubles(double* a, int64_t n) {
+  if (n < 64) {
+    for (int64_t i = 1; i < n; i++) {
+      double x = a[i];
+      int64_t j = i - 1;
+      while (j >= 0 && a[j] > x) { a[j + 1] = a[j]; j--; }
+      a[j + 1] = x;
+    }
+    return SC_OK;
+  }
+  uint64_t* k = (uint64_t*)malloc(sizeof(uint64_t) * (size_t)n);
+  uint64_t* tmp = (uint64_t*)malloc(sizeof(uint64_t) * (size_t)n);
+  int64_t* count = (int64_t*)malloc(sizeof(int64_t) * 65536);
+  if (!k || !tmp || !count) { free(k); free(tmp); free(count); return SC_ERR_NOMEM; }
+  uint64_t all_or = 0, all_and = ~0ull;
+  for (int64_t i = 0; i < n; i++) {
+    k[i] = order_key(a[i]);
+    all_or |= k[i];
+    all_and &= k[i];
+  }
+  int bits = n < (1 << 15) ? 8 : 16;
+  uint64_t mask = (1ull << bits) - 1;
+  for (int shift = 0; shift < 64; shift += bits) {
+    if ((((all_or ^ all_and) >> shift) & mask) == 0) continue; /* same digit everywhere */
+    memset(count, 0, sizeof(int64_t) * (size_t)(mask + 1));
+    for (int64_t i = 0; i < n; i++) count[(k[i] >> shift) & mask]++;
+    int64_t sum = 0;
+    for (uint64_t d = 0; d <= mask; d++) { int64_t c = count[d]; count[d] = sum; sum += c; }
+    for (int64_t i = 0; i < n; i++) tmp[count[(k[i] >> shift) & mask]++] = k[i];
+    uint64_t* t = k; k = tmp; tmp = t;
+  }
+  for (int64_t i = 0; i < n; i++) a[i] = from_order_key(k[i]);
+  free(k); free(tmp); free(count);
+  return SC_OK;
 }
 
 static inline void put_u16(uint8_t* p, uint16_t v) { memcpy(p, &v, 2); }
@@ -335,7 +383,8 @@ static int compact(sc_qsketch* s) {
       if (st) return st;
       double* it = s->items[h];
       int64_t k = s->k;
-      qsort(it, (size_t)k, sizeof(double), cmp_double);
+      int sst = sort_doubles(it, k);
+      if (sst) return sst;
       int64_t off = s->flips[h]++ & 1;
       double* up = s->items[h + 1];
       for (int64_t i = off; i < k; i += 2) up[s->size[h + 1]++] = it[i];
@@ -424,7 +473,8 @@ int sc_qsketch_quantiles(const sc_qsketch* s, int64_t nq, double* out, sc_error_
 /* Quantiles of the doubles a[0..n) (n >= 1) at floor(j n / nq), j < nq; a may be reordered. */
 static int quantiles_of(double* a, int64_t n, int64_t nq, int64_t exact_max, double* out) {
   if (n <= exact_max) {
-    qsort(a, (size_t)n, sizeof(double), cmp_double);
+    int st = sort_doubles(a, n);
+    if (st) return st;
     for (int64_t j = 0; j < nq; j++) out[j] = a[(int64_t)(((__int128)j * n) / nq)];
     return SC_OK;
   }

@@ -79,7 +79,7 @@ static int header_impl(const uint8_t* msg, int64_t nbytes, const sc_wire_expect*
 
   if (h->magic != SC_WIRE_MAGIC) return wire_fail(err, SC_WF_MAGIC, 0, h->magic);
   if (h->version != SC_WIRE_VERSION) return wire_fail(err, SC_WF_VERSION, 4, h->version);
-  if (h->kind < SC_KIND_COO || h->kind > SC_KIND_SIGNATURE ||
+  if (h->kind < SC_KIND_COO || h->kind > SC_KIND_COO_CODED ||
       (w && w->kind >= 0 && h->kind != w->kind))
     return wire_fail(err, SC_WF_KIND, 6, h->kind);
   if (h->value_dtype > SC_WIRE_U8 || (w && w->value_dtype >= 0 && h->value_dtype != w->value_dtype))

@@ -8,5 +8,6 @@ from .base import Algorithm, get, names, register
 from . import dense, topka, gssgd, gtopk  # noqa: F401  (each module registers its algorithm)
 from . import spardl  # noqa: F401
 from . import sparcml  # noqa: F401  (sparcml_*, topkdsa and the sparcml chooser: docs/sparcml.md)
+from . import skcompress  # noqa: F401  (docs/skcompress.md)
 
 __all__ = ["Algorithm", "get", "names", "register"]

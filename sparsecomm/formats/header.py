@@ -5,7 +5,7 @@ Layout (little-endian)::
     offset size field
     0      4    magic         0x4D435053 (bytes "SPCM")
     4      2    version       FORMAT_VERSION
-    6      1    kind          Kind (COO, DENSE, SIGNATURE, ...)
+    6      1    kind          Kind (COO, DENSE, SIGNATURE, COO_CODED)
     7      1    value dtype   DTYPE_CODES
     8      1    index dtype   DTYPE_CODES (0: no indices)
     9      3    reserved      zero
@@ -40,6 +40,7 @@ class Kind(IntEnum):
     COO = 1
     DENSE = 2
     SIGNATURE = 3
+    COO_CODED = 4  # a COO vector in a codec body (:mod:`.codec`)
 
 
 

@@ -54,7 +54,9 @@ extern "C" {
 #define SC_WIRE_PAR_MIN ((int64_t)1 << 18)
 
 /* Message kinds (header byte 6). */
-typedef enum { SC_KIND_COO = 1, SC_KIND_DENSE = 2, SC_KIND_SIGNATURE = 3 } sc_wire_kind;
+/* SC_KIND_COO_CODED: a COO vector in a codec body (sparsecomm/skcompress.h), validated by
+ * sc_skc_decode after the header. */
+typedef enum { SC_KIND_COO = 1, SC_KIND_DENSE = 2, SC_KIND_SIGNATURE = 3, SC_KIND_COO_CODED = 4 } sc_wire_kind;
 
 /* Dtype codes on the wire (header bytes 7 and 8; sparsecomm.formats.DTYPE_CODES).
  * These are not sc_dtype: the wire has its own, stable codes; 0 = none. */
@@ -154,7 +156,7 @@ typedef struct {
 } sc_wire_layout;
 
 /*
- * The 32-byte header: nbytes >= 32, magic, version, kind (1..3), value and
+ * The 32-byte header: nbytes >= 32, magic, version, kind (1..4), value and
  * index dtype codes (0..7), reserved bytes zero, N and count < 2^63, then each
  * against `want` (kind, value_dtype, index_dtype, sender, n, count). Reads
  * msg[0..32). `out` may be NULL.
