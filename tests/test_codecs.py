@@ -241,3 +241,12 @@ def test_codec_malformed_messages(options):
     bad[33] = 7  # the value codec byte of the body
     with pytest.raises(WireFormatError, match="codec"):
         codec.decode(bad, **kw)
+
+
+def test_benchmark_and_example_labels_name_codecs():
+    from sparsecomm.bench import _variant
+
+    assert _variant("topka") == ("topka", {})
+    assert _variant("spardl+delta_binary+skcompress") == ("spardl", BOTH)
+    with pytest.raises(ValueError, match="unknown codec 'zstd'"):
+        _variant("topka+zstd")
