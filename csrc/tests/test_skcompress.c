@@ -1,7 +1,7 @@
 /*
  * C tests of the SKCompress kernels (sparsecomm/skcompress.h), run from test_kernels.c's
  * main: the quantile sketch's rank-error bound after updates and after merges; codec
- * round trips over many random messages (keys lossless; values never change sign, never
+ * round trips over 1,021,000 random messages (a million of them tiny) (keys lossless; values never change sign, never
  * decode to a bucket further from zero or outside their group, checked against
  * sc_skc_quantize); every byte of a body flipped once must give SC_ERR_MALFORMED or a
  * valid vector.
@@ -174,6 +174,14 @@ void test_skcompress(long* checks, long* failed) {
     round_trip(1 + (int64_t)(srnd() % 60), 1 + (int64_t)(srnd() % 100000), o, 1);
   }
   round_trip(100000, 1000000, opts(1, 1, 256, 2, 0.2, 8), 0); /* past exact_max: the sketch path */
+  /* a million tiny messages (few keys, narrow sketches: collisions everywhere) */
+  for (int it = 0; it < 1000000; it++) {
+    int64_t q = 2 << (srnd() % 5);
+    int64_t r = 1 + (int64_t)(srnd() % (uint64_t)(q / 2));
+    sc_skc_options o = opts((int)(srnd() % 2), 1, q, 1 + (int64_t)(srnd() % 3), 0.05 + sunit(), r);
+    int64_t N = 1 + (int64_t)(srnd() % 48);
+    round_trip((int64_t)(srnd() % (uint64_t)(N < 16 ? N + 1 : 17)), N, o, 0);
+  }
   *checks += s_checks;
   *failed += s_failed;
 }
