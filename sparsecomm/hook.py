@@ -22,8 +22,10 @@ bucket's layout changes, every reducer's residual is cut into per-parameter piec
 the new buckets are assembled from them, so no residual is lost; a parameter whose piece
 does not fit (shape or dtype changed) starts from zero with a warning.
 
-Checkpointing: :meth:`DDPHookState.state_dict` stores the step and the per-parameter
-residuals; the state pickles without its process group (like PowerSGD's state), and the
+Checkpointing: :meth:`DDPHookState.state_dict` stores the step, the per-parameter
+residuals and each algorithm's adaptive state (``Algorithm.state_dict()``: oktopk's thresholds
+and boundaries, spardl's B-SAG h) keyed by its bucket's layout, which a reducer of the same
+layout picks up again (after a load or DDP's bucket rebuild); the state pickles without its process group (like PowerSGD's state), and the
 default group is used after unpickling unless ``process_group`` is set again.
 
 Non-blocking communication (SparCML section 5; ``async_comm=True``, the default): the hook
@@ -67,6 +69,12 @@ def _group_size(process_group: Any) -> int | None:
         return None
     size = dist.get_world_size(process_group)
     return size if size > 0 else None  # -1: this rank is not in the group
+
+
+def _signature(layout: list[tuple[int, int, int, torch.Size]]) -> tuple[tuple[int, int, int], ...]:
+    """A bucket layout as (parameter ordinal, offset, numel) triples: what an algorithm's
+    state (which depends on the bucket's length and order) must find again to continue."""
+    return tuple((ordinal, offset, numel) for ordinal, offset, numel, _ in layout)
 
 
 class DDPHookState:
@@ -119,6 +127,9 @@ class DDPHookState:
         self._layouts: dict[int, list[tuple[int, int, int, torch.Size]]] = {}
         self._ordinals: dict[int, int] = {}          # id(parameter) -> ordinal
         self._loose_residuals: dict[int, torch.Tensor] = {}  # ordinal -> residual piece waiting for a bucket
+        # bucket layout signature -> an algorithm's adaptive state (oktopk's thresholds, spardl's
+        # B-SAG h) waiting for a reducer of the same layout (after a rebuild or a checkpoint load)
+        self._loose_algorithm_states: dict[tuple[tuple[int, int, int], ...], dict[str, Any]] = {}
         self.last_stats: dict[int, dict[str, Any]] = {}
 
     # -- plumbing -------------------------------------------------------------------------
@@ -167,8 +178,19 @@ class DDPHookState:
                 pieces[ordinal] = flat[offset:offset + numel].clone()
         return pieces
 
+    def _algorithm_states(self) -> dict[tuple[tuple[int, int, int], ...], dict[str, Any]]:
+        """Every reducer's algorithm state (where it keeps one), keyed by its bucket's layout."""
+        states = dict(self._loose_algorithm_states)
+        for index, reducer in self._reducers.items():
+            st = reducer.algorithm.state_dict()
+            if st:
+                states[_signature(self._layouts[index])] = st
+        return states
+
     def _release_all(self) -> None:
-        """Keep every reducer's residual as per-parameter pieces and drop the reducers."""
+        """Keep every reducer's residual as per-parameter pieces (and its algorithm state under
+        its layout) and drop the reducers."""
+        self._loose_algorithm_states = self._algorithm_states()
         self._loose_residuals.update(self._residual_pieces())
         self._reducers.clear()
         self._layouts.clear()
@@ -204,6 +226,9 @@ class DDPHookState:
                               "(shape or dtype changed); they restart from zero", RuntimeWarning, stacklevel=3)
             reducer.load_state_dict({"format_version": FORMAT_VERSION, "algorithm": self.algorithm,
                                      "density": self.density, "residual": residual, "algorithm_state": {}})
+        algorithm_state = self._loose_algorithm_states.pop(_signature(layout), None)
+        if algorithm_state:  # only a bucket of the very same layout continues the state
+            reducer.algorithm.load_state_dict(algorithm_state)
         self._reducers[index] = reducer
         self._layouts[index] = layout
         return reducer
@@ -215,7 +240,9 @@ class DDPHookState:
         return {"format_version": FORMAT_VERSION, "algorithm": self.algorithm, "density": self.density,
                 "options": dict(self.options), "nonfinite": self.nonfinite, "warmup_steps": self.warmup_steps,
                 "step": self.step,
-                "residuals": residuals}
+                "residuals": residuals,
+                "algorithm_states": [{"layout": [list(entry) for entry in sig], "state": st}
+                                     for sig, st in self._algorithm_states().items()]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key in ("algorithm", "density", "options"):
@@ -229,6 +256,8 @@ class DDPHookState:
         self._reducers.clear()
         self._layouts.clear()
         self._loose_residuals = {int(k): v for k, v in state["residuals"].items()}
+        self._loose_algorithm_states = {tuple(tuple(int(x) for x in entry) for entry in item["layout"]): item["state"]
+                                        for item in state.get("algorithm_states", [])}
 
     def __getstate__(self) -> dict[str, Any]:
         # process groups, communicators and the worker thread cannot be pickled;
