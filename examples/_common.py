@@ -48,6 +48,10 @@ class HookState(Protocol):
     last_stats: dict[int, dict[str, Any]]
 
 
+# COO codecs an algorithm name may carry after "+" (docs/skcompress.md)
+_CODEC_SUFFIXES = {"delta_binary": ("index_codec", "delta_binary"), "skcompress": ("value_codec", "skcompress")}
+
+
 def algorithm_names() -> list[str]:
     """What ``--algorithm(s)`` accepts: the registered algorithms and PyTorch's hooks as baselines."""
     return sc.algorithms.names() + sc.baselines.names()
@@ -56,7 +60,11 @@ def algorithm_names() -> list[str]:
 def check_algorithm(name: str) -> None:
     """A clear error, before any rank starts, for a name that is neither."""
     if not sc.baselines.is_baseline(name):
-        sc.algorithms.get(name)
+        base, *codecs = name.split("+")
+        sc.algorithms.get(base)
+        unknown = [c for c in codecs if c not in _CODEC_SUFFIXES]
+        if unknown:
+            raise ValueError(f"unknown codec(s) {unknown} in {name!r}; use {', '.join(_CODEC_SUFFIXES)}")
 
 
 def expand_algorithms(names: list[str] | None, default: str) -> list[str]:
@@ -104,7 +112,9 @@ def shard(n: int, rank: int, world: int) -> slice:
 def make_ddp(model: nn.Module, algorithm: str, density: float) -> tuple[nn.Module, HookState]:
     """DDP with sparsecomm's hook for ``algorithm`` (or PyTorch's, for a baseline name).
 
-    The state returned has ``density`` and per-bucket ``last_stats`` either way.
+    ``algorithm`` may name COO codecs after a ``+`` (``spardl+skcompress``,
+    ``topka+delta_binary+skcompress``: docs/skcompress.md). The state returned has
+    ``density`` and per-bucket ``last_stats`` either way.
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -113,7 +123,9 @@ def make_ddp(model: nn.Module, algorithm: str, density: float) -> tuple[nn.Modul
         state = sc.baselines.TorchHook(algorithm)
         state.register(ddp)
         return ddp, state
-    state = sc.DDPHookState(algorithm, 1.0 if algorithm == "dense" else density)
+    name, *codecs = algorithm.split("+")
+    options = dict(_CODEC_SUFFIXES[c] for c in codecs)
+    state = sc.DDPHookState(name, 1.0 if name == "dense" else density, **options)
     ddp.register_comm_hook(state, sc.ddp_hook)
     return ddp, state
 

@@ -80,6 +80,27 @@ _CHECK_STEPS = 3
 
 
 # -- helpers shared by every rank -----------------------------------------------------------
+_CODEC_SUFFIXES = {"delta_binary": ("index_codec", "delta_binary"), "skcompress": ("value_codec", "skcompress")}
+
+
+def _variant(label: str) -> tuple[str, dict]:
+    """``"topka+delta_binary+skcompress"`` -> ("topka", {"index_codec": ..., "value_codec": ...}):
+    an algorithm with the COO codecs of sparsecomm.formats.codec, benchmarked beside the plain one."""
+    name, *suffixes = label.split("+")
+    options = {}
+    for suffix in suffixes:
+        if suffix not in _CODEC_SUFFIXES:
+            raise ValueError(f"unknown codec {suffix!r} in {label!r}; use {', '.join(_CODEC_SUFFIXES)}")
+        key, value = _CODEC_SUFFIXES[suffix]
+        options[key] = value
+    return name, options
+
+
+def _reducer(label: str, density: float, comm) -> SparseAllreduce:
+    name, options = _variant(label)
+    return SparseAllreduce(name, density, comm=comm, **options)
+
+
 def _gather(t: torch.Tensor) -> list[torch.Tensor]:
     out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
     dist.all_gather(out, t.contiguous())
@@ -95,7 +116,7 @@ def _check_same_everywhere(name: str, step: int, outs: list[torch.Tensor]) -> No
 
 def _check_algorithm(name: str, density: float, n: int, comm) -> dict:
     """Run 3 steps in float64 and check them; identical verdict on every rank."""
-    reducer = SparseAllreduce(name, density, comm=comm)
+    reducer = _reducer(name, density, comm)
     lossless = bool(reducer.algorithm.lossless)
     carried = torch.zeros(n, dtype=torch.float64)
     bit_exact = True
@@ -273,7 +294,7 @@ def _worker(rank: int, size: int, cfg: dict) -> dict | None:
     out = torch.empty(n)
     data = torch.zeros(len(algos), len(dens), cfg["repeats"], len(_FIELDS), dtype=torch.float64)
     for di, d in enumerate(dens):
-        reducers = [_BaselineRunner(a, n) if is_baseline(a) else SparseAllreduce(a, d, comm=comm)
+        reducers = [_BaselineRunner(a, n) if is_baseline(a) else _reducer(a, d, comm)
                     for a in algos]
         for red in reducers:                            # warm-up: handshake, plans, buffers
             for _ in range(getattr(red, "warmup_calls", 1)):
@@ -431,11 +452,26 @@ def _collectives(argv) -> int:
     ap.add_argument("--pingpong-max", type=int, default=64 << 20, help="largest ping-pong message (bytes)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     ap.add_argument("--timeout", type=float, default=3600.0)
+    ap.add_argument("--codecs", nargs="+", default=[],
+                    help="also run every chosen algorithm that takes the COO codecs with these codecs: "
+                         "delta_binary, skcompress or delta_binary+skcompress (labels like topka+skcompress; "
+                         "such labels are also accepted in --algorithms)")
     args = ap.parse_args(argv)
 
     known = algorithms.names() + baselines.names()
     names = known if args.algorithms == ["all"] else args.algorithms
-    bad = [a for a in names if a not in known]
+    for codec in args.codecs:
+        names = names + [f"{a}+{codec}" for a in names if "+" not in a and a in algorithms.names()
+                         and "value_codec" in algorithms.get(a).option_defaults]
+
+    def _known(label):
+        try:
+            base, _ = _variant(label)
+        except ValueError:
+            return False
+        return label in known or (base in algorithms.names() and "value_codec" in algorithms.get(base).option_defaults)
+
+    bad = [a for a in names if not _known(a)]
     if bad:
         ap.error(f"unknown algorithm(s) {', '.join(map(repr, bad))}; known: {', '.join(known)} (or 'all')")
     if args.repeats < 1 or args.N < 1 or args.check_n < 1:

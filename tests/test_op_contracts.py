@@ -55,6 +55,11 @@ def _samples():
         ("densestream_add_into_", (torch.zeros(20), _i(1, 9), _i(2, 1), _f(1, 2, 3))),
         ("densestream_to_coo", (_i(1, 9), _i(2, 1), _f(1, 0, 3), 20)),
         ("wire_check_densestream", (_densestream_message(), [1, 0, 20, 2, 0, 20])),
+        ("skcompress_quantiles", (x, 16, 100)),
+        ("skcompress_quantize", (x, 256, 65536)),
+        ("skcompress_encode", (_i(3, 17, 900), _f(1, -2, 3), 1000, 1, 1, 256, 2, 0.2, 8, 0, 0, 65536)),
+        ("skcompress_decode", (ops.skcompress_encode(_i(3, 17, 900), _f(1, -2, 3), 1000), 1000, 3,
+                               torch.float32, 1, 1)),
     ]
 
 

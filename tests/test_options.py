@@ -85,6 +85,40 @@ BAD = [
     ("oktopk", {"tau_prime": INF}, r"tau_prime must be .* got inf"),
     ("oktopk", {"tau_prime": 2**31}, r"tau_prime must be .* got 2147483648"),
 ]
+# the COO codec options (sparsecomm.formats.codec), the same on every algorithm that takes them
+_CODEC_BAD = [
+    ({"index_codec": "zstd"}, r"index_codec must be 'none' or 'delta_binary', got 'zstd'"),
+    ({"index_codec": None}, r"index_codec must be .*got None"),
+    ({"value_codec": "qsgd"}, r"value_codec must be 'none' or 'skcompress', got 'qsgd'"),
+    ({"value_codec": True}, r"value_codec must be .*got True"),
+    ({"q": 255}, r"q must be an even int in 2\.\.4096 .*got 255"),
+    ({"q": 0}, r"q must be .*got 0"),
+    ({"q": 8192}, r"q must be .*got 8192"),
+    ({"q": 256.0}, r"q must be .*got 256\.0"),
+    ({"q": NAN}, r"q must be .*got nan"),
+    ({"s": 0}, r"s must be an int in 1\.\.16 .*got 0"),
+    ({"s": 17}, r"s must be .*got 17"),
+    ({"s": True}, r"s must be .*got True"),
+    ({"t": 0}, r"t must be a number in \(0, 64\] .*got 0"),
+    ({"t": -0.5}, r"t must be .*got -0\.5"),
+    ({"t": NAN}, r"t must be .*got nan"),
+    ({"t": INF}, r"t must be .*got inf"),
+    ({"t": 65}, r"t must be .*got 65"),
+    ({"t": "0.2"}, r"t must be .*got '0\.2'"),
+    ({"r": 0}, r"r must be an int in 1\.\.min\(255, q/2\) .*got 0"),
+    ({"r": 129}, r"r must be .*got 129"),
+    ({"r": 2, "q": 2}, r"r must be .*got 2"),
+    ({"r": 8.0}, r"r must be .*got 8\.0"),
+    ({"m": 3}, r"m must be 'auto', 2, 4, 8 or 16 .*got 3"),
+    ({"m": True}, r"m must be .*got True"),
+    ({"m": None}, r"m must be .*got None"),
+    ({"prefix": "none"}, r"prefix must be 'auto', 'fixed' or 'huffman', got 'none'"),
+    ({"prefix": 1}, r"prefix must be .*got 1"),
+]
+BAD += [(name, options, message) for name in algorithms.names() for options, message in _CODEC_BAD
+        if set(options) <= set(algorithms.get(name).option_defaults)]
+BAD += [("skcompress", {"topology": "ring"}, r"topology must be 'allgather' or 'ps', got 'ring'"),
+        ("skcompress", {"topology": None}, r"topology must be .*got None")]
 
 # values at the edges that are valid and must be accepted
 GOOD = [
@@ -97,6 +131,10 @@ GOOD = [
     ("gssgd", {"rows": 1, "columns": 1}), ("gssgd", {"rows": 64, "columns": 2**32 - 1}),
     ("gssgd", {"columns": None}), ("gssgd", {"seed": -1}), ("gssgd", {"seed": 2**64}),
     ("gssgd", {"heavymix": "random"}),
+    ("topka", {"index_codec": "delta_binary", "value_codec": "skcompress", "q": 2, "s": 16, "t": 64, "r": 1,
+               "m": 16, "prefix": "huffman"}),
+    ("gtopk", {"q": 4096, "r": 255, "t": 1e-9, "m": "auto", "prefix": "fixed"}),
+    ("skcompress", {"topology": "ps", "q": 2, "r": 1}),
     ("oktopk", {"tau": 1, "tau_prime": 1}), ("oktopk", {"tau": 2**31 - 1, "tau_prime": 2**31 - 1}),
 ]
 

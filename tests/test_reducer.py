@@ -65,10 +65,15 @@ def test_k_rule_decimal_density_whose_float_product_overshoots(density, n, k):
      r"algorithm: ranks \[0\] have 'dense'; ranks \[1, 2, 3\] have 'topka'"),
     # options in words: the algorithm's options and nonfinite, sorted key=value
     ("options", lambda rank: {"options": {"nonfinite": "raise"} if rank == 3 else {}},
-     r"options: ranks \[0, 1, 2\] have \{nonfinite='propagate'\}; ranks \[3\] have \{nonfinite='raise'\}"),
+     # topka's options are its COO codec options (formats/codec.py), sorted with nonfinite
+     r"options: ranks \[0, 1, 2\] have \{index_codec='none', m='auto', nonfinite='propagate', prefix='auto', "
+     r"q=256, r=8, s=2, t=0\.2, value_codec='none'\}; ranks \[3\] have \{index_codec='none', m='auto', "
+     r"nonfinite='raise', prefix='auto', q=256, r=8, s=2, t=0\.2, value_codec='none'\}"),
     ("options", lambda rank: {"algorithm": "spardl", "options": {"sag": "recursive"} if rank == 1 else {}},
-     r"options: ranks \[0, 2, 3\] have \{nonfinite='propagate', sag='auto', teams=None\}; "
-     r"ranks \[1\] have \{nonfinite='propagate', sag='recursive', teams=None\}"),
+     r"options: ranks \[0, 2, 3\] have \{index_codec='none', m='auto', nonfinite='propagate', prefix='auto', "
+     r"q=256, r=8, s=2, sag='auto', t=0\.2, teams=None, value_codec='none'\}; "
+     r"ranks \[1\] have \{index_codec='none', m='auto', nonfinite='propagate', prefix='auto', q=256, r=8, s=2, "
+     r"sag='recursive', t=0\.2, teams=None, value_codec='none'\}"),
     ("options", lambda rank: {"algorithm": "gssgd", "options": {"rows": 5, "heavymix": "random"} if rank == 0 else {}},
      r"options: ranks \[0\] have \{columns=None, heavymix='random', nonfinite='propagate', rows=5, seed=24301\}; "
      r"ranks \[1, 2, 3\] have \{columns=None, heavymix='topk', nonfinite='propagate', rows=7, seed=24301\}"),

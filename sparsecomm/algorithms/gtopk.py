@@ -21,6 +21,13 @@ another, and the dropped contributions would be lost.
 Every message has exactly min(k, N) entries (a merge of two k-entry vectors has >= k
 distinct indices, and the top-k keeps k of them), so receivers know sizes.
 
+Codecs (``index_codec``, ``value_codec``, :mod:`sparsecomm.formats.codec`): every message goes
+through the codec and is exchanged with ``exchange_var`` (one size round more per message).
+With a lossy value codec the sender of a tree message keeps ``true - decoded`` in its
+residual and the receiver merges the decoded values; rank 0 encodes the result once (its
+error kept in its residual) and the broadcast forwards those bytes unchanged, so every rank
+decodes the same values. ``index_codec`` alone leaves every result bit-identical.
+
 Cost per call: 2 * log2(p2) rounds, plus 2 when P is not a power of two; 2(P-1) messages
 of ``coo_nbytes(k)`` in all (rank 0 sends log2(p2) of them, plus one to its folded partner).
 """
@@ -29,8 +36,11 @@ from __future__ import annotations
 
 import torch
 
+from typing import Any
+
 from .. import ops
-from ..formats import coo_nbytes, decode_coo, encode_coo, index_dtype_for
+from ..comm.base import Comm
+from ..formats import CODEC_OPTION_DEFAULTS, CooCodec, check_codec_options, index_dtype_for
 from ._folding import fold_layout
 from .base import Algorithm, register
 
@@ -41,9 +51,15 @@ __all__ = ["GlobalTopk"]
 class GlobalTopk(Algorithm):
     name = "gtopk"
     lossless = False
+    option_defaults = dict(CODEC_OPTION_DEFAULTS)
+
+    def __init__(self, comm: Comm, **options: Any):
+        super().__init__(comm, **options)
+        check_codec_options(self.name, self.options)
+        self.codec = CooCodec(self.options)
 
     def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
-        comm, n = self.comm, acc.numel()
+        comm, n, codec = self.comm, acc.numel(), self.codec
         k = min(k, n)
         if n == 0 or k == 0:
             out.zero_()
@@ -55,15 +71,30 @@ class GlobalTopk(Algorithm):
             acc.index_fill_(0, indices, 0)
             cur = (indices.to(itype), values.clone())
         size, rank = comm.size, comm.rank
-        nbytes = coo_nbytes(k, n, acc.dtype)
+        nbytes = codec.fixed_nbytes(k, n, acc.dtype)
 
-        def recv(source: int) -> tuple[torch.Tensor, torch.Tensor]:
+        def recv_payload(source: int) -> torch.Tensor:
+            if nbytes is None:
+                return comm.exchange_var([], [source])[0]
             buf = torch.empty(nbytes, dtype=torch.uint8, device=acc.device)
             comm.exchange([], [(source, buf)])
-            return decode_coo(buf, n=n, value_dtype=acc.dtype, receiver=rank, sender=source, count=k)
+            return buf
 
-        def send(dest: int, entries: tuple[torch.Tensor, torch.Tensor]) -> None:
-            comm.exchange([(dest, encode_coo(entries[0], entries[1], n, rank))], [])
+        def decode(payload: torch.Tensor, source: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return codec.decode(payload, n=n, value_dtype=acc.dtype, receiver=rank, sender=source, count=k)
+
+        def send_payload(dest: int, payload: torch.Tensor) -> None:
+            if nbytes is None:
+                comm.exchange_var([(dest, payload)], [])
+            else:
+                comm.exchange([(dest, payload)], [])
+
+        def encode(entries):
+            """The message of ``entries``; a lossy codec's error stays in this rank's residual."""
+            payload, sent = codec.encode(entries[0], entries[1], n, rank)
+            if not codec.lossless:
+                ops.scatter_add_(acc, entries[0], entries[1] - sent)
+            return payload, (entries[0], sent)
 
         def merge_keep(mine, theirs):
             with self.timed("merge"):
@@ -75,31 +106,36 @@ class GlobalTopk(Algorithm):
                 return mi[pos], kept_v
 
         fold = fold_layout(size, rank)
-        final = None
         if fold.folded_out:
-            send(fold.partner, cur)
-            final = recv(fold.partner)
+            send_payload(fold.partner, encode(cur)[0])
+            final = decode(recv_payload(fold.partner), fold.partner)
         else:
             if fold.partner is not None:
-                cur = merge_keep(cur, recv(fold.partner))
+                cur = merge_keep(cur, decode(recv_payload(fold.partner), fold.partner))
             p2, d = fold.p2, 1
             while d < p2:  # reduce: the tree halves
                 if rank % (2 * d) == d:
-                    send(rank - d, cur)
+                    send_payload(rank - d, encode(cur)[0])
                     break
-                cur = merge_keep(cur, recv(rank + d))
+                cur = merge_keep(cur, decode(recv_payload(rank + d), rank + d))
                 d *= 2
-            # broadcast: binomial tree from rank 0 down the same edges
+            # broadcast: binomial tree from rank 0 down the same edges; the root encodes the
+            # result once and every rank forwards those bytes (its own rank put in the header's
+            # sender field), so all decode the same values
+            payload = None
+            if rank == 0 and (p2 > 1 or fold.partner is not None):
+                payload, cur = encode(cur)
             d = p2 // 2
             while d >= 1:
                 if rank % (2 * d) == 0:
-                    send(rank + d, cur)
+                    send_payload(rank + d, codec.readdress(payload, rank))
                 elif rank % (2 * d) == d:
-                    cur = recv(rank - d)
+                    payload = recv_payload(rank - d)
+                    cur = decode(payload, rank - d)
                 d //= 2
             final = cur
             if fold.partner is not None:
-                send(fold.partner, final)
+                send_payload(fold.partner, codec.readdress(payload, rank))
         with self.timed("merge"):
             out.zero_()
             ops.scatter_add_(out, final[0], final[1])

@@ -36,6 +36,13 @@ indices I of the global result acc keeps xi (line 14); everywhere else the journ
 the rank's own original gradient + residual (lines 3 and 12-14: the local and end-procedure
 residuals stay with the rank that produced them). Hence sum_r (g_r + e_r) = out + sum_r e'_r.
 
+**Codecs** (``index_codec``, ``value_codec``, :mod:`sparsecomm.formats.codec`): every message
+(SRS bags, R-SAG and B-SAG blocks, the final all-gather) goes through the codec; sizes vary, so
+rounds use ``exchange_var`` / ``bruck_allgather_var``. With a lossy value codec the sender adds
+``true - decoded`` into ``acc`` at the sent indices (journalled), and R-SAG merges its own
+decoded values, so both partners compute the same sum; the residual collection above then
+keeps conservation. ``index_codec`` alone leaves every result bit-identical.
+
 **Choices where the paper is open.**
 
 * Quota per block: c = ceil(k / Q) (k/P without SAG, L(k, d, P) = dk/P with SAG), at most the
@@ -66,8 +73,8 @@ from typing import Any, Sequence
 import torch
 
 from .. import ops
-from ..comm.collectives import bruck_allgather
-from ..formats import coo_nbytes, decode_coo, encode_coo, index_dtype_for
+from ..comm.collectives import bruck_allgather, bruck_allgather_var
+from ..formats import CODEC_OPTION_DEFAULTS, CooCodec, check_codec_options, index_dtype_for
 from .base import Algorithm, register
 
 __all__ = ["SparDL"]
@@ -97,6 +104,15 @@ class _GroupView:
     def exchange(self, sends, recvs) -> None:
         m = self.members
         self.parent.exchange([(m[p], t) for p, t in sends], [(m[p], t) for p, t in recvs])
+
+    def allgather_small(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The group's all-gather of a small tensor (the sizes of ``bruck_allgather_var``)."""
+        raw = tensor.contiguous().view(torch.uint8).reshape(-1)
+        blocks = bruck_allgather(self, raw, [raw.numel()] * self.size)
+        return torch.cat(blocks).view(tensor.dtype).reshape(self.size, *tensor.shape)
+
+    def _check_size(self, nbytes: int, peer: int) -> int:
+        return self.parent._check_size(nbytes, self.members[peer])
 
 
 @dataclass
@@ -128,10 +144,12 @@ class _Plan:
 class SparDL(Algorithm):
     name = "spardl"
     lossless = False
-    option_defaults = {"teams": None, "sag": "auto"}
+    option_defaults = {"teams": None, "sag": "auto", **CODEC_OPTION_DEFAULTS}
 
     def __init__(self, comm, **options: Any):
         super().__init__(comm, **options)
+        check_codec_options(self.name, self.options)
+        self.codec = CooCodec(self.options)
         teams, sag = self.options["teams"], self.options["sag"]
         if sag not in _SAG_CHOICES:
             raise ValueError(f"spardl: sag must be one of {', '.join(repr(s) for s in _SAG_CHOICES)}, got {sag!r}")
@@ -262,6 +280,41 @@ class SparDL(Algorithm):
         self._bsag = None
         self._pending_state = st
 
+    # -- messages through the codec ----------------------------------------------------------
+    def _encode(self, acc, idx, val, journal, holders: int = 1):
+        """``(message, sent)`` of a COO vector; a lossy codec's error ``val - sent`` is added to
+        ``acc`` at ``idx`` (journalled like every change), so it stays in the residual when
+        ``idx`` ends in the result, and the journal restores the original elsewhere. A vector
+        that ``holders`` ranks hold identically (after R-SAG steps, after B-SAG) is encoded by
+        each of them into the same bytes: each keeps 1/holders of the error, as with SAG's
+        discarded values, so it is counted once."""
+        message, sent = self.codec.encode(idx, val, acc.numel(), self.comm.rank)
+        if not self.codec.lossless and idx.numel():
+            i64 = idx.to(torch.int64)
+            journal.append((i64, ops.gather(acc, i64)))
+            err = val - sent
+            ops.scatter_add_(acc, i64, err if holders == 1 else err * (1.0 / holders))
+        return message, sent
+
+    def _swap(self, dest: int, message: torch.Tensor, source: int, count: int, acc) -> torch.Tensor:
+        """One round: send ``message`` to ``dest``, receive ``count`` entries from ``source``."""
+        nbytes = self.codec.fixed_nbytes(count, acc.numel(), acc.dtype)
+        if nbytes is None:
+            return self.comm.exchange_var([(dest, message)], [source])[0]
+        incoming = torch.empty(nbytes, dtype=torch.uint8, device=acc.device)
+        self.comm.exchange([(dest, message)], [(source, incoming)])
+        return incoming
+
+    def _allgather(self, view, message: torch.Tensor, counts, acc) -> list[torch.Tensor]:
+        if self.codec.plain:
+            return bruck_allgather(view, message, [self.codec.fixed_nbytes(c, acc.numel(), acc.dtype)
+                                                   for c in counts])
+        return bruck_allgather_var(view, message)
+
+    def _decode(self, payload, acc, sender: int, count: int):
+        return self.codec.decode(payload, n=acc.numel(), value_dtype=acc.dtype, receiver=self.comm.rank,
+                                 sender=sender, count=count)
+
     # -- the call -------------------------------------------------------------------------
     def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
         comm = self.comm
@@ -281,12 +334,10 @@ class SparDL(Algorithm):
                 sel_idx, sel_val = _select_runs(acc, plan, step.send_runs, plan.quota)
                 journal.append((sel_idx, sel_val))
                 acc.index_fill_(0, sel_idx, 0)
-                message = encode_coo(sel_idx, sel_val, n, rank)
-            incoming = torch.empty(coo_nbytes(step.recv_count, n, dtype), dtype=torch.uint8, device=acc.device)
-            comm.exchange([(step.dest, message)], [(step.source, incoming)])
+                message, _ = self._encode(acc, sel_idx, sel_val, journal)
+            incoming = self._swap(step.dest, message, step.source, step.recv_count, acc)
             with self.timed("merge"):
-                r_idx, r_val = decode_coo(incoming, n=n, value_dtype=dtype, receiver=rank, sender=step.source,
-                                          count=step.recv_count)
+                r_idx, r_val = self._decode(incoming, acc, step.source, step.recv_count)
                 if r_idx.numel():
                     r_idx = r_idx.to(torch.int64)
                     journal.append((r_idx, ops.gather(acc, r_idx)))
@@ -310,13 +361,11 @@ class SparDL(Algorithm):
 
         # 3. Bruck all-gather of the final blocks inside the team
         if plan.q > 1:
-            message = encode_coo(f_idx, f_val, n, rank)
-            sizes = [coo_nbytes(c, n, dtype) for c in plan.counts]
-            blocks = bruck_allgather(_GroupView(comm, plan.team_members), message, sizes)
+            message, _ = self._encode(acc, f_idx, f_val, journal, holders=plan.teams)
+            blocks = self._allgather(_GroupView(comm, plan.team_members), message, plan.counts, acc)
         with self.timed("merge"):
             if plan.q > 1:
-                parts = [decode_coo(blk, n=n, value_dtype=dtype, receiver=rank, sender=plan.team_members[j],
-                                    count=plan.counts[j]) for j, blk in enumerate(blocks)]
+                parts = [self._decode(blk, acc, plan.team_members[j], plan.counts[j]) for j, blk in enumerate(blocks)]
                 all_idx = torch.cat([p[0] for p in parts]).to(torch.int64)
                 all_val = torch.cat([p[1] for p in parts])
             else:
@@ -333,17 +382,14 @@ class SparDL(Algorithm):
 
     # -- R-SAG ----------------------------------------------------------------------------
     def _rsag(self, acc, plan: _Plan, f_idx, f_val, journal):
-        comm, n, dtype, rank = self.comm, plan.n, acc.dtype, self.comm.rank
         count = plan.counts[plan.pos]
-        nbytes = coo_nbytes(count, n, dtype)
         for s in range(int(math.log2(plan.teams))):
             partner = (plan.team ^ (1 << s)) * plan.q + plan.pos
-            message = encode_coo(f_idx, f_val, n, rank)
-            incoming = torch.empty(nbytes, dtype=torch.uint8, device=acc.device)
-            comm.exchange([(partner, message)], [(partner, incoming)])
+            # both sides merge decoded values; 2^s ranks hold this f identically
+            message, f_val = self._encode(acc, f_idx, f_val, journal, holders=1 << s)
+            incoming = self._swap(partner, message, partner, count, acc)
             with self.timed("merge"):
-                p_idx, p_val = decode_coo(incoming, n=n, value_dtype=dtype, receiver=rank, sender=partner,
-                                          count=count)
+                p_idx, p_val = self._decode(incoming, acc, partner, count)
                 if plan.team & (1 << s):   # the lower team group's block first: same sum on both sides
                     m_idx, m_val = ops.merge_add(p_idx, p_val, f_idx, f_val)
                 else:
@@ -359,14 +405,13 @@ class SparDL(Algorithm):
 
     # -- B-SAG ----------------------------------------------------------------------------
     def _bsag_step(self, acc, plan: _Plan, f_idx, f_val, journal):
-        comm, n, dtype, rank = self.comm, plan.n, acc.dtype, self.comm.rank
+        comm, dtype = self.comm, acc.dtype
         h = f_idx.numel()
         d = plan.teams
-        message = encode_coo(f_idx, f_val, n, rank)
-        blocks = bruck_allgather(_GroupView(comm, plan.cross_members), message, [coo_nbytes(h, n, dtype)] * d)
+        message, _ = self._encode(acc, f_idx, f_val, journal)
+        blocks = self._allgather(_GroupView(comm, plan.cross_members), message, [h] * d, acc)
         with self.timed("merge"):
-            parts = [decode_coo(blk, n=n, value_dtype=dtype, receiver=rank, sender=plan.cross_members[t], count=h)
-                     for t, blk in enumerate(blocks)]
+            parts = [self._decode(blk, acc, plan.cross_members[t], h) for t, blk in enumerate(blocks)]
             u_idx, u_val = ops.merge_add_many([p[0] for p in parts], [p[1] for p in parts])
         n_t = u_idx.numel()
         target = plan.counts[plan.pos]

@@ -6,17 +6,26 @@ per rank, so no size header is needed), and every rank merge-adds the P vectors 
 order, which makes the result bit-identical everywhere. Lossless: the output is exactly
 the sum of the locally selected vectors; what a rank did not select stays in its residual.
 
+Codecs (``index_codec``, ``value_codec`` and their parameters, :mod:`sparsecomm.formats.codec`):
+messages become variable-size and are all-gathered with ``bruck_allgather_var`` (one more
+all-gather of the sizes). ``index_codec="delta_binary"`` leaves every result bit-identical.
+With ``value_codec="skcompress"`` each rank sends the decoded values of its own message and
+keeps ``selected - decoded`` in its residual, so conservation and rank-identical results hold.
+
 Cost per rank: ceil(log2 P) rounds, (P-1) * (32 + k*(c + s)) bytes sent (c index bytes,
-s value bytes, 32 the header).
+s value bytes, 32 the header); with a codec, ceil(log2 P) more rounds for the sizes.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .. import ops
-from ..comm.collectives import bruck_allgather
-from ..formats import coo_nbytes, decode_coo, encode_coo
+from ..comm.base import Comm
+from ..comm.collectives import bruck_allgather, bruck_allgather_var
+from ..formats import CODEC_OPTION_DEFAULTS, CooCodec, check_codec_options
 from .base import Algorithm, register
 
 __all__ = ["TopkAllgather"]
@@ -26,17 +35,31 @@ __all__ = ["TopkAllgather"]
 class TopkAllgather(Algorithm):
     name = "topka"
     lossless = True
+    option_defaults = dict(CODEC_OPTION_DEFAULTS)
+
+    def __init__(self, comm: Comm, **options: Any):
+        super().__init__(comm, **options)
+        check_codec_options(self.name, self.options)
+        self.codec = CooCodec(self.options)
+        self.lossless = self.codec.lossless
 
     def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
-        comm, n = self.comm, acc.numel()
+        comm, n, codec = self.comm, acc.numel(), self.codec
         with self.timed("select"):
             values, indices = ops.topk(acc, k)
-            acc.index_fill_(0, indices, 0)  # what was not selected stays as the residual
-            message = encode_coo(indices, values, n, comm.rank)
-        nbytes = coo_nbytes(k, n, acc.dtype)
-        blocks = bruck_allgather(comm, message, [nbytes] * comm.size)
+            message, sent = codec.encode(indices, values, n, comm.rank)
+            if codec.lossless:
+                acc.index_fill_(0, indices, 0)  # what was not selected stays as the residual
+            else:
+                acc.index_copy_(0, indices, values - sent)  # and what the codec did not carry
+        nbytes = codec.fixed_nbytes(indices.numel(), n, acc.dtype)
+        if nbytes is not None:
+            blocks = bruck_allgather(comm, message, [nbytes] * comm.size)
+        else:
+            blocks = bruck_allgather_var(comm, message)
         with self.timed("merge"):
-            decoded = [decode_coo(block, n=n, value_dtype=acc.dtype, receiver=comm.rank, sender=source, count=k)
+            count = indices.numel()
+            decoded = [codec.decode(block, n=n, value_dtype=acc.dtype, receiver=comm.rank, sender=source, count=count)
                        for source, block in enumerate(blocks)]
             merged_indices, merged_values = ops.merge_add_many([d[0] for d in decoded], [d[1] for d in decoded])
             out.zero_()

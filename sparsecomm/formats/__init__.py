@@ -1,14 +1,15 @@
 """Wire formats: every payload a peer sends is a uint8 tensor in a documented layout.
 
 Nothing received is ever unpickled. See :mod:`.header` for the common 32-byte header,
-:mod:`.coo` for sparse COO messages and :mod:`.stream` for SparCML's sparse streams and QSGD
+:mod:`.coo` for sparse COO messages, :mod:`.codec` for COO messages through the SKCompress codecs, and :mod:`.stream` for SparCML's sparse streams and QSGD
 ranges. Only layouts live here: this package reaches no kernel (the arithmetic on what it
 decodes belongs to the algorithms).
 """
 
+from .codec import CODEC_OPTION_DEFAULTS, CooCodec, check_codec_options
 from .coo import coo_nbytes, decode_coo, encode_coo
 from .header import (FORMAT_VERSION, HEADER_NBYTES, Kind, WireFormatError, check_header, index_dtype_for,
                      pack_header, parse_header)
 
-__all__ = ["coo_nbytes", "decode_coo", "encode_coo", "FORMAT_VERSION", "HEADER_NBYTES", "Kind",
+__all__ = ["CODEC_OPTION_DEFAULTS", "CooCodec", "check_codec_options", "coo_nbytes", "decode_coo", "encode_coo", "FORMAT_VERSION", "HEADER_NBYTES", "Kind",
            "WireFormatError", "check_header", "index_dtype_for", "pack_header", "parse_header"]

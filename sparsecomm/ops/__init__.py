@@ -1,4 +1,4 @@
-"""Selection, sparse-vector, sparse-stream, QSGD, Count-Sketch and DenseStream kernels: the one face
+"""Selection, sparse-vector, sparse-stream, QSGD, Count-Sketch, DenseStream and SKCompress kernels: the one face
 of sparsecomm's op layer (the hot path of every algorithm).
 
 Every function here is a ``torch.ops.sparsecomm`` custom op (schemas in ``csrc/ops*.cpp``)
@@ -42,12 +42,15 @@ from ._coo import block_topk, gather, merge_add, merge_add_many, release_caches,
 from ._sketch import __all__ as _sketch_all
 from ._sketch import (MAX_ROWS, RUN, sketch_build_, sketch_build_coo_, sketch_estimate, sketch_estimate_at,
                       sketch_heavy_hitters, sketch_l2sq, sketch_merge_, sketch_new)
+from ._skcompress import __all__ as _skcompress_all
+from ._skcompress import (skcompress_decode, skcompress_encode, skcompress_quantiles,
+                          skcompress_quantize)
 from ._stream import __all__ as _stream_all
 from ._stream import (qsgd_dequantize, qsgd_quantize, stream_add_dd_, stream_add_sd_, stream_add_ss,
                       stream_concat)
 
-__all__ = [*_coo_all, *_stream_all, *_sketch_all, *_densestream_all, "use_torch_ops", "torch_ops_enabled",
-           "CUDA_KERNELS"]
+__all__ = [*_coo_all, *_stream_all, *_sketch_all, *_densestream_all, *_skcompress_all, "use_torch_ops",
+           "torch_ops_enabled", "CUDA_KERNELS"]
 
 #: True when the extension was built with the CUDA kernels of csrc/cuda (opt-in at build time:
 #: SPARSECOMM_CUDA_KERNELS=1, see setup.py); CUDA tensors then run them, else the torch

@@ -145,3 +145,24 @@ def _densestream_to_coo(starts, lengths, values, n):
 def _wire_check_densestream(payload, expect):
     ctx = torch.library.get_ctx()
     return [ctx.new_dynamic_size() for _ in range(11)]
+
+
+@torch.library.register_fake("sparsecomm::skcompress_quantiles")
+def _skcompress_quantiles(x, nq, exact_max):
+    return x.new_empty(nq + 1, dtype=torch.float64)
+
+
+@torch.library.register_fake("sparsecomm::skcompress_quantize")
+def _skcompress_quantize(v, q, exact_max):
+    return (v.new_empty(v.shape[0], dtype=torch.int32), v.new_empty((2, q // 2 + 1), dtype=torch.float64),
+            v.new_empty(2, dtype=torch.int64))
+
+
+@torch.library.register_fake("sparsecomm::skcompress_encode")
+def _skcompress_encode(idx, val, n, index_codec, value_codec, q, s, t, r, m, prefix, exact_max):
+    return val.new_empty(torch.library.get_ctx().new_dynamic_size(), dtype=torch.uint8)
+
+
+@torch.library.register_fake("sparsecomm::skcompress_decode")
+def _skcompress_decode(body, n, count, dtype, expect_index, expect_value):
+    return body.new_empty(count, dtype=torch.int64), body.new_empty(count, dtype=dtype)

@@ -54,12 +54,15 @@ extern "C" {
 #define SC_WIRE_PAR_MIN ((int64_t)1 << 18)
 
 /* Message kinds (header byte 6). */
+/* SC_KIND_COO_CODED: a COO vector in a codec body (sparsecomm/skcompress.h), validated by
+ * sc_skc_decode after the header. */
 typedef enum {
   SC_KIND_COO = 1,
   SC_KIND_DENSE = 2,
   SC_KIND_SIGNATURE = 3,
   SC_KIND_DENSE_BLOCKS = 4, /* a DenseStream (densestream.h) */
-  SC_KIND_LAST = 4
+  SC_KIND_COO_CODED = 5,    /* a COO vector in a codec body (skcompress.h) */
+  SC_KIND_LAST = 5
 } sc_wire_kind;
 
 /* Dtype codes on the wire (header bytes 7 and 8; sparsecomm.formats.DTYPE_CODES).

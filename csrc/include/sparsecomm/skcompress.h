@@ -1,0 +1,183 @@
+/* SKCompress kernels of sparsecomm ("SKCompress: compressing sparse and nonuniform
+ * gradient", sections 4-6 and Appendix A). Conventions: sparsecomm/abi.h.
+ *
+ * Four parts, each usable on its own and all used by the message codec below:
+ *
+ * 1. Quantile sketch (section 4.1, step 1). A deterministic mergeable compactor
+ *    hierarchy (the KLL/MRL family with a fixed capacity per level): level h holds
+ *    items of weight 2^h; a full level (k items) is sorted and every other item
+ *    (offset alternating per level) moves up with twice the weight. Error bound:
+ *    a compaction at level h moves any rank by at most 2^h and there are at most
+ *    n / (k 2^h) of them (each consumes weight k 2^h of the n inserted), so for any x
+ *    |est_rank(x) - rank(x)| <= n * H / k, H = the number of levels that compacted
+ *    (<= floor(log2(n / k)) + 1). Merging two sketches keeps the bound (the
+ *    argument only counts weight). Exact mode: with n <= exact_max the quantiles
+ *    come from a full sort (rank error 0).
+ *
+ * 2. Quantile-bucket quantification with separate signs (section 4.2, Solution 1).
+ *    q buckets in all: B = q / 2 per sign, over magnitudes |v| (zeros count as
+ *    positive). For a sign with n_s values, nb = min(B, n_s) buckets are used with
+ *    splits s_0 = min |v|, s_nb = max |v| (both exact) and s_j = quantile(j / nb)
+ *    (the item at 0-based rank floor(j n_s / nb)) in between. A magnitude a lies in
+ *    bucket b = #{j in 1..nb-1 : s_j <= a}, so s_b <= a <= s_{b+1}; bucket b decodes
+ *    to mean_b = (s_b + s_{b+1}) / 2 rounded once to the value dtype (rounding is
+ *    monotone and both ends are representable, so s_b <= mean_b <= s_{b+1}).
+ *    Indices count from zero outwards, so a smaller index is a smaller magnitude.
+ *
+ * 3. Grouped MinMaxSketch (section 4.2; Appendix A.2, A.3). The B buckets of each
+ *    sign form r groups of G = ceil(B / r) consecutive buckets; a key belongs to the
+ *    list (sign, group of its bucket), so 2r lists. Each list has its own sketch of
+ *    s rows x cols cells holding the bucket offset inside the group (0..G-1):
+ *    insert = Min over the key's s cells, query = Max. Every cell a key reaches
+ *    holds a value <= its own offset, so the decoded offset never exceeds the true
+ *    one: the decoded bucket is in the same sign and group, never further from zero,
+ *    at most G - 1 buckets closer. Column of key k in row j:
+ *      mix(z)   = splitmix64 finaliser (xor-shift 30, *0xBF58476D1CE4E5B9,
+ *                 xor-shift 27, *0x94D049BB133111EB, xor-shift 31)
+ *      col_j(k) = ((mix(k ^ mix(0x5C0DE + j)) >> 32) * cols) >> 32
+ *
+ * 4. Huffman coding (section 4.3, 5.2): canonical codes, lengths 1..15 (lengths over 15
+ *    are avoided by halving the frequencies and rebuilding), sent as one byte per symbol
+ *    (0 = unused); a single used symbol gets length 1. Codes are assigned in order of
+ *    (length, symbol) and written most significant bit first.
+ *
+ * 5. Delta-binary keys with adaptive prefix (section 5). Sorted distinct keys become
+ *    d_0 = k_0, d_i = k_i - k_{i-1} - 1. The key width W is 32 bits when N <= 2^32,
+ *    else 64; with m intervals of b = W / m bits, a delta takes c = max(1, ceil(bits(d)
+ *    / b)) intervals, written as the prefix c - 1 (log2 m bits, or a Huffman code over
+ *    the m prefix values) then c * b bits of d. The encoder counts bits(d) once and
+ *    computes the exact size of all 8 schemes (m in {2, 4, 8, 16} x fixed or Huffman,
+ *    table included), keeping the smallest (ties: smaller m, fixed first).
+ *
+ * Message body (after the 32-byte sparsecomm header, kind COO_CODED; little-endian):
+ *
+ *   [u8 index_codec (0 raw, 1 delta_binary)][u8 value_codec (0 raw, 1 skcompress)][6 x 0]
+ *   value codec raw:        [keys section of all count keys][count raw values]
+ *   value codec skcompress: [u32 B][u16 G][u8 s][u8 r]
+ *                           [u32 nb_neg][u32 nb_pos][nb_neg means][nb_pos means]
+ *                           2r x [u32 n_l][u32 cols_l]   (negative groups 0..r-1, then positive)
+ *                           [G bytes: Huffman code lengths of cell values]
+ *                           [u64 cell bits][cells, Huffman coded, list by list, row-major]
+ *                           2r x [keys section of the list]
+ *   keys section raw:          n_l keys as int32 (N < 2^31) or int64
+ *   keys section delta_binary: [u8 m][u8 scheme (0 fixed, 1 Huffman)][m code lengths if Huffman]
+ *                              [u64 bits][bit stream, zero-padded to a byte]
+ * Means have the value dtype (float32 or float64).
+ *
+ * The decoder validates everything: codecs (and that they are the expected ones),
+ * reserved bytes, B, G, s, r, nb <= B, means finite, >= 0 and non-decreasing, list
+ * sizes summing to count, cols >= 1 exactly for non-empty lists and <= 64 n_l + 64,
+ * code tables (lengths <= 15, a complete code or one symbol of length 1), every code
+ * present, prefix values < m, deltas keeping keys < N, each list's keys strictly
+ * ascending, no key in two lists, a decoded bucket < nb, exact bit counts with zero
+ * padding, and the exact total length. Failures: SC_ERR_MALFORMED with err = (field
+ * sc_skc_field, byte offset, value).
+ */
+#ifndef SPARSECOMM_SKCOMPRESS_H
+#define SPARSECOMM_SKCOMPRESS_H
+
+#include "sparsecomm/abi.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SC_SKC_MAX_Q 4096        /* q (both signs) in [2, SC_SKC_MAX_Q], even */
+#define SC_SKC_MAX_ROWS 16       /* s in [1, 16] */
+#define SC_SKC_MAX_T 64.0        /* t (columns per key of a list) in (0, 64] */
+#define SC_SKC_MAX_CODE_LEN 15
+#define SC_SKC_SKETCH_K 4096     /* quantile sketch capacity per level */
+#define SC_SKC_BODY_HEAD 8
+
+enum { SC_SKC_INDEX_RAW = 0, SC_SKC_INDEX_DELTA = 1 };
+enum { SC_SKC_VALUE_RAW = 0, SC_SKC_VALUE_SKETCH = 1 };
+enum { SC_SKC_PREFIX_AUTO = 0, SC_SKC_PREFIX_FIXED = 1, SC_SKC_PREFIX_HUFFMAN = 2 };
+
+/* Fields a malformed body is reported in (err->input). */
+typedef enum {
+  SC_SKC_F_SIZE = 0,        /* body shorter or longer than its fields say */
+  SC_SKC_F_CODEC = 1,       /* unknown codec, or not the expected one */
+  SC_SKC_F_RESERVED = 2,
+  SC_SKC_F_PARAMS = 3,      /* B, G, s, r */
+  SC_SKC_F_BUCKETS = 4,     /* nb > B */
+  SC_SKC_F_MEANS = 5,       /* a mean not finite, negative or decreasing */
+  SC_SKC_F_LISTS = 6,       /* list sizes or columns */
+  SC_SKC_F_CODE_TABLE = 7,  /* code lengths */
+  SC_SKC_F_CODE = 8,        /* a bit pattern that is no code, or a stream running short */
+  SC_SKC_F_PADDING = 9,     /* bit count or padding bits */
+  SC_SKC_F_PREFIX = 10,     /* m, scheme, a prefix value */
+  SC_SKC_F_INDEX_RANGE = 11,
+  SC_SKC_F_INDEX_ORDER = 12,
+  SC_SKC_F_CELL = 13,       /* a decoded bucket >= nb */
+  SC_SKC_F_COUNT = 14       /* count too large for the body */
+} sc_skc_field;
+
+const char* sc_skc_field_name(int field);
+
+typedef struct {
+  int index_codec;    /* SC_SKC_INDEX_* */
+  int value_codec;    /* SC_SKC_VALUE_* */
+  int64_t q;          /* buckets in all (both signs), even, 2..SC_SKC_MAX_Q */
+  int64_t s;          /* MinMaxSketch rows, 1..SC_SKC_MAX_ROWS */
+  double t;           /* columns per key of each list's sketch, (0, SC_SKC_MAX_T] */
+  int64_t r;          /* groups per sign, 1..q/2 */
+  int64_t m;          /* 0 = choose, else 2, 4, 8 or 16 */
+  int prefix;         /* SC_SKC_PREFIX_* */
+  int64_t exact_max;  /* quantiles by a full sort when a sign has <= exact_max values */
+} sc_skc_options;
+
+/* ---- quantile sketch ---- */
+typedef struct sc_qsketch sc_qsketch;
+/* k even, >= 2 (NULL on a bad k or no memory). */
+sc_qsketch* sc_qsketch_new(int64_t k);
+void sc_qsketch_free(sc_qsketch* s);
+int sc_qsketch_update(sc_qsketch* s, double x, sc_error_info* err); /* NaN: SC_ERR_NAN */
+int sc_qsketch_merge(sc_qsketch* dst, const sc_qsketch* src, sc_error_info* err);
+int64_t sc_qsketch_count(const sc_qsketch* s);
+int64_t sc_qsketch_levels(const sc_qsketch* s); /* levels holding items (H + 1) */
+/* out[j] = the smallest item whose cumulative weight exceeds floor(j n / nq),
+ * j = 0..nq-1 (n = count >= 1). */
+int sc_qsketch_quantiles(const sc_qsketch* s, int64_t nq, double* out, sc_error_info* err);
+
+/* Quantiles of x[0..n) (float32/float64): out[j] as above for j = 0..nq-1, out[nq] = max;
+ * exact (full sort) when n <= exact_max, else from a sketch of capacity
+ * SC_SKC_SKETCH_K. n >= 1, nq >= 1. NaN: SC_ERR_NAN. */
+int sc_skc_quantiles(sc_dtype vt, const void* x, int64_t n, int64_t nq, int64_t exact_max,
+                     double* out, sc_error_info* err);
+
+/* Quantification of v[0..n) as the codec does it: bucket[i] = magnitude bucket of v[i]
+ * (sign given by v), splits (2 x (q/2 + 1), row 0 negative, row 1 positive; entries past
+ * used[row] + 1 are 0), used[2] = nb per sign. Non-finite: SC_ERR_NAN. */
+int sc_skc_quantize(sc_dtype vt, const void* v, int64_t n, int64_t q, int64_t exact_max,
+                    int32_t* bucket, double* splits, int64_t* used, sc_error_info* err);
+
+/* Options check (SC_ERR_ARG, err->input = 0 q, 1 s, 2 t, 3 r, 4 m, 5 prefix, 6 codec,
+ * 7 exact_max). */
+int sc_skc_check_options(const sc_skc_options* o, sc_error_info* err);
+
+/* Upper bound of the body size of sc_skc_encode for n entries. */
+int64_t sc_skc_encode_bound(const sc_skc_options* o, int64_t N, sc_dtype vt, int64_t n);
+
+/* Encode the COO vector (idx strictly ascending in [0, N), val float32/float64) into
+ * out[0..cap); *out_len = bytes written. Errors: options (SC_ERR_ARG), index order
+ * and range (SC_ERR_INDEX_ORDER / RANGE, err->position), a non-finite value with the
+ * skcompress value codec (SC_ERR_NAN), cap too small (SC_ERR_ARG, input 8). */
+int sc_skc_encode(const sc_skc_options* o, int64_t N, const int64_t* idx, sc_dtype vt,
+                  const void* val, int64_t n, uint8_t* out, int64_t cap, int64_t* out_len,
+                  sc_error_info* err);
+
+/* Validate and decode a body of len bytes holding count entries of a vector of length
+ * N: idx_out (count, ascending) and val_out (count, dtype vt). expect_index /
+ * expect_value: the codecs the receiver expects (-1: any). Nothing is read outside
+ * body[0..len); on SC_ERR_MALFORMED the outputs are unspecified. */
+int sc_skc_decode(const uint8_t* body, int64_t len, int64_t N, int64_t count, sc_dtype vt,
+                  int expect_index, int expect_value, int64_t* idx_out, void* val_out,
+                  sc_error_info* err);
+
+/* Peek the codecs of a body (no validation beyond its length): 0 or SC_ERR_MALFORMED. */
+int sc_skc_body_codecs(const uint8_t* body, int64_t len, int* index_codec, int* value_codec);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,99 @@
+"""``skcompress``: SKCompress ("SKCompress: compressing sparse and nonuniform gradient",
+sections 3-6) as an allreduce: local top-k, then every message in the SKCompress format --
+delta-binary keys with adaptive prefix (section 5) and values as sign-split quantile buckets
+in a grouped MinMaxSketch with Huffman-coded cells (section 4) -- through the codec of
+:mod:`sparsecomm.formats.codec`.
+
+Topologies (``topology``):
+
+* ``"allgather"`` (default): the Bruck all-gather of the P encoded messages (sizes first,
+  ``bruck_allgather_var``); every rank decodes all of them and merge-adds them in rank order,
+  so the result is bit-identical everywhere. This is :mod:`.topka`'s procedure with both
+  codecs on (the class reuses it).
+* ``"ps"``: the paper's parameter-server setting (section 3, Figure 2) with rank 0 as the
+  server: every other rank sends its encoded message to rank 0 (one round), which decodes
+  them, sums them in rank order, encodes the sum (the aggregated message is compressed too)
+  and sends it to every rank (one round); all ranks, rank 0 included, decode that message.
+
+Error feedback: a rank keeps ``selected - decoded`` of its own message in its residual, and
+rank 0 also keeps ``sum - decoded`` of the aggregated message in its residual, so
+sum_r (g_r + e_r) == out + sum_r e'_r holds (up to float rounding) and no mass is lost to
+the lossy codec.
+
+Options: ``q`` (buckets in all, q/2 per sign; default 256, one byte per bucket index),
+``s`` (MinMaxSketch rows, default 2), ``t`` (columns per key of each group's sketch, default
+0.2 = the paper's d/5 columns), ``r`` (groups per sign, default 8: a decoded bucket is at most
+q/(2r) - 1 = 15 buckets closer to zero than the true one), ``m`` (``"auto"`` or 2, 4, 8, 16)
+and ``prefix`` (``"auto"``, ``"fixed"``, ``"huffman"``) of the key encoding, ``topology``.
+
+Cost per rank (allgather): 2 ceil(log2 P) rounds (sizes, then messages); (P-1) encoded messages
+sent. ps: 2 rounds plus the size rounds; rank 0 receives and sends P-1 messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import ops
+from ..comm.base import Comm
+from ..formats import CODEC_OPTION_DEFAULTS, CooCodec, check_codec_options
+from .base import Algorithm, register
+from .topka import TopkAllgather
+
+__all__ = ["SKCompress"]
+
+_TOPOLOGIES = ("allgather", "ps")
+
+
+@register
+class SKCompress(TopkAllgather):
+    name = "skcompress"
+    lossless = False
+    option_defaults = {**{k: v for k, v in CODEC_OPTION_DEFAULTS.items() if k not in ("index_codec", "value_codec")},
+                       "topology": "allgather"}
+
+    def __init__(self, comm: Comm, **options: Any):
+        Algorithm.__init__(self, comm, **options)  # TopkAllgather's own options are not ours
+        topology = self.options["topology"]
+        if topology not in _TOPOLOGIES:
+            raise ValueError(f"skcompress: topology must be 'allgather' or 'ps', got {topology!r}")
+        codec_options = {**self.options, "index_codec": "delta_binary", "value_codec": "skcompress"}
+        check_codec_options(self.name, codec_options)
+        self.codec = CooCodec(codec_options)
+        self.lossless = False
+
+    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
+        if self.options["topology"] == "allgather":
+            super().reduce(acc, k, out)
+            return
+        comm, n, codec, rank = self.comm, acc.numel(), self.codec, self.comm.rank
+        with self.timed("select"):
+            values, indices = ops.topk(acc, k)
+            message, sent = codec.encode(indices, values, n, rank)
+            acc.index_copy_(0, indices, values - sent)
+        count = indices.numel()
+        others = [q for q in range(comm.size) if q != 0]
+        if rank != 0:
+            comm.exchange_var([(0, message)], [])
+            result = comm.exchange_var([], [0])[0]
+            with self.timed("merge"):
+                idx, val = codec.decode(result, n=n, value_dtype=acc.dtype, receiver=rank, sender=0)
+        else:
+            received = comm.exchange_var([], others)
+            with self.timed("merge"):
+                parts = [codec.decode(m, n=n, value_dtype=acc.dtype, receiver=0, sender=q, count=count)
+                         for q, m in zip(others, received)]
+                mine = codec.decode(message, n=n, value_dtype=acc.dtype, receiver=0, sender=0, count=count)
+                sum_idx, sum_val = ops.merge_add_many([mine[0]] + [p[0] for p in parts],
+                                                      [mine[1]] + [p[1] for p in parts])
+            with self.timed("select"):
+                result, idx_sent = codec.encode(sum_idx, sum_val, n, 0)
+                ops.scatter_add_(acc, sum_idx, sum_val - idx_sent)  # the aggregate's error stays here
+            comm.exchange_var([(q, result) for q in others], [])
+            idx, val = sum_idx, idx_sent
+        with self.timed("merge"):
+            out.zero_()
+            ops.scatter_add_(out, idx, val)
+        self.last_nnz = idx.numel()

@@ -1,0 +1,252 @@
+"""The COO codec layer (sparsecomm.formats.codec) under every algorithm that uses it.
+
+For every algorithm x codec combination, on simulated P up to 16 and gloo P = 1..6:
+* ``index_codec="delta_binary"`` alone: outputs and residuals bit-identical to the run
+  without codecs on the same gradients (lossless: only bytes change), and fewer bytes;
+* ``value_codec="skcompress"`` (with or without the index codec): the result is identical on
+  every rank and conservation holds, sum_r (g_r + e_r) == out + sum_r e'_r (float64 sums,
+  float32 tolerance), and outputs stay finite;
+plus the handshake on differing codec options (the same ValueError on every rank), the
+codec's validation of what it receives (WireFormatError naming both ranks), and the
+options' validation.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import sparsecomm as sc
+from sparsecomm.comm import simulate
+from sparsecomm.errors import WireFormatError
+from sparsecomm.formats import CooCodec
+from sparsecomm.testing import spawn
+
+from _reference import make_gradients
+
+STEPS = 3
+INDEX = {"index_codec": "delta_binary"}
+VALUE = {"value_codec": "skcompress"}
+BOTH = {"index_codec": "delta_binary", "value_codec": "skcompress"}
+
+# (algorithm, its own options) using the codecs
+ALGORITHMS = [
+    ("topka", {}),
+    ("gtopk", {}),
+    ("spardl", {}),
+    ("spardl", {"teams": 2, "sag": "bruck"}),
+    ("spardl", {"teams": 4, "sag": "recursive"}),
+    ("spardl", {"teams": 1}),
+]
+
+
+def _history(comm, algorithm, density, grads_by_step, options):
+    reducer = sc.SparseAllreduce(algorithm, density, comm=comm, **options)
+    hist = []
+    for grads in grads_by_step:
+        out = reducer(grads[comm.rank].clone())
+        hist.append((out.clone(), reducer.residual.clone(), reducer.last_stats["bytes_sent"]))
+    return hist
+
+
+def _grads(size, n, dtype, pattern):
+    return [make_gradients(pattern, n, size, step, dtype) for step in range(STEPS)]
+
+
+def _applicable(options, size):
+    teams = options.get("teams")
+    return teams is None or (size % teams == 0 and (options.get("sag") != "recursive" or teams & (teams - 1) == 0))
+
+
+def check_lossy(results, grads_by_step, size):
+    residual_before = [torch.zeros_like(grads_by_step[0][0], dtype=torch.float64) for _ in range(size)]
+    for step, grads in enumerate(grads_by_step):
+        outs = [results[r][step][0] for r in range(size)]
+        for r in range(1, size):
+            assert torch.equal(outs[r], outs[0]), f"step {step}: rank {r} differs from rank 0"
+        assert torch.isfinite(outs[0]).all()
+        total_in = sum(grads[r].double() + residual_before[r] for r in range(size))
+        residual_after = [results[r][step][1].double() for r in range(size)]
+        total_out = outs[0].double() + sum(residual_after)
+        scale = max(1.0, float(total_in.abs().max()))
+        np.testing.assert_allclose(total_out.numpy(), total_in.numpy(), rtol=0, atol=2e-5 * scale * size,
+                                   err_msg=f"conservation, step {step}")
+        residual_before = residual_after
+
+
+def check_index_codec_identical(plain, coded, size):
+    for r in range(size):
+        for step in range(STEPS):
+            assert torch.equal(coded[r][step][0], plain[r][step][0]), (r, step)
+            assert torch.equal(coded[r][step][1], plain[r][step][1]), (r, step)
+
+
+SIM = [  # (P, N, density, dtype, pattern)
+    (1, 1025, 0.05, torch.float32, "random"),
+    (2, 3001, 0.02, torch.float64, "overlap"),
+    (3, 1025, 0.1, torch.float32, "disjoint"),
+    (4, 4097, 0.01, torch.float32, "random"),
+    (6, 2053, 0.05, torch.float32, "overlap"),
+    (8, 1025, 1.0, torch.float32, "random"),
+    (5, 1025, 0.02, torch.float32, "ties"),
+    (4, 1025, 0.02, torch.float32, "zeros"),
+    (16, 8193, 0.01, torch.float32, "random"),
+]
+
+
+@pytest.mark.parametrize("size,n,density,dtype,pattern", SIM)
+@pytest.mark.parametrize("algorithm,options", ALGORITHMS, ids=[f"{a}-{o}" for a, o in ALGORITHMS])
+def test_codecs_simulated(algorithm, options, size, n, density, dtype, pattern):
+    if not _applicable(options, size):
+        pytest.skip("teams do not fit P")
+    grads = _grads(size, n, dtype, pattern)
+
+    def run(extra):
+        return simulate(size, lambda comm: _history(comm, algorithm, density, grads, {**options, **extra})).results
+
+    plain, index, value, both = run({}), run(INDEX), run(VALUE), run(BOTH)
+    check_index_codec_identical(plain, index, size)
+    if size > 1 and density * n >= 40 and algorithm != "spardl":  # small messages (spardl: k/P per block): the size round costs more than the keys save
+        assert sum(h[2] for h in index[0]) < sum(h[2] for h in plain[0]), "delta-binary keys must save bytes"
+    check_lossy(value, grads, size)
+    check_lossy(both, grads, size)
+
+
+def _gloo_rank(rank, world_size, cases):
+    from sparsecomm.comm import TorchComm
+
+    comm = TorchComm()
+    out = []
+    for algorithm, options, density, grads in cases:
+        hist = _history(comm, algorithm, density, grads, options)
+        out.append([(o.numpy(), r.numpy(), b) for o, r, b in hist])
+    return out
+
+
+@pytest.mark.parametrize("size", range(1, 7))
+def test_codecs_on_gloo_ranks(size):
+    n, density = 2053, 0.03
+    grads = _grads(size, n, torch.float32, "overlap")
+    cases = [(alg, {**opts, **codec}, density, grads) for alg, opts in ALGORITHMS if _applicable(opts, size)
+             for codec in ({}, INDEX, BOTH)]
+    cases += [("skcompress", {"topology": t}, density, grads) for t in ("allgather", "ps")]
+    runs = spawn(_gloo_rank, size, cases, timeout=240)
+    as_torch = [[[(torch.from_numpy(o), torch.from_numpy(r), b) for o, r, b in runs[rank][c]] for rank in range(size)]
+                for c in range(len(cases))]
+    for c in range(0, len(cases) - 2, 3):
+        check_index_codec_identical(as_torch[c], as_torch[c + 1], size)
+        check_lossy(as_torch[c + 2], grads, size)
+    check_lossy(as_torch[-2], grads, size)
+    check_lossy(as_torch[-1], grads, size)
+
+
+def test_handshake_rejects_differing_codec_options():
+    def rank(comm):
+        options = VALUE if comm.rank == 1 else {}
+        reducer = sc.SparseAllreduce("topka", 0.1, comm=comm, **options)
+        try:
+            reducer(torch.randn(100))
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    errors = simulate(3, rank).results
+    assert all(e is not None for e in errors), errors
+    assert len({e.split(": ", 1)[1] for e in errors}) == 1, errors  # the same error, after "rank r: "
+    assert "value_codec='skcompress'" in errors[0] and "value_codec='none'" in errors[0]
+
+
+@pytest.mark.parametrize("option,value", [("index_codec", "zstd"), ("value_codec", "qsgd"), ("q", 3), ("q", 2.0),
+                                          ("s", 0), ("t", 0.0), ("t", float("nan")), ("r", 0), ("r", 200),
+                                          ("m", 3), ("m", True), ("prefix", "none"), ("topology", "ring")])
+@pytest.mark.parametrize("algorithm", ["topka", "gtopk", "spardl", "skcompress"])
+def test_invalid_codec_options(algorithm, option, value):
+    cls = sc.algorithms.get(algorithm)
+    if option not in cls.option_defaults:
+        with pytest.raises(ValueError, match=rf"does not take option\(s\) {option}"):
+            cls(None, **{option: value})
+        return
+    with pytest.raises(ValueError, match=rf"^{algorithm}: {option} must be .*got {value!r}"):
+        cls(None, **{option: value})
+
+
+# -- the skcompress algorithm ----------------------------------------------------------------
+
+@pytest.mark.parametrize("size,n,density,dtype,pattern", SIM)
+@pytest.mark.parametrize("topology", ["allgather", "ps"])
+def test_skcompress_simulated(topology, size, n, density, dtype, pattern):
+    grads = _grads(size, n, dtype, pattern)
+    res = simulate(size, lambda comm: _history(comm, "skcompress", density, grads, {"topology": topology})).results
+    check_lossy(res, grads, size)
+    if topology == "allgather":  # topka's procedure with both codecs: the same numbers
+        ref = simulate(size, lambda comm: _history(comm, "topka", density, grads, BOTH)).results
+        for r in range(size):
+            for step in range(STEPS):
+                assert torch.equal(res[r][step][0], ref[r][step][0]) and torch.equal(res[r][step][1], ref[r][step][1])
+
+
+def test_skcompress_options_reach_the_codec():
+    grads = _grads(4, 20000, torch.float32, "random")
+    small = simulate(4, lambda comm: _history(comm, "skcompress", 0.05, grads, {"q": 16, "t": 0.1})).results
+    large = simulate(4, lambda comm: _history(comm, "skcompress", 0.05, grads, {"q": 1024, "t": 2.0, "s": 4})).results
+    assert sum(h[2] for h in small[0]) < sum(h[2] for h in large[0])
+    # finer buckets and a larger sketch: the result is closer to the exact sum of the selections
+    exact = simulate(4, lambda comm: _history(comm, "topka", 0.05, grads, {})).results
+    err = [float((run[0][0][0] - exact[0][0][0]).norm()) for run in (small, large)]
+    assert err[1] < err[0]
+
+
+# -- the codec's own validation of received messages ---------------------------------------
+
+def _message(codec_options, n=1000, count=40, sender=2, dtype=torch.float32):
+    g = torch.Generator().manual_seed(count)
+    idx = torch.sort(torch.randperm(n, generator=g)[:count]).values
+    val = torch.randn(count, generator=g, dtype=dtype)
+    codec = CooCodec({**sc.formats.CODEC_OPTION_DEFAULTS, **codec_options})
+    message, sent = codec.encode(idx, val, n, sender)
+    return codec, idx, val, message, sent
+
+
+@pytest.mark.parametrize("options", [{}, INDEX, VALUE, BOTH])
+def test_codec_round_trip_and_sent_values(options):
+    codec, idx, val, message, sent = _message(options)
+    d_idx, d_val = codec.decode(message, n=1000, value_dtype=torch.float32, receiver=0, sender=2, count=40)
+    assert torch.equal(d_idx.long(), idx)
+    assert torch.equal(d_val, sent)  # what the sender keeps is exactly what receivers decode
+    if codec.lossless:
+        assert torch.equal(sent, val)
+    else:
+        assert torch.all((sent >= 0) == (val >= 0) | (sent == 0))
+
+
+@pytest.mark.parametrize("mine,theirs", [(INDEX, {}), ({}, INDEX), (VALUE, BOTH), (BOTH, INDEX)])
+def test_codec_rejects_other_codecs_and_bad_headers(mine, theirs):
+    _, _, _, message, _ = _message(theirs)
+    codec = CooCodec({**sc.formats.CODEC_OPTION_DEFAULTS, **mine})
+    with pytest.raises(WireFormatError, match="rank 0 received from rank 2"):
+        codec.decode(message, n=1000, value_dtype=torch.float32, receiver=0, sender=2, count=40)
+
+
+@pytest.mark.parametrize("options", [INDEX, VALUE, BOTH])
+def test_codec_malformed_messages(options):
+    codec, _, _, message, _ = _message(options)
+    kw = dict(n=1000, value_dtype=torch.float32, receiver=0, sender=2)
+    with pytest.raises(WireFormatError, match="sender differs"):
+        codec.decode(message, **{**kw, "sender": 3})
+    with pytest.raises(WireFormatError, match="count"):
+        codec.decode(message, **kw, count=41)
+    with pytest.raises(WireFormatError, match="rank 0 received from rank 2 a coded COO message"):
+        codec.decode(message[:-1].clone(), **kw)
+    bad = message.clone()
+    bad[33] = 7  # the value codec byte of the body
+    with pytest.raises(WireFormatError, match="codec"):
+        codec.decode(bad, **kw)
+
+
+def test_benchmark_and_example_labels_name_codecs():
+    from sparsecomm.bench import _variant
+
+    assert _variant("topka") == ("topka", {})
+    assert _variant("spardl+delta_binary+skcompress") == ("spardl", BOTH)
+    with pytest.raises(ValueError, match="unknown codec 'zstd'"):
+        _variant("topka+zstd")

@@ -1,0 +1,447 @@
+"""SKCompress kernels against numpy / pure-Python references written here: quantiles (exact
+and the sketch's stated rank-error bound), sign-split quantile buckets, the COO codec's round
+trips (lossless keys; values never change sign, never decode to a bucket further from zero,
+stay in their group), the exact bit counts of the delta-binary keys and the choice of the
+smallest scheme, the corner cases (empty, N = 1, one symbol, all equal, deltas of 2^31 - 1,
+64-bit keys) and malformed bodies (one per field, plus random corruption)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from sparsecomm import ops
+from sparsecomm.errors import WireFormatError
+
+K = ops._skcompress.SKETCH_K
+
+
+def _rng(seed):
+    return np.random.default_rng(seed)
+
+
+# ---------------------------------------------------------------- quantiles
+
+@pytest.mark.parametrize("n,nq", [(1, 1), (1, 4), (7, 3), (1000, 128), (5000, 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_quantiles_exact_mode_is_the_sorted_rank(n, nq, dtype):
+    x = torch.from_numpy(_rng(n).standard_normal(n)).to(dtype)
+    got = ops.skcompress_quantiles(x, nq, exact_max=n).numpy()
+    xs = np.sort(x.double().numpy())
+    want = [xs[(j * n) // nq] for j in range(nq)] + [xs[-1]]
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("n,dist", [(50_000, "normal"), (200_000, "heavy"), (100_000, "ties"), (40_000, "sorted")])
+def test_quantile_sketch_rank_error_within_its_bound(n, dist):
+    r = _rng(n)
+    x = {"normal": r.standard_normal(n), "heavy": r.standard_cauchy(n),
+         "ties": r.integers(0, 50, n).astype(np.float64), "sorted": np.arange(n, dtype=np.float64)}[dist]
+    nq = 256
+    got = ops.skcompress_quantiles(torch.from_numpy(x), nq, exact_max=0).numpy()
+    xs = np.sort(x)
+    levels = math.floor(math.log2(n / K)) + 1
+    bound = n * levels / K
+    worst = 0.0
+    for j in range(nq):
+        target = (j * n) // nq
+        lo, hi = np.searchsorted(xs, got[j], "left"), np.searchsorted(xs, got[j], "right") - 1
+        assert lo <= hi, "a quantile must be one of the inserted values"
+        worst = max(worst, max(0, lo - target, target - hi))
+    assert worst <= bound, (worst, bound)
+    assert got[-1] == xs[-1]
+
+
+# ---------------------------------------------------------------- quantize
+
+def _ref_quantize(v: np.ndarray, q: int):
+    """Buckets per sign over magnitudes from exact quantiles (the header's definition)."""
+    B = q // 2
+    bucket = np.zeros(v.size, dtype=np.int64)
+    splits = np.zeros((2, B + 1))
+    used = [0, 0]
+    for sg in (0, 1):
+        sel = (v >= 0) if sg else (v < 0)
+        a = np.abs(v[sel])
+        if a.size == 0:
+            continue
+        nb = min(B, a.size)
+        s = np.sort(a)
+        sp = [s[0]] + [s[(j * a.size) // nb] for j in range(1, nb)] + [s[-1]]
+        splits[sg, :nb + 1] = sp
+        used[sg] = nb
+        bucket[sel] = [sum(1 for j in range(1, nb) if sp[j] <= x) for x in a]
+    return bucket, splits, used
+
+
+@pytest.mark.parametrize("n,q", [(0, 256), (1, 256), (5, 4), (300, 256), (2000, 16), (999, 2)])
+def test_quantize_matches_reference(n, q):
+    v = _rng(n + q).standard_normal(n) * np.exp(_rng(1).standard_normal(n))
+    v[::7] = 0.0
+    b, sp, used = ops.skcompress_quantize(torch.from_numpy(v), q, exact_max=1 << 20)
+    rb, rsp, rused = _ref_quantize(v, q)
+    assert used.tolist() == rused
+    assert np.array_equal(sp.numpy(), rsp)
+    assert np.array_equal(b.numpy(), rb)
+
+
+# ---------------------------------------------------------------- codec round trips
+
+def _message(n_entries, N, seed, dist="normal", dtype=torch.float32):
+    r = _rng(seed)
+    idx = np.sort(r.choice(N, size=n_entries, replace=False)) if n_entries else np.zeros(0, np.int64)
+    v = {"normal": lambda: r.standard_normal(n_entries),
+         "skewed": lambda: r.standard_normal(n_entries) ** 3 * 1e-3 - 1e-4,
+         "positive": lambda: np.abs(r.standard_normal(n_entries)),
+         "equal": lambda: np.full(n_entries, -0.25),
+         "tiny": lambda: r.standard_normal(n_entries) * 1e-38}[dist]()
+    return torch.from_numpy(idx.astype(np.int64)), torch.from_numpy(v).to(dtype)
+
+
+def _check_values(val, dec, q, r, exact_max=65536):
+    """Decoded values: the mean of a bucket of the same sign and group, never further from zero."""
+    v = val.double().numpy()
+    b, sp, used = (t.numpy() for t in ops.skcompress_quantize(val, q, exact_max))
+    B = q // 2
+    G = -(-B // r)
+    d = dec.double().numpy()
+    sign = (v >= 0).astype(int)
+    for sg in (0, 1):
+        sel = sign == sg
+        if not sel.any():
+            continue
+        nb = used[sg]
+        lo, hi = sp[sg, :nb], sp[sg, 1:nb + 1]
+        means = (torch.from_numpy(lo + (hi - lo) * 0.5).to(val.dtype)).double().numpy()
+        mag = np.abs(d[sel])
+        if sg == 0:
+            assert np.all(d[sel] <= 0), "a negative value decoded positive"
+        else:
+            assert np.all(d[sel] >= 0), "a non-negative value decoded negative"
+        # the decoded magnitude is some bucket's mean; find which (means ascend)
+        pos = np.searchsorted(means, mag, "left")
+        pos = np.minimum(pos, nb - 1)
+        assert np.all(means[pos] == mag), "decoded value is not a bucket mean"
+        # equal means of neighbouring buckets: take the largest index with that mean
+        pos_hi = np.searchsorted(means, mag, "right") - 1
+        true_b = b[sel]
+        assert np.all(pos <= true_b), "decoded bucket further from zero than the true one"
+        assert np.all(pos_hi // G >= true_b // G) and np.all(pos // G <= true_b // G), "left its group"
+        assert np.all(mag <= hi[true_b]), "decoded magnitude beyond the true bucket"
+
+
+CASES = [  # (entries, N, dist, dtype)
+    (0, 10, "normal", torch.float32), (1, 1, "normal", torch.float32), (1, 1000, "normal", torch.float64),
+    (3, 3, "equal", torch.float32), (500, 1000, "skewed", torch.float32), (2000, 2000, "positive", torch.float32),
+    (4000, 10 ** 6, "normal", torch.float64), (70_000, 10 ** 7, "skewed", torch.float32),
+    (3000, 2 ** 33, "normal", torch.float32), (800, 5000, "tiny", torch.float32),
+]
+
+
+@pytest.mark.parametrize("entries,N,dist,dtype", CASES)
+@pytest.mark.parametrize("index_codec", [0, 1])
+@pytest.mark.parametrize("value_codec", [0, 1])
+def test_round_trip(entries, N, dist, dtype, index_codec, value_codec):
+    idx, val = _message(entries, N, entries + N, dist, dtype)
+    q, r = 256, 8
+    body = ops.skcompress_encode(idx, val, N, index_codec=index_codec, value_codec=value_codec, q=q, r=r)
+    di, dv = ops.skcompress_decode(body, N, entries, dtype, expect_index=index_codec, expect_value=value_codec)
+    assert torch.equal(di, idx)
+    if value_codec == 0:
+        assert torch.equal(dv, val)
+    else:
+        _check_values(val, dv, q, r)
+
+
+@pytest.mark.parametrize("q,s,t,r", [(2, 1, 0.01, 1), (16, 4, 1.0, 2), (256, 2, 0.2, 8), (512, 1, 64.0, 255),
+                                     (4096, 16, 0.5, 255), (10, 3, 0.3, 5)])
+def test_sketch_parameters(q, s, t, r):
+    idx, val = _message(5000, 100_000, q + s, "skewed")
+    body = ops.skcompress_encode(idx, val, 100_000, q=q, s=s, t=t, r=r)
+    di, dv = ops.skcompress_decode(body, 100_000, 5000, torch.float32)
+    assert torch.equal(di, idx)
+    _check_values(val, dv, q, r)
+
+
+def test_underestimates_only_over_many_random_messages():
+    """Thousands of random messages of every shape: never a sign flip, never a larger bucket."""
+    r = _rng(7)
+    for trial in range(1500):
+        N = int(r.integers(1, 5000))
+        entries = int(r.integers(0, min(N, 400) + 1))
+        dist = ["normal", "skewed", "positive", "equal", "tiny"][trial % 5]
+        q = int(r.choice([2, 4, 16, 64, 256]))
+        groups = int(r.integers(1, q // 2 + 1))
+        idx, val = _message(entries, N, trial, dist)
+        body = ops.skcompress_encode(idx, val, N, q=q, s=int(r.integers(1, 5)), t=float(r.uniform(0.05, 2)),
+                                     r=min(groups, 255), index_codec=trial % 2)
+        di, dv = ops.skcompress_decode(body, N, entries, torch.float32)
+        assert torch.equal(di, idx)
+        _check_values(val, dv, q, min(groups, 255))
+
+
+def test_large_t_decodes_almost_every_bucket_exactly():
+    idx, val = _message(20_000, 10 ** 6, 3, "normal")
+    body = ops.skcompress_encode(idx, val, 10 ** 6, t=64.0, s=4)
+    _, dv = ops.skcompress_decode(body, 10 ** 6, 20_000, torch.float32)
+    b, sp, used = ops.skcompress_quantize(val, 256, 65536)
+    sg = (val >= 0).long().numpy()
+    lo, hi = sp.numpy()[sg, b.numpy()], sp.numpy()[sg, b.numpy() + 1]
+    want = torch.from_numpy(lo + (hi - lo) * 0.5).float() * torch.where(val >= 0, 1.0, -1.0)
+    assert (dv == want).float().mean() > 0.99
+
+
+# ---------------------------------------------------------------- keys: exact sizes and choice
+
+def _ref_delta_bits(keys, N, m, scheme):
+    W = 32 if N <= 2 ** 32 else 64
+    b = W // m
+    d = [keys[0]] + [keys[i] - keys[i - 1] - 1 for i in range(1, len(keys))] if len(keys) else []
+    c = [max(1, -(-max(1, x.bit_length()) // b)) for x in d]
+    data = sum(ci * b for ci in c)
+    if scheme == 0:
+        return data + len(d) * int(math.log2(m))
+    freq = [c.count(j + 1) for j in range(m)]
+    return data + _ref_huffman_cost(freq) + 8 * m
+
+
+def _ref_huffman_cost(freq):
+    """Total bits of an optimal prefix code (sum of merged weights), one symbol: 1 bit each."""
+    import heapq
+    f = [x for x in freq if x]
+    if len(f) <= 1:
+        return sum(f)
+    heapq.heapify(f)
+    cost = 0
+    while len(f) > 1:
+        a, b = heapq.heappop(f), heapq.heappop(f)
+        cost += a + b
+        heapq.heappush(f, a + b)
+    return cost
+
+
+KEY_SETS = {
+    "dense_run": (list(range(100, 400)), 1000),
+    "random": (sorted(_rng(3).choice(10 ** 6, 3000, replace=False).tolist()), 10 ** 6),
+    "clustered": (sorted(set((_rng(4).integers(0, 50, 2000) * 20000 + _rng(5).integers(0, 30, 2000)).tolist())), 10 ** 6),
+    "max_delta": ([0, 2 ** 31], 2 ** 31 + 1),           # a delta of 2^31 - 1
+    "last_index": ([2 ** 32 - 1], 2 ** 32),
+    "wide": ([5, 2 ** 40, 2 ** 62], 2 ** 63 - 1),
+    "single": ([0], 1),
+    "empty": ([], 7),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KEY_SETS))
+@pytest.mark.parametrize("m", [2, 4, 8, 16])
+@pytest.mark.parametrize("scheme", [0, 1])
+def test_delta_binary_exact_size_and_lossless(name, m, scheme):
+    keys, N = KEY_SETS[name]
+    idx = torch.tensor(keys, dtype=torch.int64)
+    val = torch.ones(len(keys))
+    body = ops.skcompress_encode(idx, val, N, index_codec=1, value_codec=0, m=m, prefix=1 + scheme)
+    bits = _ref_delta_bits(keys, N, m, scheme)
+    table = m if scheme else 0
+    huff_table_bits = 8 * m if scheme else 0
+    assert body.numel() == 8 + 2 + table + 8 + -(-(bits - huff_table_bits) // 8) + 4 * len(keys)
+    di, dv = ops.skcompress_decode(body, N, len(keys), torch.float32)
+    assert di.tolist() == keys and torch.equal(dv, val)
+
+
+@pytest.mark.parametrize("name", sorted(KEY_SETS))
+def test_auto_picks_the_smallest_scheme(name):
+    keys, N = KEY_SETS[name]
+    idx = torch.tensor(keys, dtype=torch.int64)
+    val = torch.ones(len(keys))
+    auto = ops.skcompress_encode(idx, val, N, index_codec=1, value_codec=0).numel()
+    best = min(_ref_delta_bits(keys, N, m, s) for m in (2, 4, 8, 16) for s in (0, 1))
+    sizes = [ops.skcompress_encode(idx, val, N, index_codec=1, value_codec=0, m=m, prefix=p).numel()
+             for m in (2, 4, 8, 16) for p in (1, 2)]
+    assert auto == min(sizes)
+    # the chosen scheme's bit count (table included) is the reference minimum
+    assert auto >= 8 + 2 + 8 + best // 8 + 4 * len(keys)
+
+
+def test_one_symbol_and_all_equal_values():
+    idx = torch.arange(0, 5000)
+    val = torch.full((5000,), 3.0)
+    body = ops.skcompress_encode(idx, val, 5000, index_codec=1, value_codec=1, prefix=2)
+    di, dv = ops.skcompress_decode(body, 5000, 5000, torch.float32)
+    assert torch.equal(di, idx) and torch.equal(dv, val)  # one bucket of width 0: exact
+
+
+# ---------------------------------------------------------------- bad arguments, non-finite
+
+@pytest.mark.parametrize("kw", [dict(q=3), dict(q=0), dict(q=8192), dict(s=0), dict(s=17), dict(t=0.0),
+                                dict(t=65.0), dict(t=float("nan")), dict(r=0), dict(r=129), dict(m=3),
+                                dict(prefix=3), dict(index_codec=2), dict(value_codec=5)])
+def test_bad_options_raise_value_error(kw):
+    with pytest.raises(ValueError):
+        ops.skcompress_encode(torch.arange(3), torch.ones(3), 10, **kw)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_values_are_rejected_by_the_lossy_codec(bad):
+    with pytest.raises(ValueError, match="NaN"):
+        ops.skcompress_encode(torch.arange(3), torch.tensor([1.0, bad, 2.0]), 10)
+
+
+@pytest.mark.parametrize("idx,N", [([3, 2], 10), ([1, 1], 10), ([-1], 10), ([10], 10)])
+def test_bad_indices_raise_value_error(idx, N):
+    with pytest.raises(ValueError):
+        ops.skcompress_encode(torch.tensor(idx), torch.ones(len(idx)), N)
+
+
+# ---------------------------------------------------------------- malformed bodies
+
+def _body(index_codec=1, value_codec=1, n_entries=200, N=10_000, seed=0, **kw):
+    idx, val = _message(n_entries, N, seed, "skewed")
+    return ops.skcompress_encode(idx, val, N, index_codec=index_codec, value_codec=value_codec, **kw), N, n_entries
+
+
+def _layout(body):
+    """Offsets of the sketch body's fields (value codec 1), parsed here from the documented layout."""
+    b = body.numpy()
+    B = int(b[8:12].view("<u4")[0]); G = int(b[12:14].view("<u2")[0]); r = int(b[15])
+    nb = b[16:24].view("<u4").astype(int)
+    means = 24
+    lists = means + 4 * int(nb.sum())
+    table = lists + 16 * r
+    cbits = table + G
+    return dict(B=B, G=G, r=r, nb=nb, means=means, lists=lists, table=table, cbits=cbits)
+
+
+def _get64(b, off):
+    return int.from_bytes(bytes(b[off:off + 8].tolist()), "little")
+
+
+def _set64(b, off, v):
+    b[off:off + 8] = torch.tensor(list(int(v).to_bytes(8, "little")), dtype=torch.uint8)
+
+
+def _mutations():
+    out = []
+
+    def add(name, field, fn, **kw):
+        out.append((name, field, fn, kw))
+
+    def setb(off, v):
+        def f(b, L):
+            b[off if off >= 0 else b.numel() + off] = v
+            return b
+        return f
+
+    add("index codec", "codec", setb(0, 7))
+    add("value codec", "codec", setb(1, 9))
+    add("unexpected codec", "codec", lambda b, L: (b.__setitem__(0, 0), b)[1])
+    add("reserved", "reserved", setb(5, 1))
+    add("truncated", None, lambda b, L: b[:-1].clone())
+    add("extra byte", None, lambda b, L: torch.cat([b, torch.zeros(1, dtype=torch.uint8)]))
+    add("header only", "size|count", lambda b, L: b[:5].clone())
+    add("rows zero", "params", setb(14, 0))
+    add("groups zero", "params", setb(15, 0))
+    add("group width", "params", lambda b, L: (b.__setitem__(12, b[12] + 1), b)[1])
+    add("buckets", "buckets", lambda b, L: (b[16:20].view(torch.int32).fill_(100000), b)[1])
+    add("mean nan", "means", lambda b, L: (b[L["means"]:L["means"] + 4].view(torch.float32).fill_(float("nan")), b)[1])
+    add("mean negative", "means", lambda b, L: (b[L["means"]:L["means"] + 4].view(torch.float32).fill_(-1.0), b)[1])
+    add("means decreasing", "means",
+        lambda b, L: (b[L["means"] + 4:L["means"] + 8].view(torch.float32).fill_(0.0),
+                      b[L["means"]:L["means"] + 4].view(torch.float32).fill_(1e30), b)[2])
+    add("list size", "lists", lambda b, L: (b[L["lists"]:L["lists"] + 4].view(torch.int32).add_(1), b)[1])
+    add("list columns", "lists", lambda b, L: (b[L["lists"] + 4:L["lists"] + 8].view(torch.int32).fill_(0), b)[1])
+    add("code table length", "code_table", lambda b, L: (b.__setitem__(L["table"], 16), b)[1])
+    add("code table kraft", "code_table",
+        lambda b, L: (b[L["table"]:L["table"] + L["G"]].fill_(0), b.__setitem__(L["table"], 2),
+                      b.__setitem__(L["table"] + 1, 2), b)[3])
+    add("cell bits", None, lambda b, L: (_set64(b, L["cbits"], _get64(b, L["cbits"]) + 1), b)[1])
+    return out
+
+
+@pytest.mark.parametrize("name,field,fn,kw", _mutations(), ids=[m[0] for m in _mutations()])
+def test_malformed_sketch_body(name, field, fn, kw):
+    body, N, count = _body()
+    bad = fn(body.clone(), _layout(body))
+    with pytest.raises(WireFormatError) as info:
+        ops.skcompress_decode(bad, N, count, torch.float32, expect_index=1, expect_value=1)
+    if field:
+        assert any(f in str(info.value) for f in field.split("|")), str(info.value)
+
+
+def test_malformed_keys_and_counts():
+    # raw keys: order and range
+    idx = torch.tensor([1, 5, 9])
+    body = ops.skcompress_encode(idx, torch.ones(3), 10, index_codec=0, value_codec=0)
+    for pos, v, field in [(12, 1, "index_order"), (8, 10, "index_range"), (16, 5, "index_order")]:
+        bad = body.clone()
+        bad[pos:pos + 4].view(torch.int32).fill_(v)
+        with pytest.raises(WireFormatError, match=field):
+            ops.skcompress_decode(bad, 10, 3, torch.float32)
+    # delta keys: m, scheme, prefix beyond m, a delta past N, padding, bit count
+    body = ops.skcompress_encode(idx, torch.ones(3), 10, index_codec=1, value_codec=0, m=4, prefix=1)
+    for mutate, field in [(lambda b: b.__setitem__(8, 3), "prefix"), (lambda b: b.__setitem__(9, 2), "prefix"),
+                          (lambda b: b.__setitem__(18, 0xFF), "index_range|prefix|code"),
+                          (lambda b: _set64(b, 10, _get64(b, 10) - 1), "padding|code"),
+                          (lambda b: _set64(b, 10, _get64(b, 10) + 9), "size|padding"),
+                          (lambda b: _set64(b, 10, 10 ** 6), "size")]:
+        bad = body.clone()
+        mutate(bad)
+        with pytest.raises(WireFormatError, match=field):
+            ops.skcompress_decode(bad, 10, 3, torch.float32)
+    with pytest.raises(WireFormatError, match="index_range"):
+        ops.skcompress_decode(body, 6, 3, torch.float32)  # keys beyond a smaller N
+    with pytest.raises(WireFormatError, match="count"):
+        ops.skcompress_decode(body, 10, 10 ** 9, torch.float32)  # count the body cannot hold
+    with pytest.raises(WireFormatError):
+        ops.skcompress_decode(body, 10, 4, torch.float32)
+    # padding bits set
+    bad = body.clone()
+    nbits = _get64(bad, 10)
+    if nbits % 8:
+        bad[18 + nbits // 8] |= 1
+        with pytest.raises(WireFormatError, match="padding"):
+            ops.skcompress_decode(bad, 10, 3, torch.float32)
+
+
+def test_cross_list_duplicate_key_and_cell_out_of_range():
+    # two groups' lists holding the same key: rewrite one raw key of the second non-empty list
+    idx, val = _message(50, 1000, 1, "normal")
+    body = ops.skcompress_encode(idx, val, 1000, index_codec=0, value_codec=1, r=2, q=4)
+    L = _layout(body)
+    ln = body[L["lists"]:L["lists"] + 16 * L["r"]].view(torch.int32).view(-1, 2)[:, 0].tolist()
+    keys_start = body.numel() - 4 * sum(ln)
+    nonempty = [i for i, c in enumerate(ln) if c]
+    first = keys_start + 4 * sum(ln[:nonempty[1]])
+    bad = body.clone()
+    bad[first:first + 4] = body[keys_start:keys_start + 4]
+    with pytest.raises(WireFormatError, match="index_order"):
+        ops.skcompress_decode(bad, 1000, 50, torch.float32)
+    # a cell value past the buckets in use: one bucket per sign, two groups of width 1
+    idx = torch.tensor([1, 2])
+    body = ops.skcompress_encode(idx, torch.tensor([1.0, 2.0]), 10, index_codec=0, value_codec=1, q=4, r=2)
+    L = _layout(body)
+    assert L["G"] == 1 and list(L["nb"]) == [0, 2]
+    # move list (pos, group 1)'s key to (pos, group 0) would be valid; instead claim a negative list
+    bad = body.clone()
+    lists = bad[L["lists"]:L["lists"] + 32].view(torch.int32).view(4, 2)
+    lists[0] = lists[2].clone()
+    lists[2] = 0
+    with pytest.raises(WireFormatError, match="lists"):
+        ops.skcompress_decode(bad, 10, 2, torch.float32)
+
+
+@pytest.mark.parametrize("index_codec,value_codec", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_random_corruption_never_crashes(index_codec, value_codec):
+    """Flipped bytes: a WireFormatError, or a vector that is still a valid COO vector."""
+    body, N, count = _body(index_codec, value_codec, n_entries=300, N=5000, seed=index_codec)
+    r = _rng(11 + value_codec)
+    for _ in range(400):
+        bad = body.clone()
+        for _ in range(int(r.integers(1, 4))):
+            bad[int(r.integers(0, bad.numel()))] ^= int(r.integers(1, 256))
+        try:
+            di, dv = ops.skcompress_decode(bad, N, count, torch.float32)
+        except WireFormatError:
+            continue
+        assert di.numel() == count and (di.numel() == 0 or (bool((di[1:] > di[:-1]).all()) and int(di[-1]) < N))
