@@ -53,7 +53,7 @@ import torch
 import torch.distributed as dist
 
 from . import algorithms
-from ._bucket_worker import BucketWorker
+from ._bucket_worker import BucketWorker, fail_future
 from .comm.base import Comm
 from .formats.header import FORMAT_VERSION
 from .reducer import NONFINITE_POLICIES, SparseAllreduce, check_state_version
@@ -67,6 +67,48 @@ def _group_size(process_group: Any) -> int | None:
         return None
     size = dist.get_world_size(process_group)
     return size if size > 0 else None  # -1: this rank is not in the group
+
+
+#: one parameter's place in a bucket: (parameter ordinal, offset, numel, shape)
+_Entry = tuple[int, int, int, torch.Size]
+
+
+class _PlanBucket:
+    """One bucket of the hook's reduction layout: what its reducer reduces, in what order."""
+
+    __slots__ = ("entries", "numel", "dtype")
+
+    def __init__(self, entries: list[_Entry], numel: int, dtype: torch.dtype):
+        self.entries = entries
+        self.numel = numel
+        self.dtype = dtype
+
+    def matches(self, entries: list[_Entry], buffer: torch.Tensor) -> bool:
+        return self.entries == entries and self.numel == buffer.numel() and self.dtype == buffer.dtype
+
+    def to_state(self) -> dict[str, Any]:
+        return {"entries": [(o, off, n, tuple(shape)) for o, off, n, shape in self.entries], "numel": self.numel,
+                "dtype": self.dtype}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "_PlanBucket":
+        return cls([(int(o), int(off), int(n), torch.Size(shape)) for o, off, n, shape in state["entries"]],
+                   int(state["numel"]), state["dtype"])
+
+
+class _Iteration:
+    """Book-keeping of one backward pass whose DDP buckets differ from the plan."""
+
+    __slots__ = ("step", "next", "missing", "scatter", "waiting")
+
+    def __init__(self, step: int):
+        self.step = step    # the hook's step when the iteration began (warm-up or not)
+        self.next = 0       # the next plan bucket to start (they start in plan order on every rank)
+        self.missing: dict[int, int] = {}   # plan bucket -> parameters not gathered yet
+        # plan bucket -> where its result goes: (DDP buffer, offset there, offset in the plan bucket, numel, DDP index)
+        self.scatter: dict[int, list[tuple[torch.Tensor, int, int, int, int]]] = {}
+        # DDP bucket index -> [its Future, its buffer, plan buckets still running for it]
+        self.waiting: dict[int, list[Any]] = {}
 
 
 class DDPHookState:
@@ -114,11 +156,19 @@ class DDPHookState:
         self.step = 0
         self._comm = comm
         self._warmup = None  # (comm, CallScope) of the warm-up's dense allreduce
+        # The plan: the bucket layout every reduction uses, DDP's first one (see the module
+        # docstring, "Bucket rebuilds and exact resume"); one reducer per plan bucket.
+        self._plan: list[_PlanBucket] = []
+        self._plan_complete = False
+        self._where: dict[int, tuple[int, int, int, torch.Size]] = {}  # ordinal -> (plan bucket, offset, numel, shape)
+        self._plan_buffers: dict[int, torch.Tensor] = {}  # plan bucket -> its gather buffer (off-plan DDP buckets)
         self._reducers: dict[int, SparseAllreduce] = {}
-        # bucket index -> [(param ordinal, offset, numel, shape)] of the bucket's buffer
-        self._layouts: dict[int, list[tuple[int, int, int, torch.Size]]] = {}
+        self._iteration: _Iteration | None = None
+        #: DDP's buckets as last seen: bucket index -> [(param ordinal, offset, numel, shape)]
+        self._layouts: dict[int, list[_Entry]] = {}
         self._ordinals: dict[int, int] = {}          # id(parameter) -> ordinal
-        self._loose_residuals: dict[int, torch.Tensor] = {}  # ordinal -> residual piece waiting for a bucket
+        self._loose_residuals: dict[int, torch.Tensor] = {}  # ordinal -> loaded residual waiting for its reducer
+        self._loose_algorithm_states: dict[int, dict[str, Any]] = {}  # plan bucket -> loaded algorithm state
         self.last_stats: dict[int, dict[str, Any]] = {}
 
     # -- plumbing -------------------------------------------------------------------------
@@ -147,7 +197,7 @@ class DDPHookState:
                 return job()
         return run
 
-    def _layout_of(self, bucket: dist.GradBucket) -> list[tuple[int, int, int, torch.Size]]:
+    def _layout_of(self, bucket: dist.GradBucket) -> list[_Entry]:
         buffer = bucket.buffer()
         base, item = buffer.data_ptr(), buffer.element_size()
         layout = []
@@ -156,66 +206,191 @@ class DDPHookState:
             layout.append((ordinal, (grad.data_ptr() - base) // item, grad.numel(), param.shape))
         return layout
 
+    def _set_plan(self, plan: list[_PlanBucket]) -> None:
+        self._plan = plan
+        self._where = {}
+        for j, planned in enumerate(plan):
+            for ordinal, offset, numel, shape in planned.entries:
+                self._where[ordinal] = (j, offset, numel, shape)
+        self._plan_complete = True
+
     def _residual_pieces(self) -> dict[int, torch.Tensor]:
         """Every reducer's residual cut into per-parameter copies, keyed by ordinal."""
         pieces = {}
-        for index, reducer in self._reducers.items():
+        for j, reducer in self._reducers.items():
             if reducer.residual is None:
                 continue
             flat = reducer.residual.detach().reshape(-1)
-            for ordinal, offset, numel, _ in self._layouts[index]:
+            for ordinal, offset, numel, _ in self._plan[j].entries:
                 pieces[ordinal] = flat[offset:offset + numel].clone()
         return pieces
-
-    def _release_all(self) -> None:
-        """Keep every reducer's residual as per-parameter pieces and drop the reducers."""
-        self._loose_residuals.update(self._residual_pieces())
-        self._reducers.clear()
-        self._layouts.clear()
 
     def _drain(self) -> None:
         """Wait until the background worker has run every queued bucket."""
         if self._worker is not None:
             self._worker.drain()
 
-    def _reducer_for(self, bucket: dist.GradBucket) -> SparseAllreduce:
-        index = bucket.index()
-        layout = self._layout_of(bucket)
-        if index in self._reducers and self._layouts[index] == layout:
-            return self._reducers[index]
-        if index in self._reducers:  # DDP rebuilt its buckets: keep residuals per parameter
-            self._drain()  # no reducer may be running while its residual is cut up
-            self._release_all()
+    def _reducer(self, j: int) -> SparseAllreduce:
+        """Plan bucket ``j``'s reducer, built at its first use from what a loaded state holds."""
+        reducer = self._reducers.get(j)
+        if reducer is not None:
+            return reducer
+        planned = self._plan[j]
         reducer = SparseAllreduce(self.algorithm, self.density, comm=self.comm, nonfinite=self.nonfinite,
                                   **self.options)
-        if self._loose_residuals:
-            buffer = bucket.buffer()
-            work_dtype = torch.float32 if buffer.dtype in (torch.float16, torch.bfloat16) else buffer.dtype
-            residual = torch.zeros(buffer.numel(), dtype=work_dtype, device=buffer.device)
+        algorithm_state = self._loose_algorithm_states.pop(j, {})
+        pieces = [(entry, self._loose_residuals.pop(entry[0], None)) for entry in planned.entries]
+        if algorithm_state or any(piece is not None for _, piece in pieces):
+            work_dtype = torch.float32 if planned.dtype in (torch.float16, torch.bfloat16) else planned.dtype
+            residual = torch.zeros(planned.numel, dtype=work_dtype)
             missing = []
-            for ordinal, offset, numel, shape in layout:
-                piece = self._loose_residuals.pop(ordinal, None)
+            for (ordinal, offset, numel, _), piece in pieces:
                 if piece is not None and piece.numel() == numel and piece.dtype == work_dtype:
-                    residual[offset:offset + numel].copy_(piece.to(buffer.device))
+                    residual[offset:offset + numel].copy_(piece.reshape(-1))
                 elif piece is not None:
                     missing.append(ordinal)
             if missing:
-                warnings.warn(f"sparsecomm: bucket {index}: residuals of parameters {missing} no longer fit "
-                              "(shape or dtype changed); they restart from zero", RuntimeWarning, stacklevel=3)
+                warnings.warn(f"sparsecomm: bucket {j}: residuals of parameters {missing} no longer fit "
+                              "(shape or dtype changed); they restart from zero", RuntimeWarning, stacklevel=4)
             reducer.load_state_dict({"format_version": FORMAT_VERSION, "algorithm": self.algorithm,
-                                     "density": self.density, "residual": residual, "algorithm_state": {}})
-        self._reducers[index] = reducer
-        self._layouts[index] = layout
+                                     "density": self.density, "residual": residual,
+                                     "algorithm_state": algorithm_state})
+        self._reducers[j] = reducer
         return reducer
+
+    # -- one bucket -----------------------------------------------------------------------
+    def _on_bucket(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        """Route DDP bucket ``bucket`` through the plan; the Future completes with its average."""
+        index, buffer = bucket.index(), bucket.buffer()
+        entries = self._layout_of(bucket)
+        self._layouts[index] = entries
+        self.comm  # noqa: B018 - built here, on DDP's thread, at the same point on every rank
+        if index == 0 or self._iteration is None:
+            self._iteration = _Iteration(self.step)
+        it = self._iteration
+        if not self._plan_complete:  # the first backward this state sees: DDP's buckets are the plan
+            if index != len(self._plan):
+                raise RuntimeError(f"sparsecomm: DDP bucket {index} arrived while recording bucket "
+                                   f"{len(self._plan)} of the first iteration (buckets run in index order)")
+            self._plan.append(_PlanBucket(entries, buffer.numel(), buffer.dtype))
+            if bucket.is_last():
+                self._set_plan(self._plan)
+        future: torch.futures.Future = torch.futures.Future()
+        if it.next == index and index < len(self._plan) and index not in it.missing \
+                and self._plan[index].matches(entries, buffer):
+            it.next += 1
+            self._start(index, buffer, it, future, ())  # the plan's own bucket: reduced in place
+        else:
+            self._gather(index, buffer, entries, it, future)
+        if bucket.is_last():
+            self.step += 1
+            self._iteration = None
+            if it.next != len(self._plan):
+                short = {j: it.missing.get(j, len(self._plan[j].entries)) for j in range(it.next, len(self._plan))}
+                raise ValueError(f"sparsecomm: this iteration's DDP buckets lack parameters of the hook's recorded "
+                                 f"layout (recorded bucket: parameters missing = {short}): the model changed; "
+                                 "build a new DDPHookState (and drop its state_dict) for it")
+        return future
+
+    def _gather(self, index: int, buffer: torch.Tensor, entries: list[_Entry], it: _Iteration,
+                future: torch.futures.Future) -> None:
+        """Copy a DDP bucket that is not the plan's into the plan buckets' buffers; start every
+        plan bucket that is then complete, in plan order."""
+        touched = set()
+        for ordinal, offset, numel, shape in entries:
+            where = self._where.get(ordinal)
+            if where is None or where[2] != numel or where[3] != shape:
+                raise ValueError(f"sparsecomm: DDP bucket {index} holds parameter {ordinal} (shape {tuple(shape)}), "
+                                 "which the hook's recorded layout does not have with that shape: the model "
+                                 "changed; build a new DDPHookState (and drop its state_dict) for it")
+            j, plan_offset, _, _ = where
+            if self._plan[j].dtype != buffer.dtype:
+                raise ValueError(f"sparsecomm: parameter {ordinal} is {buffer.dtype} in DDP bucket {index} but "
+                                 f"{self._plan[j].dtype} in the hook's recorded layout: the model changed")
+            if j < it.next or it.missing.get(j) == 0:
+                raise ValueError(f"sparsecomm: parameter {ordinal} reached the hook twice in one iteration")
+            target = self._plan_buffers.get(j)
+            if target is None:
+                target = self._plan_buffers[j] = torch.zeros(self._plan[j].numel, dtype=buffer.dtype,
+                                                             device=buffer.device)
+            target[plan_offset:plan_offset + numel].copy_(buffer[offset:offset + numel])
+            it.missing[j] = it.missing.get(j, len(self._plan[j].entries)) - 1
+            it.scatter.setdefault(j, []).append((buffer, offset, plan_offset, numel, index))
+            touched.add(j)
+        it.waiting[index] = [future, buffer, len(touched)]
+        if not touched:
+            future.set_result(buffer)
+        while it.next < len(self._plan) and it.missing.get(it.next) == 0:
+            j = it.next
+            it.next += 1
+            scatter = it.scatter.pop(j)
+            done: torch.futures.Future = torch.futures.Future()
+            owners = sorted({entry[4] for entry in scatter})
+            done.add_done_callback(lambda f, owners=owners, it=it: self._settle(f, owners, it))
+            self._start(j, self._plan_buffers[j], it, done, scatter)
+
+    @staticmethod
+    def _settle(done: torch.futures.Future, owners: list[int], it: _Iteration) -> None:
+        """A plan bucket finished: complete the DDP buckets it was the last one for, or fail
+        them all with its exception (its own type, see ``fail_future``)."""
+        try:
+            done.wait()
+        except BaseException as exc:  # noqa: BLE001 - handed on to DDP's Futures
+            for owner in owners:
+                future = it.waiting[owner][0]
+                if not future.done():
+                    fail_future(future, exc)
+            return
+        for owner in owners:
+            record = it.waiting[owner]
+            record[2] -= 1
+            if record[2] == 0 and not record[0].done():
+                record[0].set_result(record[1])
+
+    def _start(self, j: int, target: torch.Tensor, it: _Iteration, future: torch.futures.Future,
+               scatter) -> None:
+        """Reduce plan bucket ``j`` held in ``target`` (averaged in place), then copy the result
+        to the DDP buckets in ``scatter``; on the worker, or now when not async."""
+        comm = self.comm
+        reducer = None if it.step < self.warmup_steps else self._reducer(j)
+
+        def job() -> torch.Tensor:
+            if reducer is None:  # DDP's own allreduce_hook: divide first, then sum
+                target.div_(comm.size)
+                comm.allreduce_dense(target)
+            elif target.dtype in (torch.float16, torch.bfloat16):
+                # the float32 sum, divided before the one rounding to the bucket's dtype
+                total = reducer(target, out=torch.empty(target.shape, dtype=torch.float32, device=target.device))
+                target.copy_(total.div_(comm.size))
+            else:
+                reducer(target, out=target)  # the reducer reads the gradient before writing the sum
+                target.div_(comm.size)
+            if reducer is not None:
+                self.last_stats[j] = reducer.last_stats
+            for buffer, offset, plan_offset, numel, _ in scatter:
+                buffer[offset:offset + numel].copy_(target[plan_offset:plan_offset + numel])
+            return target
+
+        run = job if reducer is not None else self._scoped(job, comm)  # reducers scope their own calls
+        if self.async_comm:
+            self._submit(run, future)
+        else:
+            future.set_result(run())
 
     # -- checkpointing ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        """Everything that decides the next reductions: the step, the plan (bucket layout),
+        every parameter's residual and every plan bucket's algorithm state."""
         self._drain()
         residuals = {**self._loose_residuals, **self._residual_pieces()}
+        algorithm_states = {**self._loose_algorithm_states,
+                            **{j: reducer.algorithm.state_dict() for j, reducer in self._reducers.items()}}
         return {"format_version": FORMAT_VERSION, "algorithm": self.algorithm, "density": self.density,
                 "options": dict(self.options), "nonfinite": self.nonfinite, "warmup_steps": self.warmup_steps,
                 "step": self.step,
-                "residuals": residuals}
+                "layout": [planned.to_state() for planned in self._plan] if self._plan_complete else None,
+                "residuals": residuals,
+                "algorithm_states": {j: s for j, s in algorithm_states.items() if s}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key in ("algorithm", "density", "options"):
@@ -227,8 +402,13 @@ class DDPHookState:
         self.step = int(state["step"])
         self.warmup_steps = int(state.get("warmup_steps", self.warmup_steps))
         self._reducers.clear()
-        self._layouts.clear()
+        self._plan_buffers.clear()
+        self._iteration = None
+        self._plan, self._where, self._plan_complete = [], {}, False
+        if state.get("layout"):
+            self._set_plan([_PlanBucket.from_state(planned) for planned in state["layout"]])
         self._loose_residuals = {int(k): v for k, v in state["residuals"].items()}
+        self._loose_algorithm_states = {int(j): dict(s) for j, s in state.get("algorithm_states", {}).items()}
 
     def __getstate__(self) -> dict[str, Any]:
         # process groups, communicators and the worker thread cannot be pickled;
@@ -259,36 +439,10 @@ def ddp_hook(state: DDPHookState, bucket: dist.GradBucket) -> torch.futures.Futu
     Register with ``model.register_comm_hook(state, sparsecomm.ddp_hook)``. With
     ``state.async_comm`` (default) the collective is queued on the state's background
     worker and the Future completes when it has run; otherwise it runs before returning.
+    Buckets are reduced in the layout of the first iteration the state saw (its *plan*):
+    see the module docstring, "Bucket rebuilds and exact resume".
     """
-    buffer = bucket.buffer()
-    comm = state.comm
-    index = bucket.index()
-    reducer = None if state.step < state.warmup_steps else state._reducer_for(bucket)
-    if bucket.is_last():
-        state.step += 1
-
-    def job() -> torch.Tensor:
-        if reducer is None:  # DDP's own allreduce_hook: divide first, then sum
-            buffer.div_(comm.size)
-            comm.allreduce_dense(buffer)
-            return buffer
-        if buffer.dtype in (torch.float16, torch.bfloat16):
-            # the float32 sum, divided before the one rounding to the bucket's dtype
-            total = reducer(buffer, out=torch.empty(buffer.shape, dtype=torch.float32, device=buffer.device))
-            buffer.copy_(total.div_(comm.size))
-        else:
-            reducer(buffer, out=buffer)  # the reducer reads the gradient before writing the sum
-            buffer.div_(comm.size)
-        state.last_stats[index] = reducer.last_stats
-        return buffer
-
-    run = job if reducer is not None else state._scoped(job, comm)  # reducers scope their own calls
-    future: torch.futures.Future = torch.futures.Future()
-    if state.async_comm:
-        state._submit(run, future)
-    else:
-        future.set_result(run())
-    return future
+    return state._on_bucket(bucket)
 
 
 # DDP checks the hook's annotations as objects (``from __future__ import annotations``
