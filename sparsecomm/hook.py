@@ -71,6 +71,8 @@ def _group_size(process_group: Any) -> int | None:
 
 #: one parameter's place in a bucket: (parameter ordinal, offset, numel, shape)
 _Entry = tuple[int, int, int, torch.Size]
+#: the first step reduced in DDP's rebuilt layout (see the module docstring)
+ADOPT_STEP = 2
 
 
 class _PlanBucket:
@@ -99,10 +101,12 @@ class _PlanBucket:
 class _Iteration:
     """Book-keeping of one backward pass whose DDP buckets differ from the plan."""
 
-    __slots__ = ("step", "next", "missing", "scatter", "waiting")
+    __slots__ = ("step", "defer", "deferred", "next", "missing", "scatter", "waiting")
 
-    def __init__(self, step: int):
+    def __init__(self, step: int, defer: bool = False):
         self.step = step    # the hook's step when the iteration began (warm-up or not)
+        self.defer = defer  # hold every bucket until the last: this iteration's layout becomes the plan
+        self.deferred: list[tuple[int, torch.Tensor, torch.futures.Future]] = []
         self.next = 0       # the next plan bucket to start (they start in plan order on every rank)
         self.missing: dict[int, int] = {}   # plan bucket -> parameters not gathered yet
         # plan bucket -> where its result goes: (DDP buffer, offset there, offset in the plan bucket, numel, DDP index)
@@ -156,10 +160,14 @@ class DDPHookState:
         self.step = 0
         self._comm = comm
         self._warmup = None  # (comm, CallScope) of the warm-up's dense allreduce
-        # The plan: the bucket layout every reduction uses, DDP's first one (see the module
-        # docstring, "Bucket rebuilds and exact resume"); one reducer per plan bucket.
+        # The plan: the bucket layout the reductions use (see the module docstring, "Bucket
+        # rebuilds and exact resume"); one reducer per plan bucket.
         self._plan: list[_PlanBucket] = []
         self._plan_complete = False
+        self._plan_final = False  # the plan is DDP's rebuilt layout: never replaced again
+        self._next_plan: list[_PlanBucket] | None = None  # DDP's rebuilt layout, the plan from ADOPT_STEP
+        self._observed: list[_PlanBucket] = []  # DDP's buckets so far in this iteration
+        self._seen = 0  # iterations since construction or load_state_dict (DDP's first: its initial layout)
         self._where: dict[int, tuple[int, int, int, torch.Size]] = {}  # ordinal -> (plan bucket, offset, numel, shape)
         self._plan_buffers: dict[int, torch.Tensor] = {}  # plan bucket -> its gather buffer (off-plan DDP buckets)
         self._reducers: dict[int, SparseAllreduce] = {}
@@ -170,6 +178,9 @@ class DDPHookState:
         self._loose_residuals: dict[int, torch.Tensor] = {}  # ordinal -> loaded residual waiting for its reducer
         self._loose_algorithm_states: dict[int, dict[str, Any]] = {}  # plan bucket -> loaded algorithm state
         self.last_stats: dict[int, dict[str, Any]] = {}
+        #: DDP buckets that were not a bucket of the plan and went through its gather buffers
+        #: (each costs one copy of its gradients in and one of the result out)
+        self.regrouped_buckets = 0
 
     # -- plumbing -------------------------------------------------------------------------
     @property
@@ -207,7 +218,7 @@ class DDPHookState:
         return layout
 
     def _set_plan(self, plan: list[_PlanBucket]) -> None:
-        self._plan = plan
+        self._plan = list(plan)
         self._where = {}
         for j, planned in enumerate(plan):
             for ordinal, offset, numel, shape in planned.entries:
@@ -229,6 +240,33 @@ class DDPHookState:
         """Wait until the background worker has run every queued bucket."""
         if self._worker is not None:
             self._worker.drain()
+
+    def _adopt(self, plan: list[_PlanBucket]) -> None:
+        """Make ``plan`` (DDP's rebuilt layout) the plan for good. A bucket equal to the old
+        plan's bucket of the same index keeps its reducer (residual and algorithm state); the
+        residuals of the others are cut into per-parameter pieces and reassembled in the new
+        buckets (no residual is lost), and of their algorithm state only what belongs to no
+        particular tensor carries over (``Algorithm.carried_state``: step counters); the rest
+        (spardl's B-SAG h, sparcml's observed fill-in) was about the old tensors."""
+        self._drain()  # no reducer may be running while its residual is cut up
+        old = self._plan
+        keep = {j for j, planned in enumerate(plan) if j < len(old) and self._same_layout([planned], [old[j]])}
+        old_states = {**self._loose_algorithm_states,
+                      **{j: reducer.algorithm.state_dict() for j, reducer in self._reducers.items()}}
+        carried = algorithms.get(self.algorithm).carried_state(old_states.get(0, {}))
+        for j, reducer in self._reducers.items():
+            if j not in keep and reducer.residual is not None:
+                flat = reducer.residual.detach().reshape(-1)
+                for ordinal, offset, numel, _ in old[j].entries:
+                    self._loose_residuals[ordinal] = flat[offset:offset + numel].clone()
+        self._reducers = {j: reducer for j, reducer in self._reducers.items() if j in keep}
+        self._plan_buffers = {j: buf for j, buf in self._plan_buffers.items() if j in keep}
+        states = {j: state for j, state in self._loose_algorithm_states.items() if j in keep}
+        if carried:
+            states.update({j: dict(carried) for j in range(len(plan)) if j not in keep})
+        self._loose_algorithm_states = states
+        self._set_plan(plan)
+        self._plan_final, self._next_plan = True, None
 
     def _reducer(self, j: int) -> SparseAllreduce:
         """Plan bucket ``j``'s reducer, built at its first use from what a loaded state holds."""
@@ -266,8 +304,17 @@ class DDPHookState:
         self._layouts[index] = entries
         self.comm  # noqa: B018 - built here, on DDP's thread, at the same point on every rank
         if index == 0 or self._iteration is None:
-            self._iteration = _Iteration(self.step)
+            if self._next_plan is not None and self.step >= ADOPT_STEP:
+                self._adopt(self._next_plan)
+            # DDP's layout is settled (this is not its first iteration) but unknown to the plan
+            # at a step that must already use it (a resume from a checkpoint after step 1):
+            # hold this iteration's buckets until its layout is known, then adopt it
+            defer = (self._plan_complete and not self._plan_final and self._next_plan is None
+                     and self._seen >= 1 and self.step >= ADOPT_STEP)
+            self._iteration = _Iteration(self.step, defer)
+            self._observed = []
         it = self._iteration
+        self._observed.append(_PlanBucket(entries, buffer.numel(), buffer.dtype))
         if not self._plan_complete:  # the first backward this state sees: DDP's buckets are the plan
             if index != len(self._plan):
                 raise RuntimeError(f"sparsecomm: DDP bucket {index} arrived while recording bucket "
@@ -276,13 +323,30 @@ class DDPHookState:
             if bucket.is_last():
                 self._set_plan(self._plan)
         future: torch.futures.Future = torch.futures.Future()
-        if it.next == index and index < len(self._plan) and index not in it.missing \
+        if it.defer:
+            it.deferred.append((index, buffer, future))
+        elif it.next == index and index < len(self._plan) and index not in it.missing \
                 and self._plan[index].matches(entries, buffer):
             it.next += 1
             self._start(index, buffer, it, future, ())  # the plan's own bucket: reduced in place
         else:
+            self.regrouped_buckets += 1
             self._gather(index, buffer, entries, it, future)
         if bucket.is_last():
+            if it.defer:
+                if not self._same_layout(self._observed, self._plan):
+                    self._adopt(self._observed)
+                self._plan_final = True
+                for j, held, held_future in it.deferred:  # now the plan's own buckets, in order
+                    it.next += 1
+                    self._start(j, held, it, held_future, ())
+            elif self._plan_complete and not self._plan_final and self._next_plan is None and self._seen >= 1:
+                # DDP's settled layout (it rebuilds after its first iteration, if at all)
+                if self._same_layout(self._observed, self._plan):
+                    self._plan_final = True
+                else:
+                    self._next_plan = self._observed  # the plan from ADOPT_STEP on
+            self._seen += 1
             self.step += 1
             self._iteration = None
             if it.next != len(self._plan):
@@ -291,6 +355,11 @@ class DDPHookState:
                                  f"layout (recorded bucket: parameters missing = {short}): the model changed; "
                                  "build a new DDPHookState (and drop its state_dict) for it")
         return future
+
+    @staticmethod
+    def _same_layout(a: list[_PlanBucket], b: list[_PlanBucket]) -> bool:
+        return len(a) == len(b) and all(x.entries == y.entries and x.numel == y.numel and x.dtype == y.dtype
+                                        for x, y in zip(a, b))
 
     def _gather(self, index: int, buffer: torch.Tensor, entries: list[_Entry], it: _Iteration,
                 future: torch.futures.Future) -> None:
@@ -389,6 +458,8 @@ class DDPHookState:
                 "options": dict(self.options), "nonfinite": self.nonfinite, "warmup_steps": self.warmup_steps,
                 "step": self.step,
                 "layout": [planned.to_state() for planned in self._plan] if self._plan_complete else None,
+                "layout_final": self._plan_final,
+                "next_layout": None if self._next_plan is None else [planned.to_state() for planned in self._next_plan],
                 "residuals": residuals,
                 "algorithm_states": {j: s for j, s in algorithm_states.items() if s}}
 
@@ -407,6 +478,10 @@ class DDPHookState:
         self._plan, self._where, self._plan_complete = [], {}, False
         if state.get("layout"):
             self._set_plan([_PlanBucket.from_state(planned) for planned in state["layout"]])
+        self._plan_final = bool(state.get("layout_final", False))
+        self._seen = 0
+        self._next_plan = None if not state.get("next_layout") else \
+            [_PlanBucket.from_state(planned) for planned in state["next_layout"]]
         self._loose_residuals = {int(k): v for k, v in state["residuals"].items()}
         self._loose_algorithm_states = {int(j): dict(s) for j, s in state.get("algorithm_states", {}).items()}
 

@@ -29,8 +29,9 @@ import torch
 from sparsecomm.testing import spawn
 
 STEPS = 5
-#: checkpoints after 1 step (before DDP's rebuild has ever been used) and after 3
-RESUME_AT = (1, 3)
+#: checkpoints after step 1 (the hook has seen only DDP's initial layout), 2 (it has seen the rebuilt
+#: one, to be adopted at step 2) and 3 (the rebuilt layout is the plan)
+RESUME_AT = (1, 2, 3)
 #: DDP configurations: (DDP keyword arguments, parameter dtype, micro-batches per step)
 CONFIGS = {
     "plain": ({}, torch.float32, 1),
@@ -141,12 +142,13 @@ def _resumed(rank, world_size, configs, warmup, checkpoints):
                 state.load_state_dict(saved["hook"])
                 for step in range(t, STEPS):
                     _step(model, optimizer, config, rank, step)
-                out[(config, label, t)] = _params(model)
+                out[(config, label, t)] = (_params(model), state.regrouped_buckets)
     return out
 
 
-def _run_matrix(world_size: int, configs: list[str], warmup: int = 0) -> dict:
-    """{(config, algorithm label, t): max |difference| of the parameters over every rank}."""
+def _run_matrix(world_size: int, configs: list[str], warmup: int = 0) -> tuple[dict, int]:
+    """{(config, algorithm label, t): max |difference| of the parameters over every rank}, and
+    how many DDP buckets the resumed runs regrouped into the plan (rank 0)."""
     first = spawn(_uninterrupted, world_size, configs, warmup, timeout=600)
     # every rank resumes from its own checkpoint
     checkpoints = [{key: value["checkpoints"] for key, value in ranks.items()} for ranks in first]
@@ -157,19 +159,21 @@ def _run_matrix(world_size: int, configs: list[str], warmup: int = 0) -> dict:
             worst = 0.0
             for rank in range(world_size):
                 ref, got = (torch.load(io.BytesIO(first[rank][key]["params"])),
-                            torch.load(io.BytesIO(second[rank][key + (t,)])))
+                            torch.load(io.BytesIO(second[rank][key + (t,)][0])))
                 for a, b in zip(ref, got):
                     if not torch.equal(a, b):
                         worst = max(worst, float((a.double() - b.double()).abs().max()) or float("nan"))
             diffs[key + (t,)] = worst
-    return diffs
+    regrouped = sum(second[0][key][1] for key in second[0])
+    return diffs, regrouped
 
 
 @pytest.mark.distributed
 @pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_resume_through_the_hook_is_bit_exact(world_size):
-    diffs = _run_matrix(world_size, list(CONFIGS))
+    diffs, regrouped = _run_matrix(world_size, list(CONFIGS))
+    assert regrouped > 0, "no resumed run met buckets other than its plan's: the test exercised nothing"
     inexact = {key: diff for key, diff in diffs.items() if diff != 0.0}
     assert not inexact, f"{len(inexact)} of {len(diffs)} resumes differ: {inexact}"
 
@@ -179,6 +183,7 @@ def test_resume_inside_and_after_warmup_is_bit_exact():
     """warmup_steps=2 with checkpoints after 1 (inside the warm-up) and 3 (after it): the
     warm-up's dense allreduce also runs on the plan's buckets (its sums are position dependent
     for P >= 3), P = 3, small buckets."""
-    diffs = _run_matrix(3, ["bucket_cap_mb=0.01"], warmup=2)
+    diffs, regrouped = _run_matrix(3, ["bucket_cap_mb=0.01"], warmup=2)
+    assert regrouped > 0, "no resumed run met buckets other than its plan's: the test exercised nothing"
     inexact = {key: diff for key, diff in diffs.items() if diff != 0.0}
     assert not inexact, f"{len(inexact)} of {len(diffs)} resumes differ: {inexact}"
