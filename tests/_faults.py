@@ -26,10 +26,10 @@ SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 
 
 def faulted_rank(comm, algorithm: str, victim: int, fault: str, delay_s: float,
-                 mark: Callable[[float], None], done: Callable[[], None], hang_s: float = 30.0) -> dict | None:
+                 mark: Callable[[float], None], done: Callable[[dict], None], hang_s: float = 30.0) -> dict:
     """Run the loop on this rank of ``comm``. ``mark(t)`` records the victim's signal time
-    (called by the victim just before it signals itself); ``done()`` tells rank 0 this
-    survivor has reported (rank 0's ``done`` waits for all and then kills a stopped victim)."""
+    (called by the victim just before it signals itself); ``done(outcome)`` reports a
+    survivor's outcome (rank 0's ``done`` then waits for all and kills a stopped victim)."""
     from sparsecomm import SparseAllreduce
     from sparsecomm.comm.base import CommError, CommTimeoutError
 
@@ -56,7 +56,7 @@ def faulted_rank(comm, algorithm: str, victim: int, fault: str, delay_s: float,
     outcome.update(at=time.time(), calls=calls)
     if comm.rank == victim:  # a stopped victim gets here only if the signal came after the loop
         return outcome
-    done()
+    done(outcome)
     return outcome
 
 

@@ -185,7 +185,7 @@ def _fault(rank, world_size, algorithm, fault, seed, comm_timeout):
     if rank == victim:
         store.set("victim_pid", str(os.getpid()))
 
-    def done():
+    def done(outcome):
         store.add("reported", 1)
         if rank == 0:  # the run must end: a stopped victim is killed once every survivor reported
             while int(store.add("reported", 0)) < world_size - 1:
