@@ -1,10 +1,10 @@
 """The DDP communication hook: ``model.register_comm_hook(state, sparsecomm.ddp_hook)``.
 
-Each DDP gradient bucket goes through its own :class:`~sparsecomm.SparseAllreduce` (one per
-bucket index); the hook writes the average (sum / world size) into the bucket's buffer. For
-float16/bfloat16 buckets the reducer hands back the float32 sum, which is divided by the world
-size in float32 and only then rounded to the bucket's dtype (so 2 ranks with an fp16 gradient
-of 40000 average to 40000, as with DDP's own allreduce, not to inf). Warm-up steps use DDP's
+Each DDP gradient bucket goes through a :class:`~sparsecomm.SparseAllreduce` (one per bucket of
+the plan, see "Bucket rebuilds" below); the hook writes the average (sum / world size) into the
+bucket's buffer. For float16/bfloat16 buckets the reducer hands back the float32 sum, which is
+divided by the world size in float32 and only then rounded to the bucket's dtype (so 2 ranks
+with an fp16 gradient of 40000 average to 40000, as with DDP's own allreduce, not to inf). Warm-up steps use DDP's
 own arithmetic: divide the bucket by the world size, then the backend's dense allreduce.
 
 Non-finite gradients (``nonfinite="propagate"``, the default): when any rank's bucket holds
@@ -14,16 +14,46 @@ NaN or Inf the bucket's result on every rank is the dense average of the raw gra
 ``nonfinite="raise"`` makes every rank raise the same ValueError instead (see
 :class:`~sparsecomm.SparseAllreduce`).
 
-Bucket rebuilds. DDP re-buckets the parameters after the first iteration (in the order
-their gradients became ready). The hook keys residuals by *parameter*, not by bucket: a
-parameter's ordinal is the order in which the hook first saw it (DDP's initial bucket
-assignment is deterministic, so ordinals agree across ranks and across restarts). When a
-bucket's layout changes, every reducer's residual is cut into per-parameter pieces and
-the new buckets are assembled from them, so no residual is lost; a parameter whose piece
-does not fit (shape or dtype changed) starts from zero with a warning.
+Bucket rebuilds and exact resume. DDP reduces its initial bucket layout in its first
+iteration and rebuilds its buckets after it (in the order gradients became ready); a fresh
+DDP -- after a restart -- does the same again. Bucket membership and order decide the result
+of every position-dependent algorithm (spardl's blocks, gssgd's hashes, even gloo's dense ring
+sums for P >= 3), so the hook does not follow DDP's buckets blindly: it reduces every step in
+its *plan*, a bucket layout recorded in the state (per bucket: parameter ordinals, offsets,
+size, dtype), with one reducer per plan bucket.
 
-Checkpointing: :meth:`DDPHookState.state_dict` stores the step and the per-parameter
-residuals; the state pickles without its process group (like PowerSGD's state), and the
+* The plan is DDP's initial layout (the first iteration the state sees) for steps 0 and 1,
+  and DDP's rebuilt layout from step 2 (``ADOPT_STEP``) on: it is recorded when first seen
+  (step 1) and adopted once, at the start of step 2. A checkpoint taken after any step
+  therefore knows the layout of the next step -- after step 1 the rebuild has not been seen,
+  and the next step uses the initial layout; after step 2 it has.
+* When DDP's buckets of an iteration are not the plan's (the step that sees the rebuild
+  first; the first iteration after a restart, which is DDP's initial layout again), the hook
+  copies each DDP bucket's gradients into the plan buckets' buffers, starts every plan bucket
+  as soon as it is complete, in plan order (the same on every rank), and copies the averaged
+  result back; DDP's Future of a bucket completes when the last plan bucket covering it has.
+  Otherwise each DDP bucket is its plan bucket, reduced in place at no extra cost.
+* After a restart from a checkpoint taken after step 1, the rebuilt layout is unknown to the
+  plan at step 2, where it must already be used: that one iteration's buckets are held until
+  its last bucket and then reduced in the (adopted) rebuilt layout.
+* Adopting the rebuilt layout keeps every residual: residuals are cut per parameter and
+  reassembled; a bucket equal to the old plan's bucket of the same index keeps its reducer;
+  of the other buckets' algorithm state only counters that belong to no tensor carry over
+  (``Algorithm.carried_state``: QSGD's and gssgd's step); per-tensor adaptive state (spardl's
+  B-SAG h, sparcml's observed fill-in) restarts, as it describes tensors that no longer exist.
+
+Parameter ordinals are the order in which the hook first saw the parameters (DDP's initial
+bucketing is deterministic, so they agree across ranks and across restarts). A parameter
+whose shape or dtype differs from the plan's raises a ValueError (the model changed: build a
+new state). ``regrouped_buckets`` counts the DDP buckets that went through the plan's buffers.
+
+Checkpointing: :meth:`DDPHookState.state_dict` stores the step, the plan (and a rebuilt
+layout waiting for step 2), every parameter's residual and every plan bucket's algorithm state
+(``algorithm_states``); restored with ``load_state_dict`` into a fresh state registered on a
+fresh DDP model, training continues bit-identically to the uninterrupted run
+(tests/test_resume.py: every algorithm; plain DDP, small buckets, ``gradient_as_bucket_view``,
+``static_graph``, ``no_sync``, ``find_unused_parameters``, fp16 and bf16 parameters, warm-up;
+P = 2 and 3). The state pickles without its process group (like PowerSGD's state), and the
 default group is used after unpickling unless ``process_group`` is set again.
 
 Non-blocking communication (SparCML section 5; ``async_comm=True``, the default): the hook
