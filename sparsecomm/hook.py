@@ -4,8 +4,9 @@ Each DDP gradient bucket goes through a :class:`~sparsecomm.SparseAllreduce` (on
 the plan, see "Bucket rebuilds" below); the hook writes the average (sum / world size) into the
 bucket's buffer. For float16/bfloat16 buckets the reducer hands back the float32 sum, which is
 divided by the world size in float32 and only then rounded to the bucket's dtype (so 2 ranks
-with an fp16 gradient of 40000 average to 40000, as with DDP's own allreduce, not to inf). Warm-up steps use DDP's
-own arithmetic: divide the bucket by the world size, then the backend's dense allreduce.
+with an fp16 gradient of 40000 average to 40000, as with DDP's own allreduce, not to inf).
+Warm-up steps use DDP's own arithmetic: divide the bucket by the world size, then the backend's
+dense allreduce.
 
 Non-finite gradients (``nonfinite="propagate"``, the default): when any rank's bucket holds
 NaN or Inf the bucket's result on every rank is the dense average of the raw gradients

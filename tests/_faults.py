@@ -22,6 +22,12 @@ import torch
 
 N = 4096
 DENSITY = 0.05
+#: fault runs per (algorithm, fault) in a test run (SPARSECOMM_FAULT_RUNS; docs/reliability.md's counts used 5)
+FAULT_RUNS = int(os.environ.get("SPARSECOMM_FAULT_RUNS", "1"))
+#: the Comm timeout of the fault runs: a stopped peer surfaces after it
+FAULT_TIMEOUT_S = 2.0
+#: what "together" means: every survivor has raised within the timeout + this many seconds
+LIMIT_S = 2.0
 SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 
 
@@ -67,3 +73,17 @@ def summarize(outcomes: list[dict], killed_at: float) -> dict:
             "raw": sum(not o.get("comm_error", False) for o in outcomes if not o.get("hang")),
             "timeouts": sum(bool(o.get("timeout_error")) for o in outcomes),
             "max_s": max(latencies, default=float("nan")), "types": sorted({o["type"] or "-" for o in outcomes})}
+
+
+def check_fault_runs(runs: list[tuple[list[dict], float]], fault: str, timeout_s: float) -> list[dict]:
+    """Every survivor of every run raised a CommError (never a hang or a raw backend error),
+    a CommTimeoutError for a stopped peer, within the Comm timeout + LIMIT_S of the signal."""
+    summaries = []
+    for outcomes, signalled_at in runs:
+        summary = summarize(outcomes, signalled_at)
+        assert summary["hangs"] == 0 and summary["raw"] == 0, (summary, outcomes)
+        if fault == "stop":
+            assert summary["timeouts"] == summary["survivors"], (summary, outcomes)
+        assert summary["max_s"] < timeout_s + LIMIT_S, (summary, outcomes)
+        summaries.append(summary)
+    return summaries

@@ -162,7 +162,7 @@ def test_killed_or_stopped_peer_is_a_comm_error_on_every_survivor(algorithm, fau
     import random
     import zlib
 
-    from test_fail_together import FAULT_RUNS, FAULT_TIMEOUT_S, check_fault_runs
+    from _faults import FAULT_RUNS, FAULT_TIMEOUT_S, check_fault_runs
 
     runs = []
     for run in range(FAULT_RUNS):

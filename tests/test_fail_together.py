@@ -23,7 +23,7 @@ from sparsecomm.comm.base import CommAbortedError, CommError, CommTimeoutError
 from sparsecomm.errors import WireFormatError
 from sparsecomm.testing import spawn
 
-from _faults import faulted_rank, summarize
+from _faults import FAULT_RUNS, FAULT_TIMEOUT_S, check_fault_runs, faulted_rank
 
 N = 4096
 DENSITY = 0.05
@@ -326,26 +326,6 @@ def test_find_unused_parameters_with_dense_in_the_async_hook():
     results = spawn(_unused_parameters, 2, configs, 4, timeout=180)
     for key in results[0]:
         assert results[0][key] == results[1][key], key  # the averaged gradients agree
-
-
-#: fault runs per (algorithm, fault) in a test run; docs/reliability.md's counts used more
-FAULT_RUNS = int(os.environ.get("SPARSECOMM_FAULT_RUNS", "1"))
-#: the Comm timeout of the fault runs: a stopped peer surfaces after it
-FAULT_TIMEOUT_S = 2.0
-
-
-def check_fault_runs(runs: list[tuple[list[dict], float]], fault: str, timeout_s: float) -> list[dict]:
-    """Every survivor of every run raised a CommError (never a hang or a raw backend error),
-    a CommTimeoutError for a stopped peer, within the Comm timeout + 2 s of the signal."""
-    summaries = []
-    for outcomes, signalled_at in runs:
-        summary = summarize(outcomes, signalled_at)
-        assert summary["hangs"] == 0 and summary["raw"] == 0, (summary, outcomes)
-        if fault == "stop":
-            assert summary["timeouts"] == summary["survivors"], (summary, outcomes)
-        assert summary["max_s"] < timeout_s + LIMIT_S, (summary, outcomes)
-        summaries.append(summary)
-    return summaries
 
 
 @pytest.mark.distributed
