@@ -42,7 +42,11 @@ CONFIGS = {
     "fp16": ({"bucket_cap_mb": 0.02}, torch.float16, 1),
     "bf16": ({"bucket_cap_mb": 0.02}, torch.bfloat16, 1),
     "find_unused_parameters": ({"bucket_cap_mb": 0.02, "find_unused_parameters": True}, torch.float32, 1),
+    # the hook's own option: collectives inside the hook, the regrouping without the worker
+    "async_comm=False": ({"bucket_cap_mb": 0.02}, torch.float32, 1),
 }
+#: DDPHookState options of a configuration (beyond the algorithm's)
+HOOK_OPTIONS = {"async_comm=False": {"async_comm": False}}
 
 
 def _algorithms(world_size: int, only: list[str] | None = None) -> dict[str, tuple[str, dict]]:
@@ -77,7 +81,8 @@ def _build(config: str, algorithm: str, options: dict, comm, world_size: int, wa
         net.unused.requires_grad_(False)
     model = DDP(net, **kwargs)
     density = 1.0 if algorithm == "dense" else 0.05
-    state = sparsecomm.DDPHookState(algorithm, density, comm=comm, warmup_steps=warmup, **options)
+    state = sparsecomm.DDPHookState(algorithm, density, comm=comm, warmup_steps=warmup,
+                                    **HOOK_OPTIONS.get(config, {}), **options)
     model.register_comm_hook(state, sparsecomm.ddp_hook)
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.05, momentum=0.9)
     return model, state, optimizer
