@@ -41,7 +41,8 @@ size, dtype), with one reducer per plan bucket.
   reassembled; a bucket equal to the old plan's bucket of the same index keeps its reducer;
   of the other buckets' algorithm state only counters that belong to no tensor carry over
   (``Algorithm.carried_state``: QSGD's and gssgd's step); per-tensor adaptive state (spardl's
-  B-SAG h, sparcml's observed fill-in) restarts, as it describes tensors that no longer exist.
+  B-SAG h, sparcml's observed fill-in, oktopk's thresholds and boundaries) restarts, as it
+  describes tensors that no longer exist.
 
 Parameter ordinals are the order in which the hook first saw the parameters (DDP's initial
 bucketing is deterministic, so they agree across ranks and across restarts). A parameter
@@ -514,7 +515,12 @@ class DDPHookState:
         self._next_plan = None if not state.get("next_layout") else \
             [_PlanBucket.from_state(planned) for planned in state["next_layout"]]
         self._loose_residuals = {int(k): v for k, v in state["residuals"].items()}
-        self._loose_algorithm_states = {int(j): dict(s) for j, s in state.get("algorithm_states", {}).items()}
+        raw = state.get("algorithm_states", {})
+        if isinstance(raw, list):  # written before plans existed: keyed by (ordinal, offset, numel) layouts
+            by_layout = {tuple(tuple(int(x) for x in entry) for entry in item["layout"]): item["state"] for item in raw}
+            raw = {j: by_layout[key] for j, planned in enumerate(self._plan)
+                   if (key := tuple((o, off, n) for o, off, n, _ in planned.entries)) in by_layout}
+        self._loose_algorithm_states = {int(j): dict(s) for j, s in raw.items()}
 
     def __getstate__(self) -> dict[str, Any]:
         # process groups, communicators and the worker thread cannot be pickled;

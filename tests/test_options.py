@@ -76,6 +76,14 @@ BAD = [
     ("gssgd", {"seed": None}, r"seed must be an int, got None"),
     ("gssgd", {"heavymix": "TOPK"}, r"heavymix must be 'topk' or 'random', got 'TOPK'"),
     ("gssgd", {"heavymix": None}, r"heavymix must be .*got None"),
+    # oktopk
+    ("oktopk", {"tau": 0}, r"tau must be an integer number of steps in \[1, 2\^31 - 1\], got 0"),
+    ("oktopk", {"tau": 1.5}, r"tau must be .* got 1\.5"),
+    ("oktopk", {"tau": NAN}, r"tau must be .* got nan"),
+    ("oktopk", {"tau": True}, r"tau must be .* got True"),
+    ("oktopk", {"tau_prime": -3}, r"tau_prime must be .* got -3"),
+    ("oktopk", {"tau_prime": INF}, r"tau_prime must be .* got inf"),
+    ("oktopk", {"tau_prime": 2**31}, r"tau_prime must be .* got 2147483648"),
 ]
 
 # values at the edges that are valid and must be accepted
@@ -89,6 +97,7 @@ GOOD = [
     ("gssgd", {"rows": 1, "columns": 1}), ("gssgd", {"rows": 64, "columns": 2**32 - 1}),
     ("gssgd", {"columns": None}), ("gssgd", {"seed": -1}), ("gssgd", {"seed": 2**64}),
     ("gssgd", {"heavymix": "random"}),
+    ("oktopk", {"tau": 1, "tau_prime": 1}), ("oktopk", {"tau": 2**31 - 1, "tau_prime": 2**31 - 1}),
 ]
 
 

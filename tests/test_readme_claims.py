@@ -14,7 +14,8 @@ the result is bit-identical on every rank                              test_resu
 error feedback loses nothing (P = 1..8 gloo, up to 64 simulated,       test_error_feedback_loses_nothing,
 N = 0, 1, 2, 1025, 2^20+3, zeros, ties, k >= N)                        test_algorithms.py, test_spardl.py,
                                                                        test_sparcml.py, test_gtopk.py,
-                                                                       test_gssgd.py (gloo P = 1..8 each)
+                                                                       test_gssgd.py (gloo P = 1..8 each),
+                                                                       test_oktopk.py (gloo P = 1..6)
 ranks that disagree (N, dtype, algorithm, options, density, version)   test_disagreeing_ranks_raise_the_same_value_error,
 raise the same ValueError naming the ranks and the field               test_reducer.py::test_rank_mismatch_raises_on_every_rank
 a peer that does not answer raises CommTimeoutError within the         test_silent_peer_raises_comm_timeout_simulated,
@@ -61,7 +62,7 @@ OWN_TOP_K = ["topka", "sparcml_recursive_double", "sparcml_split_allgather", "sp
 def test_the_algorithm_lists_cover_the_registry():
     """The tables below are written by hand; a new algorithm must be placed in them."""
     assert set(ALGORITHMS) == {"dense", "topka", "spardl", "sparcml", "sparcml_recursive_double",
-                               "sparcml_split_allgather", "topkdsa", "gtopk", "gssgd"}
+                               "sparcml_split_allgather", "topkdsa", "gtopk", "gssgd", "oktopk"}
 
 
 def _grad(n: int, rank: int, step: int, pattern: str = "random", dtype=torch.float64) -> torch.Tensor:

@@ -7,6 +7,7 @@ Importing this package imports every algorithm module so that each registers its
 from .base import Algorithm, get, names, register
 from . import dense, topka, gssgd, gtopk  # noqa: F401  (each module registers its algorithm)
 from . import spardl  # noqa: F401
+from . import oktopk  # noqa: F401  (Ok-Topk: docs/oktopk.md)
 from . import sparcml  # noqa: F401  (sparcml_*, topkdsa and the sparcml chooser: docs/sparcml.md)
 
 __all__ = ["Algorithm", "get", "names", "register"]

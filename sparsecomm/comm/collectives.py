@@ -20,7 +20,7 @@ from ..formats.header import HEADER_NBYTES, Kind, check_header, pack_header
 if TYPE_CHECKING:
     from .base import Comm
 
-__all__ = ["bruck_allgather", "bruck_allgather_var", "halving_tree", "halving_allreduce_"]
+__all__ = ["bruck_allgather", "bruck_allgather_var", "allgather_int64", "halving_tree", "halving_allreduce_"]
 
 
 def bruck_allgather(comm: Comm, block: torch.Tensor, block_nbytes: Sequence[int]) -> list[torch.Tensor]:
@@ -67,6 +67,33 @@ def bruck_allgather_var(comm: Comm, block: torch.Tensor) -> list[torch.Tensor]:
     if check is not None:
         sizes = [n if q == comm.rank else check(n, q) for q, n in enumerate(sizes)]
     return bruck_allgather(comm, block, sizes)
+
+
+def allgather_int64(comm: Comm, values: Sequence[int], n: int) -> torch.Tensor:
+    """All-gather of ``len(values)`` int64 per rank (the same length on every rank) as headed
+    messages, for an algorithm's small control steps (counts, boundaries, histograms).
+
+    Each block is ``[header: Kind.DENSE, value dtype int64, N = n, count][count x int64]``,
+    the documented layout, sent with :func:`bruck_allgather` (ceil(log2 P) rounds,
+    (P-1)(32 + 8 count) bytes per rank); every received header is checked (sender, N, count).
+    Returns a (P, count) int64 tensor in rank order, equal on every rank.
+    """
+    rank, size = comm.rank, comm.size
+    mine = torch.tensor(list(values), dtype=torch.int64)
+    count = mine.numel()
+    nbytes = HEADER_NBYTES + 8 * count
+    block = torch.empty(nbytes, dtype=torch.uint8)
+    block[:HEADER_NBYTES].copy_(torch.from_numpy(pack_header(Kind.DENSE, rank, n, count, torch.int64)))
+    block[HEADER_NBYTES:].view(torch.int64).copy_(mine)
+    blocks = bruck_allgather(comm, block.to(comm.device), [nbytes] * size)
+    table = torch.empty((size, count), dtype=torch.int64)
+    for source, got in enumerate(blocks):
+        got = got.cpu()
+        if source != rank:
+            check_header(got, receiver=rank, sender=source, kind=Kind.DENSE, n=n, value_dtype=torch.int64,
+                         count=count)
+        table[source].copy_(got[HEADER_NBYTES:].view(torch.int64))
+    return table
 
 
 def halving_tree(size: int) -> list[list[tuple[int, int]]]:

@@ -1,0 +1,470 @@
+"""``oktopk``: Ok-Topk (Li and Hoefler, "Near-Optimal Sparse Allreduce for Distributed Deep
+Learning", PPoPP'22: section 3.1, Algorithm 1 (the sparse allreduce) and section 4,
+Algorithm 2 (the SGD loop with residuals and threshold reuse)).
+
+One call on P ranks (``step`` counts the calls of this reducer):
+
+1. **Local selection with threshold reuse** (section 3.1.3). Every ``tau`` steps the rank
+   takes its exact local top-k (:func:`ops.topk`) and keeps the k-th largest magnitude as its
+   local threshold; in between it selects every entry with ``|acc| >= threshold``, so the
+   count c varies from step to step (one counting pass over ``acc``, in chunks, then the C
+   top-c, which is exactly that set: 3-4x faster than gathering the matches in torch).
+2. **Balanced space repartition** every ``tau_prime`` steps (section 3.1.1): the index space
+   [0, N) is cut into P contiguous regions, region j owned by rank j. Each rank proposes the
+   P-1 boundaries that split *its own* selected indices into P equal-count parts; the ranks
+   all-gather the proposals and every rank takes their integer mean (the ranks that selected
+   nothing abstain; with nobody left, equal-length regions), so the boundaries are identical
+   everywhere and the regions hold about the same number of selected entries summed over
+   the ranks.
+3. **Split and reduce** with destination rotation (section 3.1.1): at step i = 1..P-1 rank r
+   sends its entries of region (r+i) mod P to that region's owner and receives region r's
+   entries from rank (r-i) mod P, so at every step each rank sends to and receives from one
+   distinct peer (no endpoint contention). The owner sums what it holds in rank order
+   (:func:`ops.merge_add_many`).
+4. **Global selection with threshold reuse** (section 3.1.2): every ``tau`` steps the exact
+   global k-th largest magnitude of the reduced values (all regions together) is found by a
+   distributed radix select (4 passes of an 8-bit digit histogram, all-gathered) and exactly
+   min(k, candidates) entries are taken (ties to the lower index, as :func:`ops.topk`); in
+   between each owner keeps its reduced entries with magnitude >= the reused global
+   threshold. Magnitudes are compared in float32 here (float64 sums are rounded for the
+   comparison only).
+5. **Balance and allgatherv** (section 3.1.2): the owners' selected lists, concatenated in
+   rank order, are redistributed in one round into P blocks of equal size (sizes differ by at
+   most one), then the shared Bruck all-gather gives every rank all of them; ``out`` is the
+   scatter of that list, bit-identical on every rank.
+
+**Residuals (conservation).** A rank removes from ``acc`` what it selects in step 1. An index
+belongs to exactly one region and is reduced once, so its global sum is either in the result
+as a whole or not at all; for every index it selected that is not in the final list, a rank
+puts its own value back into ``acc`` (exactly: ``acc`` was zero there). Hence
+sum_r (g_r + e_r) = out + sum_r e'_r, every entry of the result being the sum of the values
+its contributors removed.
+
+**Volume bound and how threshold reuse is kept within it.** Counting entries (an index and a
+value) each rank sends: split <= c_r (its selected count; the entries of its own region stay),
+balance <= G - floor(G/P) and the Bruck all-gather of the balanced blocks (sizes differ by at
+most one) <= (P-1) ceil(G/P), where G is the number of globally selected entries. The paper's
+bound (eq. 3: 6k(P-1)/P words, an entry being two words, in the balanced case) is a bound of
+3k(P-1)/P entries; this module bounds B = floor(6k(P-1)/P) entries per rank per call in every
+case (also when a rank's selection lies entirely outside its own region) by two caps where a
+reused threshold overshoots:
+
+* global: if the reused global threshold would select more than k entries in all (the counts
+  are all-gathered before any entry moves), the exact global selection runs at this step, so
+  G <= k always;
+* local: if the reused local threshold selects more than
+  c_max = B - (k - floor(k/P)) - (P-1) ceil(k/P) entries, the exact local top-k runs at this step.
+
+So split + balance + all-gather <= B whenever c_max >= k (:func:`bound_guaranteed`: every
+k >= P(P+1)/(3P-4), e.g. k >= 3 at P = 2 or 4, k >= 12 at P = 33). For smaller k the exact
+top-k alone can exceed B: with fewer than P entries to all-gather, some rank must send an
+entry to P-1 peers. ``last_volume`` reports each phase of the last call (entries; headers and
+the control all-gathers are not entries). An early recomputation does not move the fixed
+schedule (steps that are multiples of ``tau``).
+
+**Choices where the paper is open.** Defaults ``tau = 32`` (both thresholds) and
+``tau_prime = 64``, the authors' settings in their released training code (LSTM trainer and
+DDP-hook version; their BERT trainer recomputes the thresholds every 128 steps); boundaries by
+the mean of per-rank quantiles (as the authors' code does); the exact global threshold by radix
+select instead of gathering every reduced value; split messages of zero entries are not sent
+(both sides know the counts from an all-gather of the P x P count table, one per call). Every
+call all-gathers the step and a checksum of the shared state (boundaries, global threshold):
+ranks that disagree (e.g. only some loaded a checkpoint) raise the same ValueError before
+anything changes.
+
+Cost per call, L = ceil(log2 P): L (count table) + at most P-1 (split) + L (reduced counts) +
+at most 1 (balance) + L (all-gather) rounds; + L on repartition steps; + 4L when the exact
+global threshold is computed.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import ops
+from ..comm.collectives import allgather_int64, bruck_allgather
+from ..errors import AgreedValueError, WireFormatError
+from ..formats import coo_nbytes, decode_coo, encode_coo, index_dtype_for
+from .base import Algorithm, register
+
+__all__ = ["OkTopk", "volume_bound", "local_cap", "bound_guaranteed"]
+
+#: elements scanned at a time by the threshold selection (bounds its temporaries)
+_SCAN_CHUNK = 1 << 20
+_STATE_KEYS = {"n", "k", "size", "step", "local_threshold", "global_threshold", "boundaries"}
+
+
+def volume_bound(k: int, size: int) -> int:
+    """B = floor(6k(P-1)/P): the entries one rank may send in one call (Ok-Topk's bound)."""
+    return 6 * k * (size - 1) // size
+
+
+def _allgather_worst(k: int, size: int) -> int:
+    """Most entries a rank sends in the balance step plus the all-gather when at most k entries
+    are selected globally: (k - floor(k/P)) + (P-1) ceil(k/P) (balanced blocks differ by one,
+    and the Bruck all-gather sends P-1 blocks)."""
+    return (k - k // size) + (size - 1) * (-(-k // size))
+
+
+def bound_guaranteed(k: int, size: int) -> bool:
+    """Whether B holds in every case: the exact local top-k (k entries) plus the worst balance
+    and all-gather fit in B. True for every k >= P(P+1)/(3P-4) (k >= 3 at P = 2, k >= 3 at
+    P = 4, k >= 12 at P = 33); below it a call can exceed B only because P-1 ranks must
+    receive entries that fewer ranks hold (the all-gather of k < P entries)."""
+    return size == 1 or k + _allgather_worst(k, size) <= volume_bound(k, size)
+
+
+def local_cap(k: int, size: int) -> int:
+    """The most entries a reused local threshold may select before the exact top-k runs
+    instead: B - worst balance and all-gather, at least k."""
+    return max(k, volume_bound(k, size) - _allgather_worst(k, size))
+
+
+def _bruck_entries(block: list[int], rank: int) -> int:
+    """Entries :func:`bruck_allgather` sends from ``rank`` for these block sizes: at distance
+    d it sends the min(d, P-d) blocks it holds first (its own, then those of rank+1, ...)."""
+    size, sent, distance = len(block), 0, 1
+    while distance < size:
+        sent += sum(block[(rank + j) % size] for j in range(min(distance, size - distance)))
+        distance *= 2
+    return sent
+
+
+def _check_period(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**31 - 1:
+        raise ValueError(f"oktopk: {name} must be an integer number of steps in [1, 2^31 - 1], got {value!r}")
+    return value
+
+
+def _count_at_least(acc: torch.Tensor, threshold: float) -> int:
+    """How many entries have |acc| >= threshold, counted in chunks (no N-sized temporary)."""
+    n, total = acc.numel(), 0
+    for lo in range(0, n, _SCAN_CHUNK):
+        total += int(torch.count_nonzero(acc[lo:lo + _SCAN_CHUNK].abs() >= threshold))
+    return total
+
+
+def _member(haystack: torch.Tensor, needles: torch.Tensor) -> torch.Tensor:
+    """needles[i] in haystack, both ascending int64 (numpy's binary search on CPU: 3x torch's)."""
+    if haystack.numel() == 0:
+        return torch.zeros(needles.numel(), dtype=torch.bool, device=needles.device)
+    if haystack.device.type == "cpu":
+        h, q = haystack.numpy(), needles.numpy()
+        pos = np.minimum(np.searchsorted(h, q), h.size - 1)
+        return torch.from_numpy(h[pos] == q)
+    pos = torch.searchsorted(haystack, needles).clamp_(max=haystack.numel() - 1)
+    return haystack[pos] == needles
+
+
+def _keys(values: torch.Tensor) -> torch.Tensor:
+    """Magnitudes as float32 bit patterns: non-negative int32 that order like the magnitudes."""
+    return values.abs().to(torch.float32).view(torch.int32)
+
+
+def _state_checksum(boundaries: list[int] | None, global_threshold: float | None) -> int:
+    text = f"{boundaries}|{global_threshold!r}".encode()
+    return zlib.crc32(text)
+
+
+@register
+class OkTopk(Algorithm):
+    """Ok-Topk's sparse allreduce; see the module docstring. Options: ``tau`` (threshold
+    recomputation period, steps) and ``tau_prime`` (space repartition period, steps)."""
+
+    name = "oktopk"
+    lossless = False
+    option_defaults = {"tau": 32, "tau_prime": 64}
+
+    def __init__(self, comm, **options: Any):
+        super().__init__(comm, **options)
+        self.tau = _check_period("tau", self.options["tau"])
+        self.tau_prime = _check_period("tau_prime", self.options["tau_prime"])
+        self.step = 0
+        self.local_threshold: float | None = None
+        self.global_threshold: float | None = None
+        self.boundaries: list[int] | None = None
+        self._key: tuple[int, int, int] | None = None  # (n, k, size) the state belongs to
+        #: entries this rank sent in the last call, per phase, with the bound B
+        self.last_volume: dict[str, int] = {}
+        #: what the last call did: exact or reused thresholds, repartition
+        self.last_events: dict[str, bool] = {}
+
+    # -- state ----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        if self._key is None:
+            return {}
+        n, k, size = self._key
+        return {"n": n, "k": k, "size": size, "step": self.step, "local_threshold": self.local_threshold,
+                "global_threshold": self.global_threshold,
+                "boundaries": None if self.boundaries is None else list(self.boundaries)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not state:
+            return
+        unknown = set(state) - _STATE_KEYS
+        missing = _STATE_KEYS - set(state)
+        if unknown or missing:
+            raise ValueError(f"oktopk: state has unknown keys {sorted(unknown)} / lacks {sorted(missing)}; "
+                             f"expected {sorted(_STATE_KEYS)}")
+        n, k, size, step = (state[key] for key in ("n", "k", "size", "step"))
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (n, k, size, step)) \
+                or size < 1:
+            raise ValueError(f"oktopk: state n, k, size, step must be integers >= 0 (size >= 1), got "
+                             f"{n!r}, {k!r}, {size!r}, {step!r}")
+        bounds = state["boundaries"]
+        if bounds is not None:
+            bounds = [int(b) for b in bounds]
+            if len(bounds) != size + 1 or bounds[0] != 0 or bounds[-1] != n \
+                    or any(a > b for a, b in zip(bounds, bounds[1:])):
+                raise ValueError(f"oktopk: state boundaries must be {size + 1} non-decreasing indices from 0 to "
+                                 f"N = {n}, got {bounds}")
+        thresholds = []
+        for key in ("local_threshold", "global_threshold"):
+            t = state[key]
+            if t is not None and not (isinstance(t, (int, float)) and math.isfinite(t) and t >= 0):
+                raise ValueError(f"oktopk: state {key} must be None or a finite number >= 0, got {t!r}")
+            thresholds.append(None if t is None else float(t))
+        self._key = (n, k, size)
+        self.step = step
+        self.local_threshold, self.global_threshold = thresholds
+        self.boundaries = bounds
+
+    def _adopt(self, n: int, k: int, size: int) -> None:
+        """Start afresh when the state belongs to another tensor length, k or P."""
+        if self._key != (n, k, size):
+            self._key = (n, k, size)
+            self.step = 0
+            self.local_threshold = self.global_threshold = None
+            self.boundaries = None
+
+    # -- the call -------------------------------------------------------------------------
+    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
+        comm = self.comm
+        size, rank, n = comm.size, comm.rank, acc.numel()
+        k = min(k, n)
+        self._adopt(n, k, size)
+        step = self.step
+        events = {"local_exact": False, "global_exact": False, "repartition": False}
+        itype = index_dtype_for(n)
+
+        # 1. local selection (acc is not changed before the ranks agreed on the step below)
+        with self.timed("select"):
+            selected = None
+            if self.local_threshold is not None and step % self.tau != 0:
+                # the count of |acc| >= t first; the exact top-c is then that very set (the
+                # c-th largest magnitude is >= t, the next one below it), by the C top-k
+                count = _count_at_least(acc, self.local_threshold)
+                if size == 1 or count <= local_cap(k, size):
+                    selected = ops.topk(acc, count)[1]
+            if selected is None:                         # schedule, or the reuse overshoots
+                values, selected = ops.topk(acc, k)
+                self.local_threshold = float(values.abs().min()) if values.numel() else 0.0
+                events["local_exact"] = True
+            sel_values = acc[selected]
+
+        # 2. repartition / 3. count table. The call's first all-gather carries (step, checksum of
+        # the shared state, payload, flag): the same length either way, so ranks at different
+        # steps meet in it and raise together (see _agree) before acc changes.
+        repartition = self.boundaries is None or step % self.tau_prime == 0
+        checksum = _state_checksum(self.boundaries, self.global_threshold)
+        if repartition:
+            c = selected.numel()
+            proposals = [int(selected[(i * c) // size]) for i in range(1, size)] if c else [0] * (size - 1)
+            table = self._agree(step, checksum, [c, *proposals, 1], n)
+            voters = [q for q in range(size) if int(table[q, 2]) > 0]
+            bounds = [0]
+            for i in range(1, size):
+                if voters:  # integer mean in rank order: the same on every rank
+                    bounds.append(sum(int(table[q, 2 + i]) for q in voters) // len(voters))
+                else:
+                    bounds.append(i * n // size)
+            self.boundaries = bounds + [n]
+            events["repartition"] = True
+        cuts = torch.searchsorted(selected, torch.tensor(self.boundaries, dtype=torch.int64,
+                                                         device=selected.device)).tolist()
+        counts = [cuts[j + 1] - cuts[j] for j in range(size)]
+        if repartition:
+            counts_table = allgather_int64(comm, counts, n) if size > 1 else torch.tensor([counts])
+        else:
+            counts_table = self._agree(step, checksum, [*counts, 0], n)[:, 2:2 + size]
+        # from here on every rank is at the same step with the same shared state
+        acc.index_fill_(0, selected, 0)
+
+        # 3. split and reduce, destination rotation
+        own_idx = selected.to(itype)
+        pieces_idx = [own_idx[cuts[j]:cuts[j + 1]] for j in range(size)]
+        pieces_val = [sel_values[cuts[j]:cuts[j + 1]] for j in range(size)]
+        received: dict[int, tuple[torch.Tensor, torch.Tensor]] = {rank: (pieces_idx[rank], pieces_val[rank])}
+        split_sent = 0
+        for i in range(1, size):
+            dest, source = (rank + i) % size, (rank - i) % size
+            sends, recvs = [], []
+            if counts[dest]:
+                sends.append((dest, encode_coo(pieces_idx[dest], pieces_val[dest], n, rank)))
+                split_sent += counts[dest]
+            expect = int(counts_table[source, rank])
+            buf = None
+            if expect:
+                buf = torch.empty(coo_nbytes(expect, n, acc.dtype), dtype=torch.uint8, device=acc.device)
+                recvs.append((source, buf))
+            comm.exchange(sends, recvs)
+            if buf is not None:
+                received[source] = decode_coo(buf, n=n, value_dtype=acc.dtype, receiver=rank, sender=source,
+                                              count=expect)
+        lo, hi = self.boundaries[rank], self.boundaries[rank + 1]
+        with self.timed("merge"):
+            inputs = [received[q] for q in range(size) if q in received and received[q][0].numel()]
+            if inputs:
+                for q_idx, _ in inputs:
+                    if q_idx.numel() and (int(q_idx[0]) < lo or int(q_idx[-1]) >= hi):
+                        raise WireFormatError(f"oktopk: rank {rank} received entries outside its region "
+                                              f"[{lo}, {hi}) in the split step")
+                cand_idx, cand_val = ops.merge_add_many([x[0] for x in inputs], [x[1] for x in inputs], n)
+            else:
+                cand_idx = torch.empty(0, dtype=itype, device=acc.device)
+                cand_val = torch.empty(0, dtype=acc.dtype, device=acc.device)
+
+        # 4. global selection
+        keys = _keys(cand_val)
+        m = cand_idx.numel()
+        reuse = self.global_threshold is not None and step % self.tau != 0
+        mine_g = 0
+        if reuse:
+            t_key = int(torch.tensor([self.global_threshold], dtype=torch.float32).view(torch.int32))
+            mine_g = int((keys >= t_key).sum())
+        mg = allgather_int64(comm, [m, mine_g], n) if size > 1 else torch.tensor([[m, mine_g]])
+        total_m = int(mg[:, 0].sum())
+        if reuse and int(mg[:, 1].sum()) <= k:
+            keep = keys >= t_key
+            g = mg[:, 1].tolist()
+        else:
+            events["global_exact"] = True
+            if total_m <= k:
+                keep = torch.ones(m, dtype=torch.bool, device=acc.device)
+                g = mg[:, 0].tolist()
+                self.global_threshold = 0.0
+            else:
+                keep, g, t_key = self._radix_select(keys, k, n)
+                self.global_threshold = float(torch.tensor([t_key], dtype=torch.int32).view(torch.float32))
+        g_idx, g_val = cand_idx[keep], cand_val[keep]
+
+        # 5. balance and allgatherv
+        total_g = sum(g)
+        block = [total_g // size + (1 if j < total_g % size else 0) for j in range(size)]
+        block_start = [sum(block[:j]) for j in range(size)]
+        list_start = [sum(g[:j]) for j in range(size)]
+
+        def overlap(src: int, dst: int) -> tuple[int, int]:
+            a = max(list_start[src], block_start[dst])
+            b = min(list_start[src] + g[src], block_start[dst] + block[dst])
+            return a, max(a, b)
+
+        sends, recvs, balance_sent = [], [], 0
+        for dst in range(size):
+            a, b = overlap(rank, dst)
+            if dst != rank and b > a:
+                s = a - list_start[rank]
+                sends.append((dst, encode_coo(g_idx[s:s + b - a], g_val[s:s + b - a], n, rank)))
+                balance_sent += b - a
+        incoming = {}
+        for src in range(size):
+            a, b = overlap(src, rank)
+            if src != rank and b > a:
+                incoming[src] = torch.empty(coo_nbytes(b - a, n, acc.dtype), dtype=torch.uint8, device=acc.device)
+                recvs.append((src, incoming[src]))
+        comm.exchange(sends, recvs)
+        mine_idx, mine_val = [], []
+        for src in range(size):
+            a, b = overlap(src, rank)
+            if b <= a:
+                continue
+            if src == rank:
+                s = a - list_start[rank]
+                mine_idx.append(g_idx[s:s + b - a])
+                mine_val.append(g_val[s:s + b - a])
+            else:
+                i_, v_ = decode_coo(incoming[src], n=n, value_dtype=acc.dtype, receiver=rank, sender=src,
+                                    count=b - a)
+                mine_idx.append(i_)
+                mine_val.append(v_)
+        blk_idx = torch.cat(mine_idx) if mine_idx else torch.empty(0, dtype=itype, device=acc.device)
+        blk_val = torch.cat(mine_val) if mine_val else torch.empty(0, dtype=acc.dtype, device=acc.device)
+        nbytes = [coo_nbytes(b, n, acc.dtype) for b in block]
+        blocks = bruck_allgather(comm, encode_coo(blk_idx, blk_val, n, rank), nbytes)
+        with self.timed("merge"):
+            decoded = [decode_coo(blocks[q], n=n, value_dtype=acc.dtype, receiver=rank, sender=q, count=block[q])
+                       for q in range(size)]
+            final_idx = torch.cat([d[0] for d in decoded])
+            final_val = torch.cat([d[1] for d in decoded])
+            if final_idx.numel() > 1 and not bool((final_idx[1:] > final_idx[:-1]).all()):
+                raise WireFormatError(f"oktopk: rank {rank}: the gathered blocks are not in ascending index order")
+            out.zero_()
+            ops.scatter_add_(out, final_idx, final_val)
+            # conservation: put back what this rank selected and the result does not hold
+            if selected.numel():
+                back = ~_member(final_idx.to(torch.int64), selected)
+                if bool(back.any()):
+                    ops.scatter_add_(acc, selected[back], sel_values[back])
+        self.last_nnz = int(final_idx.numel())
+        gathered = _bruck_entries(block, rank)
+        self.last_volume = {"split": split_sent, "balance": balance_sent, "allgather": gathered,
+                            "selected": int(selected.numel()), "global": total_g, "k": k,
+                            "bound": volume_bound(k, size)}
+        self.last_volume["entries"] = split_sent + balance_sent + gathered
+        self.last_events = events
+        self.step = step + 1
+
+    def _agree(self, step: int, checksum: int, payload: list[int], n: int, start: int | None = None) -> torch.Tensor:
+        """All-gather ``[step, checksum, *payload]``; the same ValueError on every rank when the
+        ranks are at different steps or hold different shared state."""
+        if self.comm.size == 1:
+            return torch.tensor([[step, checksum, *payload]])
+        table = allgather_int64(self.comm, [step, checksum, *payload], n)
+        steps, sums = table[:, 0].tolist(), table[:, 1].tolist()
+        if len(set(steps)) > 1 or len(set(sums)) > 1:
+            raise AgreedValueError(
+                f"oktopk: the ranks disagree on their state (steps per rank {steps}, state checksums {sums}): "
+                "every rank must load the same checkpoint state, or none")
+        return table
+
+    def _radix_select(self, keys: torch.Tensor, k: int, n: int) -> tuple[torch.Tensor, list[int], int]:
+        """Exactly k of the reduced entries of all ranks by magnitude, ties to the lower index
+        (region order is index order): 4 all-gathered histograms of 8-bit digits of the float32
+        magnitude bits. Returns (this rank's mask, every rank's count, the k-th largest key)."""
+        comm, size, rank = self.comm, self.comm.size, self.comm.rank
+        active = torch.ones(keys.numel(), dtype=torch.bool, device=keys.device)
+        need, prefix = k, 0
+        greater = [0] * size
+        hist_table = None
+        digit = 0
+        for shift in (24, 16, 8, 0):
+            digits = (keys[active] >> shift) & 0xFF
+            hist = torch.bincount(digits.to(torch.int64), minlength=256)
+            hist_table = allgather_int64(comm, hist.tolist(), n) if size > 1 else hist.view(1, 256)
+            total = hist_table.sum(dim=0).tolist()
+            cum = 0
+            for digit in range(255, -1, -1):
+                if cum + total[digit] >= need:
+                    break
+                cum += total[digit]
+            need -= cum
+            above = hist_table[:, digit + 1:].sum(dim=1).tolist()
+            greater = [greater[q] + int(above[q]) for q in range(size)]
+            prefix |= digit << shift
+            active &= ((keys >> shift) & 0xFF) == digit
+        equal = hist_table[:, digit].tolist()
+        take, left = [], need
+        for q in range(size):
+            t = min(int(equal[q]), max(0, left))
+            take.append(t)
+            left -= t
+        mask = keys > prefix
+        ties = torch.nonzero(keys == prefix).view(-1)
+        mask[ties[:take[rank]]] = True
+        counts = [greater[q] + take[q] for q in range(size)]
+        return mask, counts, prefix
