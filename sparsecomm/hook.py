@@ -1,11 +1,12 @@
 """The DDP communication hook: ``model.register_comm_hook(state, sparsecomm.ddp_hook)``.
 
-Each DDP gradient bucket goes through its own :class:`~sparsecomm.SparseAllreduce` (one per
-bucket index); the hook writes the average (sum / world size) into the bucket's buffer. For
-float16/bfloat16 buckets the reducer hands back the float32 sum, which is divided by the world
-size in float32 and only then rounded to the bucket's dtype (so 2 ranks with an fp16 gradient
-of 40000 average to 40000, as with DDP's own allreduce, not to inf). Warm-up steps use DDP's
-own arithmetic: divide the bucket by the world size, then the backend's dense allreduce.
+Each DDP gradient bucket goes through a :class:`~sparsecomm.SparseAllreduce` (one per bucket of
+the plan, see "Bucket rebuilds" below); the hook writes the average (sum / world size) into the
+bucket's buffer. For float16/bfloat16 buckets the reducer hands back the float32 sum, which is
+divided by the world size in float32 and only then rounded to the bucket's dtype (so 2 ranks
+with an fp16 gradient of 40000 average to 40000, as with DDP's own allreduce, not to inf).
+Warm-up steps use DDP's own arithmetic: divide the bucket by the world size, then the backend's
+dense allreduce.
 
 Non-finite gradients (``nonfinite="propagate"``, the default): when any rank's bucket holds
 NaN or Inf the bucket's result on every rank is the dense average of the raw gradients
@@ -14,18 +15,47 @@ NaN or Inf the bucket's result on every rank is the dense average of the raw gra
 ``nonfinite="raise"`` makes every rank raise the same ValueError instead (see
 :class:`~sparsecomm.SparseAllreduce`).
 
-Bucket rebuilds. DDP re-buckets the parameters after the first iteration (in the order
-their gradients became ready). The hook keys residuals by *parameter*, not by bucket: a
-parameter's ordinal is the order in which the hook first saw it (DDP's initial bucket
-assignment is deterministic, so ordinals agree across ranks and across restarts). When a
-bucket's layout changes, every reducer's residual is cut into per-parameter pieces and
-the new buckets are assembled from them, so no residual is lost; a parameter whose piece
-does not fit (shape or dtype changed) starts from zero with a warning.
+Bucket rebuilds and exact resume. DDP reduces its initial bucket layout in its first
+iteration and rebuilds its buckets after it (in the order gradients became ready); a fresh
+DDP -- after a restart -- does the same again. Bucket membership and order decide the result
+of every position-dependent algorithm (spardl's blocks, gssgd's hashes, even gloo's dense ring
+sums for P >= 3), so the hook does not follow DDP's buckets blindly: it reduces every step in
+its *plan*, a bucket layout recorded in the state (per bucket: parameter ordinals, offsets,
+size, dtype), with one reducer per plan bucket.
 
-Checkpointing: :meth:`DDPHookState.state_dict` stores the step, the per-parameter
-residuals and each algorithm's adaptive state (``Algorithm.state_dict()``: oktopk's thresholds
-and boundaries, spardl's B-SAG h) keyed by its bucket's layout, which a reducer of the same
-layout picks up again (after a load or DDP's bucket rebuild); the state pickles without its process group (like PowerSGD's state), and the
+* The plan is DDP's initial layout (the first iteration the state sees) for steps 0 and 1,
+  and DDP's rebuilt layout from step 2 (``ADOPT_STEP``) on: it is recorded when first seen
+  (step 1) and adopted once, at the start of step 2. A checkpoint taken after any step
+  therefore knows the layout of the next step -- after step 1 the rebuild has not been seen,
+  and the next step uses the initial layout; after step 2 it has.
+* When DDP's buckets of an iteration are not the plan's (the step that sees the rebuild
+  first; the first iteration after a restart, which is DDP's initial layout again), the hook
+  copies each DDP bucket's gradients into the plan buckets' buffers, starts every plan bucket
+  as soon as it is complete, in plan order (the same on every rank), and copies the averaged
+  result back; DDP's Future of a bucket completes when the last plan bucket covering it has.
+  Otherwise each DDP bucket is its plan bucket, reduced in place at no extra cost.
+* After a restart from a checkpoint taken after step 1, the rebuilt layout is unknown to the
+  plan at step 2, where it must already be used: that one iteration's buckets are held until
+  its last bucket and then reduced in the (adopted) rebuilt layout.
+* Adopting the rebuilt layout keeps every residual: residuals are cut per parameter and
+  reassembled; a bucket equal to the old plan's bucket of the same index keeps its reducer;
+  of the other buckets' algorithm state only counters that belong to no tensor carry over
+  (``Algorithm.carried_state``: QSGD's and gssgd's step); per-tensor adaptive state (spardl's
+  B-SAG h, sparcml's observed fill-in, oktopk's thresholds and boundaries) restarts, as it
+  describes tensors that no longer exist.
+
+Parameter ordinals are the order in which the hook first saw the parameters (DDP's initial
+bucketing is deterministic, so they agree across ranks and across restarts). A parameter
+whose shape or dtype differs from the plan's raises a ValueError (the model changed: build a
+new state). ``regrouped_buckets`` counts the DDP buckets that went through the plan's buffers.
+
+Checkpointing: :meth:`DDPHookState.state_dict` stores the step, the plan (and a rebuilt
+layout waiting for step 2), every parameter's residual and every plan bucket's algorithm state
+(``algorithm_states``); restored with ``load_state_dict`` into a fresh state registered on a
+fresh DDP model, training continues bit-identically to the uninterrupted run
+(tests/test_resume.py: every algorithm; plain DDP, small buckets, ``gradient_as_bucket_view``,
+``static_graph``, ``no_sync``, ``find_unused_parameters``, fp16 and bf16 parameters, warm-up;
+P = 2 and 3). The state pickles without its process group (like PowerSGD's state), and the
 default group is used after unpickling unless ``process_group`` is set again.
 
 Non-blocking communication (SparCML section 5; ``async_comm=True``, the default): the hook
@@ -55,7 +85,7 @@ import torch
 import torch.distributed as dist
 
 from . import algorithms
-from ._bucket_worker import BucketWorker
+from ._bucket_worker import BucketWorker, fail_future
 from .comm.base import Comm
 from .formats.header import FORMAT_VERSION
 from .reducer import NONFINITE_POLICIES, SparseAllreduce, check_state_version
@@ -71,10 +101,50 @@ def _group_size(process_group: Any) -> int | None:
     return size if size > 0 else None  # -1: this rank is not in the group
 
 
-def _signature(layout: list[tuple[int, int, int, torch.Size]]) -> tuple[tuple[int, int, int], ...]:
-    """A bucket layout as (parameter ordinal, offset, numel) triples: what an algorithm's
-    state (which depends on the bucket's length and order) must find again to continue."""
-    return tuple((ordinal, offset, numel) for ordinal, offset, numel, _ in layout)
+#: one parameter's place in a bucket: (parameter ordinal, offset, numel, shape)
+_Entry = tuple[int, int, int, torch.Size]
+#: the first step reduced in DDP's rebuilt layout (see the module docstring)
+ADOPT_STEP = 2
+
+
+class _PlanBucket:
+    """One bucket of the hook's reduction layout: what its reducer reduces, in what order."""
+
+    __slots__ = ("entries", "numel", "dtype")
+
+    def __init__(self, entries: list[_Entry], numel: int, dtype: torch.dtype):
+        self.entries = entries
+        self.numel = numel
+        self.dtype = dtype
+
+    def matches(self, entries: list[_Entry], buffer: torch.Tensor) -> bool:
+        return self.entries == entries and self.numel == buffer.numel() and self.dtype == buffer.dtype
+
+    def to_state(self) -> dict[str, Any]:
+        return {"entries": [(o, off, n, tuple(shape)) for o, off, n, shape in self.entries], "numel": self.numel,
+                "dtype": self.dtype}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "_PlanBucket":
+        return cls([(int(o), int(off), int(n), torch.Size(shape)) for o, off, n, shape in state["entries"]],
+                   int(state["numel"]), state["dtype"])
+
+
+class _Iteration:
+    """Book-keeping of one backward pass whose DDP buckets differ from the plan."""
+
+    __slots__ = ("step", "defer", "deferred", "next", "missing", "scatter", "waiting")
+
+    def __init__(self, step: int, defer: bool = False):
+        self.step = step    # the hook's step when the iteration began (warm-up or not)
+        self.defer = defer  # hold every bucket until the last: this iteration's layout becomes the plan
+        self.deferred: list[tuple[int, torch.Tensor, torch.futures.Future]] = []
+        self.next = 0       # the next plan bucket to start (they start in plan order on every rank)
+        self.missing: dict[int, int] = {}   # plan bucket -> parameters not gathered yet
+        # plan bucket -> where its result goes: (DDP buffer, offset there, offset in the plan bucket, numel, DDP index)
+        self.scatter: dict[int, list[tuple[torch.Tensor, int, int, int, int]]] = {}
+        # DDP bucket index -> [its Future, its buffer, plan buckets still running for it]
+        self.waiting: dict[int, list[Any]] = {}
 
 
 class DDPHookState:
@@ -122,15 +192,27 @@ class DDPHookState:
         self.step = 0
         self._comm = comm
         self._warmup = None  # (comm, CallScope) of the warm-up's dense allreduce
+        # The plan: the bucket layout the reductions use (see the module docstring, "Bucket
+        # rebuilds and exact resume"); one reducer per plan bucket.
+        self._plan: list[_PlanBucket] = []
+        self._plan_complete = False
+        self._plan_final = False  # the plan is DDP's rebuilt layout: never replaced again
+        self._next_plan: list[_PlanBucket] | None = None  # DDP's rebuilt layout, the plan from ADOPT_STEP
+        self._observed: list[_PlanBucket] = []  # DDP's buckets so far in this iteration
+        self._seen = 0  # iterations since construction or load_state_dict (DDP's first: its initial layout)
+        self._where: dict[int, tuple[int, int, int, torch.Size]] = {}  # ordinal -> (plan bucket, offset, numel, shape)
+        self._plan_buffers: dict[int, torch.Tensor] = {}  # plan bucket -> its gather buffer (off-plan DDP buckets)
         self._reducers: dict[int, SparseAllreduce] = {}
-        # bucket index -> [(param ordinal, offset, numel, shape)] of the bucket's buffer
-        self._layouts: dict[int, list[tuple[int, int, int, torch.Size]]] = {}
+        self._iteration: _Iteration | None = None
+        #: DDP's buckets as last seen: bucket index -> [(param ordinal, offset, numel, shape)]
+        self._layouts: dict[int, list[_Entry]] = {}
         self._ordinals: dict[int, int] = {}          # id(parameter) -> ordinal
-        self._loose_residuals: dict[int, torch.Tensor] = {}  # ordinal -> residual piece waiting for a bucket
-        # bucket layout signature -> an algorithm's adaptive state (oktopk's thresholds, spardl's
-        # B-SAG h) waiting for a reducer of the same layout (after a rebuild or a checkpoint load)
-        self._loose_algorithm_states: dict[tuple[tuple[int, int, int], ...], dict[str, Any]] = {}
+        self._loose_residuals: dict[int, torch.Tensor] = {}  # ordinal -> loaded residual waiting for its reducer
+        self._loose_algorithm_states: dict[int, dict[str, Any]] = {}  # plan bucket -> loaded algorithm state
         self.last_stats: dict[int, dict[str, Any]] = {}
+        #: DDP buckets that were not a bucket of the plan and went through its gather buffers
+        #: (each costs one copy of its gradients in and one of the result out)
+        self.regrouped_buckets = 0
 
     # -- plumbing -------------------------------------------------------------------------
     @property
@@ -158,7 +240,7 @@ class DDPHookState:
                 return job()
         return run
 
-    def _layout_of(self, bucket: dist.GradBucket) -> list[tuple[int, int, int, torch.Size]]:
+    def _layout_of(self, bucket: dist.GradBucket) -> list[_Entry]:
         buffer = bucket.buffer()
         base, item = buffer.data_ptr(), buffer.element_size()
         layout = []
@@ -167,82 +249,251 @@ class DDPHookState:
             layout.append((ordinal, (grad.data_ptr() - base) // item, grad.numel(), param.shape))
         return layout
 
+    def _set_plan(self, plan: list[_PlanBucket]) -> None:
+        self._plan = list(plan)
+        self._where = {}
+        for j, planned in enumerate(plan):
+            for ordinal, offset, numel, shape in planned.entries:
+                self._where[ordinal] = (j, offset, numel, shape)
+        self._plan_complete = True
+
     def _residual_pieces(self) -> dict[int, torch.Tensor]:
         """Every reducer's residual cut into per-parameter copies, keyed by ordinal."""
         pieces = {}
-        for index, reducer in self._reducers.items():
+        for j, reducer in self._reducers.items():
             if reducer.residual is None:
                 continue
             flat = reducer.residual.detach().reshape(-1)
-            for ordinal, offset, numel, _ in self._layouts[index]:
+            for ordinal, offset, numel, _ in self._plan[j].entries:
                 pieces[ordinal] = flat[offset:offset + numel].clone()
         return pieces
-
-    def _algorithm_states(self) -> dict[tuple[tuple[int, int, int], ...], dict[str, Any]]:
-        """Every reducer's algorithm state (where it keeps one), keyed by its bucket's layout."""
-        states = dict(self._loose_algorithm_states)
-        for index, reducer in self._reducers.items():
-            st = reducer.algorithm.state_dict()
-            if st:
-                states[_signature(self._layouts[index])] = st
-        return states
-
-    def _release_all(self) -> None:
-        """Keep every reducer's residual as per-parameter pieces (and its algorithm state under
-        its layout) and drop the reducers."""
-        self._loose_algorithm_states = self._algorithm_states()
-        self._loose_residuals.update(self._residual_pieces())
-        self._reducers.clear()
-        self._layouts.clear()
 
     def _drain(self) -> None:
         """Wait until the background worker has run every queued bucket."""
         if self._worker is not None:
             self._worker.drain()
 
-    def _reducer_for(self, bucket: dist.GradBucket) -> SparseAllreduce:
-        index = bucket.index()
-        layout = self._layout_of(bucket)
-        if index in self._reducers and self._layouts[index] == layout:
-            return self._reducers[index]
-        if index in self._reducers:  # DDP rebuilt its buckets: keep residuals per parameter
-            self._drain()  # no reducer may be running while its residual is cut up
-            self._release_all()
+    def _adopt(self, plan: list[_PlanBucket]) -> None:
+        """Make ``plan`` (DDP's rebuilt layout) the plan for good. A bucket equal to the old
+        plan's bucket of the same index keeps its reducer (residual and algorithm state); the
+        residuals of the others are cut into per-parameter pieces and reassembled in the new
+        buckets (no residual is lost), and of their algorithm state only what belongs to no
+        particular tensor carries over (``Algorithm.carried_state``: step counters); the rest
+        (spardl's B-SAG h, sparcml's observed fill-in) was about the old tensors."""
+        self._drain()  # no reducer may be running while its residual is cut up
+        old = self._plan
+        keep = {j for j, planned in enumerate(plan) if j < len(old) and self._same_layout([planned], [old[j]])}
+        old_states = {**self._loose_algorithm_states,
+                      **{j: reducer.algorithm.state_dict() for j, reducer in self._reducers.items()}}
+        carried = algorithms.get(self.algorithm).carried_state(old_states.get(0, {}))
+        for j, reducer in self._reducers.items():
+            if j not in keep and reducer.residual is not None:
+                flat = reducer.residual.detach().reshape(-1)
+                for ordinal, offset, numel, _ in old[j].entries:
+                    self._loose_residuals[ordinal] = flat[offset:offset + numel].clone()
+        self._reducers = {j: reducer for j, reducer in self._reducers.items() if j in keep}
+        self._plan_buffers = {j: buf for j, buf in self._plan_buffers.items() if j in keep}
+        states = {j: state for j, state in self._loose_algorithm_states.items() if j in keep}
+        if carried:
+            states.update({j: dict(carried) for j in range(len(plan)) if j not in keep})
+        self._loose_algorithm_states = states
+        self._set_plan(plan)
+        self._plan_final, self._next_plan = True, None
+
+    def _reducer(self, j: int) -> SparseAllreduce:
+        """Plan bucket ``j``'s reducer, built at its first use from what a loaded state holds."""
+        reducer = self._reducers.get(j)
+        if reducer is not None:
+            return reducer
+        planned = self._plan[j]
         reducer = SparseAllreduce(self.algorithm, self.density, comm=self.comm, nonfinite=self.nonfinite,
                                   **self.options)
-        if self._loose_residuals:
-            buffer = bucket.buffer()
-            work_dtype = torch.float32 if buffer.dtype in (torch.float16, torch.bfloat16) else buffer.dtype
-            residual = torch.zeros(buffer.numel(), dtype=work_dtype, device=buffer.device)
+        algorithm_state = self._loose_algorithm_states.pop(j, {})
+        pieces = [(entry, self._loose_residuals.pop(entry[0], None)) for entry in planned.entries]
+        if algorithm_state or any(piece is not None for _, piece in pieces):
+            work_dtype = torch.float32 if planned.dtype in (torch.float16, torch.bfloat16) else planned.dtype
+            residual = torch.zeros(planned.numel, dtype=work_dtype)
             missing = []
-            for ordinal, offset, numel, shape in layout:
-                piece = self._loose_residuals.pop(ordinal, None)
+            for (ordinal, offset, numel, _), piece in pieces:
                 if piece is not None and piece.numel() == numel and piece.dtype == work_dtype:
-                    residual[offset:offset + numel].copy_(piece.to(buffer.device))
+                    residual[offset:offset + numel].copy_(piece.reshape(-1))
                 elif piece is not None:
                     missing.append(ordinal)
             if missing:
-                warnings.warn(f"sparsecomm: bucket {index}: residuals of parameters {missing} no longer fit "
-                              "(shape or dtype changed); they restart from zero", RuntimeWarning, stacklevel=3)
+                warnings.warn(f"sparsecomm: bucket {j}: residuals of parameters {missing} no longer fit "
+                              "(shape or dtype changed); they restart from zero", RuntimeWarning, stacklevel=4)
             reducer.load_state_dict({"format_version": FORMAT_VERSION, "algorithm": self.algorithm,
-                                     "density": self.density, "residual": residual, "algorithm_state": {}})
-        algorithm_state = self._loose_algorithm_states.pop(_signature(layout), None)
-        if algorithm_state:  # only a bucket of the very same layout continues the state
-            reducer.algorithm.load_state_dict(algorithm_state)
-        self._reducers[index] = reducer
-        self._layouts[index] = layout
+                                     "density": self.density, "residual": residual,
+                                     "algorithm_state": algorithm_state})
+        self._reducers[j] = reducer
         return reducer
+
+    # -- one bucket -----------------------------------------------------------------------
+    def _on_bucket(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        """Route DDP bucket ``bucket`` through the plan; the Future completes with its average."""
+        index, buffer = bucket.index(), bucket.buffer()
+        entries = self._layout_of(bucket)
+        self._layouts[index] = entries
+        self.comm  # noqa: B018 - built here, on DDP's thread, at the same point on every rank
+        if index == 0 or self._iteration is None:
+            if self._next_plan is not None and self.step >= ADOPT_STEP:
+                self._adopt(self._next_plan)
+            # DDP's layout is settled (this is not its first iteration) but unknown to the plan
+            # at a step that must already use it (a resume from a checkpoint after step 1):
+            # hold this iteration's buckets until its layout is known, then adopt it
+            defer = (self._plan_complete and not self._plan_final and self._next_plan is None
+                     and self._seen >= 1 and self.step >= ADOPT_STEP)
+            self._iteration = _Iteration(self.step, defer)
+            self._observed = []
+        it = self._iteration
+        self._observed.append(_PlanBucket(entries, buffer.numel(), buffer.dtype))
+        if not self._plan_complete:  # the first backward this state sees: DDP's buckets are the plan
+            if index != len(self._plan):
+                raise RuntimeError(f"sparsecomm: DDP bucket {index} arrived while recording bucket "
+                                   f"{len(self._plan)} of the first iteration (buckets run in index order)")
+            self._plan.append(_PlanBucket(entries, buffer.numel(), buffer.dtype))
+            if bucket.is_last():
+                self._set_plan(self._plan)
+        future: torch.futures.Future = torch.futures.Future()
+        if it.defer:
+            it.deferred.append((index, buffer, future))
+        elif it.next == index and index < len(self._plan) and index not in it.missing \
+                and self._plan[index].matches(entries, buffer):
+            it.next += 1
+            self._start(index, buffer, it, future, ())  # the plan's own bucket: reduced in place
+        else:
+            self.regrouped_buckets += 1
+            self._gather(index, buffer, entries, it, future)
+        if bucket.is_last():
+            if it.defer:
+                if not self._same_layout(self._observed, self._plan):
+                    self._adopt(self._observed)
+                self._plan_final = True
+                for j, held, held_future in it.deferred:  # now the plan's own buckets, in order
+                    it.next += 1
+                    self._start(j, held, it, held_future, ())
+            elif self._plan_complete and not self._plan_final and self._next_plan is None and self._seen >= 1:
+                # DDP's settled layout (it rebuilds after its first iteration, if at all)
+                if self._same_layout(self._observed, self._plan):
+                    self._plan_final = True
+                else:
+                    self._next_plan = self._observed  # the plan from ADOPT_STEP on
+            self._seen += 1
+            self.step += 1
+            self._iteration = None
+            if it.next != len(self._plan):
+                short = {j: it.missing.get(j, len(self._plan[j].entries)) for j in range(it.next, len(self._plan))}
+                raise ValueError(f"sparsecomm: this iteration's DDP buckets lack parameters of the hook's recorded "
+                                 f"layout (recorded bucket: parameters missing = {short}): the model changed; "
+                                 "build a new DDPHookState (and drop its state_dict) for it")
+        return future
+
+    @staticmethod
+    def _same_layout(a: list[_PlanBucket], b: list[_PlanBucket]) -> bool:
+        return len(a) == len(b) and all(x.entries == y.entries and x.numel == y.numel and x.dtype == y.dtype
+                                        for x, y in zip(a, b))
+
+    def _gather(self, index: int, buffer: torch.Tensor, entries: list[_Entry], it: _Iteration,
+                future: torch.futures.Future) -> None:
+        """Copy a DDP bucket that is not the plan's into the plan buckets' buffers; start every
+        plan bucket that is then complete, in plan order."""
+        touched = set()
+        for ordinal, offset, numel, shape in entries:
+            where = self._where.get(ordinal)
+            if where is None or where[2] != numel or where[3] != shape:
+                raise ValueError(f"sparsecomm: DDP bucket {index} holds parameter {ordinal} (shape {tuple(shape)}), "
+                                 "which the hook's recorded layout does not have with that shape: the model "
+                                 "changed; build a new DDPHookState (and drop its state_dict) for it")
+            j, plan_offset, _, _ = where
+            if self._plan[j].dtype != buffer.dtype:
+                raise ValueError(f"sparsecomm: parameter {ordinal} is {buffer.dtype} in DDP bucket {index} but "
+                                 f"{self._plan[j].dtype} in the hook's recorded layout: the model changed")
+            if j < it.next or it.missing.get(j) == 0:
+                raise ValueError(f"sparsecomm: parameter {ordinal} reached the hook twice in one iteration")
+            target = self._plan_buffers.get(j)
+            if target is None:
+                target = self._plan_buffers[j] = torch.zeros(self._plan[j].numel, dtype=buffer.dtype,
+                                                             device=buffer.device)
+            target[plan_offset:plan_offset + numel].copy_(buffer[offset:offset + numel])
+            it.missing[j] = it.missing.get(j, len(self._plan[j].entries)) - 1
+            it.scatter.setdefault(j, []).append((buffer, offset, plan_offset, numel, index))
+            touched.add(j)
+        it.waiting[index] = [future, buffer, len(touched)]
+        if not touched:
+            future.set_result(buffer)
+        while it.next < len(self._plan) and it.missing.get(it.next) == 0:
+            j = it.next
+            it.next += 1
+            scatter = it.scatter.pop(j)
+            done: torch.futures.Future = torch.futures.Future()
+            owners = sorted({entry[4] for entry in scatter})
+            done.add_done_callback(lambda f, owners=owners, it=it: self._settle(f, owners, it))
+            self._start(j, self._plan_buffers[j], it, done, scatter)
+
+    @staticmethod
+    def _settle(done: torch.futures.Future, owners: list[int], it: _Iteration) -> None:
+        """A plan bucket finished: complete the DDP buckets it was the last one for, or fail
+        them all with its exception (its own type, see ``fail_future``)."""
+        try:
+            done.wait()
+        except BaseException as exc:  # noqa: BLE001 - handed on to DDP's Futures
+            for owner in owners:
+                future = it.waiting[owner][0]
+                if not future.done():
+                    fail_future(future, exc)
+            return
+        for owner in owners:
+            record = it.waiting[owner]
+            record[2] -= 1
+            if record[2] == 0 and not record[0].done():
+                record[0].set_result(record[1])
+
+    def _start(self, j: int, target: torch.Tensor, it: _Iteration, future: torch.futures.Future,
+               scatter) -> None:
+        """Reduce plan bucket ``j`` held in ``target`` (averaged in place), then copy the result
+        to the DDP buckets in ``scatter``; on the worker, or now when not async."""
+        comm = self.comm
+        reducer = None if it.step < self.warmup_steps else self._reducer(j)
+
+        def job() -> torch.Tensor:
+            if reducer is None:  # DDP's own allreduce_hook: divide first, then sum
+                target.div_(comm.size)
+                comm.allreduce_dense(target)
+            elif target.dtype in (torch.float16, torch.bfloat16):
+                # the float32 sum, divided before the one rounding to the bucket's dtype
+                total = reducer(target, out=torch.empty(target.shape, dtype=torch.float32, device=target.device))
+                target.copy_(total.div_(comm.size))
+            else:
+                reducer(target, out=target)  # the reducer reads the gradient before writing the sum
+                target.div_(comm.size)
+            if reducer is not None:
+                self.last_stats[j] = reducer.last_stats
+            for buffer, offset, plan_offset, numel, _ in scatter:
+                buffer[offset:offset + numel].copy_(target[plan_offset:plan_offset + numel])
+            return target
+
+        run = job if reducer is not None else self._scoped(job, comm)  # reducers scope their own calls
+        if self.async_comm:
+            self._submit(run, future)
+        else:
+            future.set_result(run())
 
     # -- checkpointing ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        """Everything that decides the next reductions: the step, the plan (bucket layout),
+        every parameter's residual and every plan bucket's algorithm state."""
         self._drain()
         residuals = {**self._loose_residuals, **self._residual_pieces()}
+        algorithm_states = {**self._loose_algorithm_states,
+                            **{j: reducer.algorithm.state_dict() for j, reducer in self._reducers.items()}}
         return {"format_version": FORMAT_VERSION, "algorithm": self.algorithm, "density": self.density,
                 "options": dict(self.options), "nonfinite": self.nonfinite, "warmup_steps": self.warmup_steps,
                 "step": self.step,
+                "layout": [planned.to_state() for planned in self._plan] if self._plan_complete else None,
+                "layout_final": self._plan_final,
+                "next_layout": None if self._next_plan is None else [planned.to_state() for planned in self._next_plan],
                 "residuals": residuals,
-                "algorithm_states": [{"layout": [list(entry) for entry in sig], "state": st}
-                                     for sig, st in self._algorithm_states().items()]}
+                "algorithm_states": {j: s for j, s in algorithm_states.items() if s}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key in ("algorithm", "density", "options"):
@@ -254,10 +505,22 @@ class DDPHookState:
         self.step = int(state["step"])
         self.warmup_steps = int(state.get("warmup_steps", self.warmup_steps))
         self._reducers.clear()
-        self._layouts.clear()
+        self._plan_buffers.clear()
+        self._iteration = None
+        self._plan, self._where, self._plan_complete = [], {}, False
+        if state.get("layout"):
+            self._set_plan([_PlanBucket.from_state(planned) for planned in state["layout"]])
+        self._plan_final = bool(state.get("layout_final", False))
+        self._seen = 0
+        self._next_plan = None if not state.get("next_layout") else \
+            [_PlanBucket.from_state(planned) for planned in state["next_layout"]]
         self._loose_residuals = {int(k): v for k, v in state["residuals"].items()}
-        self._loose_algorithm_states = {tuple(tuple(int(x) for x in entry) for entry in item["layout"]): item["state"]
-                                        for item in state.get("algorithm_states", [])}
+        raw = state.get("algorithm_states", {})
+        if isinstance(raw, list):  # written before plans existed: keyed by (ordinal, offset, numel) layouts
+            by_layout = {tuple(tuple(int(x) for x in entry) for entry in item["layout"]): item["state"] for item in raw}
+            raw = {j: by_layout[key] for j, planned in enumerate(self._plan)
+                   if (key := tuple((o, off, n) for o, off, n, _ in planned.entries)) in by_layout}
+        self._loose_algorithm_states = {int(j): dict(s) for j, s in raw.items()}
 
     def __getstate__(self) -> dict[str, Any]:
         # process groups, communicators and the worker thread cannot be pickled;
@@ -288,36 +551,10 @@ def ddp_hook(state: DDPHookState, bucket: dist.GradBucket) -> torch.futures.Futu
     Register with ``model.register_comm_hook(state, sparsecomm.ddp_hook)``. With
     ``state.async_comm`` (default) the collective is queued on the state's background
     worker and the Future completes when it has run; otherwise it runs before returning.
+    Buckets are reduced in the layout of the first iteration the state saw (its *plan*):
+    see the module docstring, "Bucket rebuilds and exact resume".
     """
-    buffer = bucket.buffer()
-    comm = state.comm
-    index = bucket.index()
-    reducer = None if state.step < state.warmup_steps else state._reducer_for(bucket)
-    if bucket.is_last():
-        state.step += 1
-
-    def job() -> torch.Tensor:
-        if reducer is None:  # DDP's own allreduce_hook: divide first, then sum
-            buffer.div_(comm.size)
-            comm.allreduce_dense(buffer)
-            return buffer
-        if buffer.dtype in (torch.float16, torch.bfloat16):
-            # the float32 sum, divided before the one rounding to the bucket's dtype
-            total = reducer(buffer, out=torch.empty(buffer.shape, dtype=torch.float32, device=buffer.device))
-            buffer.copy_(total.div_(comm.size))
-        else:
-            reducer(buffer, out=buffer)  # the reducer reads the gradient before writing the sum
-            buffer.div_(comm.size)
-        state.last_stats[index] = reducer.last_stats
-        return buffer
-
-    run = job if reducer is not None else state._scoped(job, comm)  # reducers scope their own calls
-    future: torch.futures.Future = torch.futures.Future()
-    if state.async_comm:
-        state._submit(run, future)
-    else:
-        future.set_result(run())
-    return future
+    return state._on_bucket(bucket)
 
 
 # DDP checks the hook's annotations as objects (``from __future__ import annotations``

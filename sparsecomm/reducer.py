@@ -212,9 +212,17 @@ class SparseAllreduce:
     @torch.compiler.disable
     def __call__(self, grad: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         self.comm.check_usable()
-        # The caller's arguments are checked before the call scope: nothing is in flight
-        # then, so such an error stays local and the reducer stays usable (reset()).
-        self._check_arguments(grad, out)
+        # The caller's arguments are checked before the call scope, so nothing of this call
+        # is in flight; but the peers are (or soon will be) in this call waiting for messages
+        # that will not come: the Comm is aborted, so they raise CommAbortedError naming this
+        # rank and the cause within a poll slice instead of waiting the timeout, while this
+        # rank raises its own error (ValueError). On one rank nothing waits: no abort.
+        try:
+            self._check_arguments(grad, out)
+        except (ValueError, TypeError) as exc:
+            if self.comm.size > 1:
+                self.comm.abort(f"{type(exc).__name__}: {exc} (in {self._scope.label}, before it sent anything)")
+            raise
         # The call's messages carry its own tag; an exception raised inside on this rank is
         # published to every peer, which then raises too, naming this rank (Comm.call_scope),
         # except the errors every rank raises by agreement (AgreedValueError).

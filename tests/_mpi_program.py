@@ -4,6 +4,9 @@
     mpirun -np P python tests/_mpi_program.py timeout OUT_DIR SECONDS
     mpirun -np P python tests/_mpi_program.py fail OUT_DIR      (a ValueError on rank 1)
     mpirun -np P python tests/_mpi_program.py reorder OUT_DIR   (ranks call reducers in other orders)
+    mpirun -np P python tests/_mpi_program.py argument OUT_DIR  (rank 1 reuses a reducer for another N)
+    mpirun --enable-recovery -np P python tests/_mpi_program.py fault OUT_DIR ALGORITHM kill|stop SEED TIMEOUT
+                                                       (tests/_faults.py: a rank SIGKILLs / SIGSTOPs itself)
 
 Each rank writes ``OUT_DIR/rank<r>.json`` (one JSON object; files rather than stdout so
 mpirun's output forwarding can never interleave two ranks' lines) and prints one line
@@ -95,6 +98,66 @@ def fail_together(mode: str) -> dict:
     return out
 
 
+def argument_error() -> dict:
+    """Rank 1 reuses a reducer for another N: ValueError there, CommAbortedError elsewhere."""
+    from sparsecomm import SparseAllreduce
+    from sparsecomm.comm.mpi_comm import MPIComm
+
+    out: dict = {"rank": MPI.COMM_WORLD.Get_rank()}
+    n = 4096
+    for alg in ("topka", "spardl"):
+        reducer = SparseAllreduce(alg, 0.05, comm=MPIComm(timeout=60))
+        reducer(torch.randn(n))
+        MPI.COMM_WORLD.Barrier()
+        out[alg] = _outcome(lambda: reducer(torch.randn(n + 1 if reducer.comm.rank == 1 else n)))
+        MPI.COMM_WORLD.Barrier()
+    return out
+
+
+def fault(out_dir: str, algorithm: str, kind: str, seed: int, timeout: float) -> None:
+    """One fault run (tests/_faults.py); the victim's pid and signal time, and each survivor's
+    report, go through files in OUT_DIR. Writes rank<r>.json itself, before telling rank 0."""
+    import random
+    import signal
+    import time
+
+    from _faults import faulted_rank
+
+    from sparsecomm.comm.mpi_comm import MPIComm
+
+    rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    rng = random.Random(seed)
+    victim, delay = rng.randrange(1, size), rng.uniform(0.02, 0.4)
+    path = lambda name: os.path.join(out_dir, name)  # noqa: E731
+    if rank == victim:
+        with open(path("victim_pid"), "w") as f:
+            f.write(str(os.getpid()))
+
+    def mark(t: float) -> None:
+        with open(path("signalled_at.tmp"), "w") as f:
+            f.write(repr(t))
+        os.replace(path("signalled_at.tmp"), path("signalled_at"))
+
+    def done(outcome: dict) -> None:
+        with open(path("signalled_at")) as f:  # written by the victim before it signalled itself
+            signalled_at = float(f.read())
+        with open(path(f"rank{rank}.json"), "w") as f:
+            json.dump({**outcome, "rank": rank, "victim": victim, "delay": delay, "signalled_at": signalled_at}, f)
+        open(path(f"done{rank}"), "w").close()
+        if rank == 0:  # the run must end: a stopped victim is killed once every survivor reported
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not all(
+                    os.path.exists(path(f"done{r}")) for r in range(size) if r != victim):
+                time.sleep(0.01)
+            with open(path("victim_pid")) as f:
+                try:
+                    os.kill(int(f.read()), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    faulted_rank(MPIComm(timeout=timeout), algorithm, victim, kind, delay, mark, done)
+
+
 def main() -> None:
     mode, out_dir = sys.argv[1], sys.argv[2]
     rank = MPI.COMM_WORLD.Get_rank()
@@ -115,6 +178,13 @@ def main() -> None:
             out = cc.run_timeout(MPIComm(timeout=seconds), seconds, settle=2 * seconds + 1.5)
         elif mode in ("fail", "reorder"):
             out = fail_together(mode)
+        elif mode == "argument":
+            out = argument_error()
+        elif mode == "fault":
+            fault(out_dir, sys.argv[3], sys.argv[4], int(sys.argv[5]), float(sys.argv[6]))
+            # the job lost a rank: MPI_Finalize (at interpreter exit) would wait for it forever
+            sys.stdout.flush()
+            os._exit(0)
         else:
             raise SystemExit(f"unknown mode {mode!r}")
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:

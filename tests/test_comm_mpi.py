@@ -30,8 +30,13 @@ needs_mpi = pytest.mark.skipif(
            f"[mpirun: {MPIRUN or 'missing'}, mpi4py: {'ok' if HAVE_MPI4PY else 'missing'}]")
 
 
-def mpirun(np_: int, out_dir, *args: str) -> list[dict]:
-    cmd = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", str(np_),
+def mpirun(np_: int, out_dir, *args: str, may_die: tuple[int, ...] = ()) -> list[dict]:
+    """Run the program's mode ``args[0]`` on ``np_`` ranks; every rank's JSON, in rank order.
+    Ranks in ``may_die`` (killed by a fault test) write nothing and are left out; the job
+    then runs with ``--enable-recovery`` (mpirun would otherwise stop the survivors when a
+    rank dies) and its exit status is not checked."""
+    recovery = ["--enable-recovery"] if may_die else []
+    cmd = [MPIRUN, "--allow-run-as-root", "--oversubscribe", *recovery, "-np", str(np_),
            sys.executable, PROGRAM, *args[:1], str(out_dir), *args[1:]]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     try:
@@ -41,6 +46,8 @@ def mpirun(np_: int, out_dir, *args: str) -> list[dict]:
                              f"{e.stdout}\n{e.stderr}") from None
     outs, problems = [], []
     for r in range(np_):
+        if r in may_die:
+            continue
         path = os.path.join(out_dir, f"rank{r}.json")
         if not os.path.exists(path):
             problems.append(f"rank {r} wrote no result")
@@ -50,10 +57,10 @@ def mpirun(np_: int, out_dir, *args: str) -> list[dict]:
         if "error" in out:
             problems.append(f"rank {r} failed:\n{out['error']}")
         outs.append(out)
-    if proc.returncode != 0 or problems:
+    if (proc.returncode != 0 and not may_die) or problems:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n" + "\n".join(problems)
                              + f"\n--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}")
-    assert [o["rank"] for o in outs] == list(range(np_))
+    assert [o["rank"] for o in outs] == [r for r in range(np_) if r not in may_die]
     return outs
 
 
@@ -127,6 +134,47 @@ def test_reorder_is_the_same_error_on_both_ranks_within_2s(tmp_path):
             assert "MPI_ERR" not in got["msg"], got
             texts.append(pattern.search(got["msg"]).group(0))
         assert texts[0] == texts[1], texts
+
+
+@needs_mpi
+def test_argument_error_before_sending_fails_every_rank_within_2s(tmp_path):
+    """Rank 1 reuses a reducer for another N: it raises its ValueError, ranks 0 and 2 a
+    CommAbortedError naming rank 1 and the cause, within 2 s (the control communicator)."""
+    outs = mpirun(3, tmp_path, "argument")
+    for alg in ("topka", "spardl"):
+        for rank, out in enumerate(outs):
+            got = out[alg]
+            assert got["s"] < 2.0, (alg, rank, got)
+            if rank == 1:
+                assert got["type"] == "ValueError" and "this reducer was used for N=4096" in got["msg"], got
+            else:
+                assert got["type"] == "CommAbortedError", (alg, rank, got)
+                assert "rank 1 failed: ValueError: this reducer was used for N=4096" in got["msg"], (alg, rank, got)
+
+
+@needs_mpi
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+@pytest.mark.parametrize("algorithm", ["topka", "spardl"])
+def test_killed_or_stopped_peer_is_a_comm_error_on_every_survivor(algorithm, fault, tmp_path):
+    """mpirun -np 4 with MPIComm: one rank SIGKILLs or SIGSTOPs itself at a random moment of
+    the reducer loop (tests/_faults.py); every survivor raises a CommError (CommTimeoutError
+    for a stop), never a hang, a raw MPI exception or an abort."""
+    import random
+    import zlib
+
+    from _faults import FAULT_RUNS, FAULT_TIMEOUT_S, check_fault_runs
+
+    runs = []
+    for run in range(FAULT_RUNS):
+        seed = zlib.crc32(f"mpi/{algorithm}/{fault}/{run}".encode())
+        victim = random.Random(seed).randrange(1, 4)  # the program draws the same
+        out_dir = tmp_path / f"run{run}"
+        out_dir.mkdir()
+        outs = mpirun(4, out_dir, "fault", algorithm, fault, str(seed), str(FAULT_TIMEOUT_S), may_die=(victim,))
+        assert all(o["victim"] == victim for o in outs), outs
+        runs.append((outs, outs[0]["signalled_at"]))
+    for summary in check_fault_runs(runs, fault, FAULT_TIMEOUT_S):
+        print(f"fault {algorithm} {fault} mpi: {summary}")
 
 
 def test_missing_mpi4py_is_a_clear_import_error(monkeypatch):

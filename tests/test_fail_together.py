@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import time
+import zlib
 
 import pytest
 import torch
@@ -21,6 +22,8 @@ from sparsecomm.comm import simulate
 from sparsecomm.comm.base import CommAbortedError, CommError, CommTimeoutError
 from sparsecomm.errors import WireFormatError
 from sparsecomm.testing import spawn
+
+from _faults import FAULT_RUNS, FAULT_TIMEOUT_S, check_fault_runs, faulted_rank
 
 N = 4096
 DENSITY = 0.05
@@ -61,6 +64,59 @@ def _local_error(rank, world_size, algorithms, bad_rank):
         dist.barrier()
         out[alg] = _outcome(lambda: reducer(torch.randn(N, generator=gen)))
         out[alg + "/later"] = _outcome(lambda: reducer(torch.randn(N, generator=gen)))
+    return out
+
+
+def _argument_error(rank, world_size, algorithms, bad_rank):
+    """Rank ``bad_rank`` makes a mistake the reducer catches before sending anything."""
+    import torch.distributed as dist
+
+    from sparsecomm import SparseAllreduce
+    from sparsecomm.comm.torch_comm import TorchComm
+
+    mistakes = {
+        "new N": lambda reducer: reducer(torch.randn(N + 1)),                 # a reducer reused for another size
+        "int grad": lambda reducer: reducer(torch.ones(N, dtype=torch.int64)),  # not a floating-point gradient
+        "bad out": lambda reducer: reducer(torch.randn(N), out=torch.empty(N - 1)),
+    }
+    out = {}
+    gen = torch.Generator().manual_seed(rank)
+    for alg in algorithms:
+        for what, mistake in mistakes.items():
+            reducer = SparseAllreduce(alg, DENSITY, comm=TorchComm(timeout=60))
+            reducer(torch.randn(N, generator=gen))
+            dist.barrier()
+            call = (lambda: mistake(reducer)) if rank == bad_rank else (lambda: reducer(torch.randn(N, generator=gen)))
+            out[f"{alg}/{what}"] = _outcome(call)
+    return out
+
+
+def _skip(rank, world_size, algorithms):
+    """Rank 1 skips call 2 of reducer A. ``other``: it goes on to reducer B; ``same``: it calls
+    A again (its calls of A then pair with the peers' by number), then B; ``block``: it calls A
+    again and then blocks in a barrier of the default group, outside any Comm."""
+    import torch.distributed as dist
+
+    from sparsecomm import SparseAllreduce
+    from sparsecomm.comm.torch_comm import TorchComm
+
+    out = {}
+    for alg in algorithms:
+        for case in ("other", "same", "block"):
+            comm = TorchComm(timeout=3.0 if case == "block" else 60)
+            a, b = SparseAllreduce(alg, DENSITY, comm=comm), SparseAllreduce(alg, DENSITY, comm=comm)
+            ga, gb = torch.randn(N), torch.randn(2 * N)
+            a(ga), b(gb)  # call 1 of each, together
+            dist.barrier()
+            if rank != 1:
+                calls = [lambda: a(ga), lambda: a(ga), lambda: b(gb)]           # A2, A3, B2
+            elif case == "other":
+                calls = [lambda: b(gb)]                                         # skips A2: B2
+            else:
+                calls = [lambda: a(ga), lambda: b(gb)] if case == "same" else [lambda: a(ga)]
+            out[f"{alg}/{case}"] = _outcome(lambda: [call() for call in calls])
+            if case == "block":
+                dist.barrier()  # rank 1 waits here from the start; the others after their timeout
     return out
 
 
@@ -114,25 +170,34 @@ def _unused_parameters(rank, world_size, configs, models):
     return out
 
 
-def _sigkill(rank, world_size, algorithm, victim):
+def _fault(rank, world_size, algorithm, fault, seed, comm_timeout):
+    """One fault run on gloo (tests/_faults.py): the victim and the moment come from ``seed``;
+    the victim's pid and signal time go through the default store."""
+    import random
+
     import torch.distributed as dist
 
-    from sparsecomm import SparseAllreduce
     from sparsecomm.comm.torch_comm import TorchComm
 
+    rng = random.Random(seed)
+    victim, delay = rng.randrange(1, world_size), rng.uniform(0.02, 0.4)
     store = dist.distributed_c10d._get_default_store()
-    reducer = SparseAllreduce(algorithm, DENSITY, comm=TorchComm(timeout=60))
-    gen = torch.Generator().manual_seed(rank)
-    for call in range(50):
-        if rank == victim and call == 3:
-            store.set("killed_at", repr(time.time()))
-            os.kill(os.getpid(), signal.SIGKILL)
-        try:
-            reducer(torch.randn(N, generator=gen))
-        except Exception as exc:  # noqa: BLE001
-            return {"type": type(exc).__name__, "comm_error": isinstance(exc, CommError), "msg": str(exc),
-                    "after_s": time.time() - float(store.get("killed_at")), "call": call}
-    return {"type": None}
+    if rank == victim:
+        store.set("victim_pid", str(os.getpid()))
+
+    def done(outcome):
+        store.add("reported", 1)
+        if rank == 0:  # the run must end: a stopped victim is killed once every survivor reported
+            while int(store.add("reported", 0)) < world_size - 1:
+                time.sleep(0.01)
+            try:
+                os.kill(int(store.get("victim_pid")), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    outcome = faulted_rank(TorchComm(timeout=comm_timeout), algorithm, victim, fault, delay,
+                           lambda t: store.set("signalled_at", repr(t)), done)
+    return {**outcome, "victim": victim, "delay": delay, "signalled_at": float(store.get("signalled_at"))}
 
 
 class _TimeoutComm:
@@ -188,6 +253,55 @@ def test_local_error_fails_every_rank_within_2s():
 
 
 @pytest.mark.distributed
+def test_argument_error_before_sending_fails_every_rank_within_2s():
+    """Rank 1 reuses a reducer for another N, passes an integer gradient or a wrong ``out``:
+    the reducer raises before sending anything; rank 1 keeps its ValueError, ranks 0 and 2
+    raise CommAbortedError naming rank 1 and the cause, all within 2 s (before: the peers
+    waited the whole Comm timeout)."""
+    results = spawn(_argument_error, 3, ["topka", "spardl"], 1, timeout=120)
+    causes = {"new N": f"this reducer was used for N={N}", "int grad": "grad must be a floating-point tensor",
+              "bad out": "out must match grad"}
+    for key in results[0]:
+        cause = causes[key.split("/")[1]]
+        for rank, out in enumerate(results):
+            got = out[key]
+            assert got["s"] < LIMIT_S, (key, rank, got)
+            if rank == 1:
+                assert got["type"] == "ValueError" and cause in got["msg"], (key, got)
+            else:
+                assert got["type"] == "CommAbortedError", (key, rank, got)
+                assert f"rank 1 failed: ValueError: {cause}" in got["msg"], (key, rank, got)
+
+
+@pytest.mark.distributed
+def test_skipped_call_is_an_error_on_every_rank_unless_the_skipper_leaves_the_comm():
+    """Rank 1 skips call 2 of reducer A. Then it calls B (``other``) or calls A again and
+    then B (``same``): every rank raises a reorder error naming rank 1 within 2 s (``same``: after
+    rank 1's A call pairs with the peers' next A call by number; the step it mixed goes
+    unnoticed, see docs/reliability.md). If instead it blocks outside any Comm (``block``),
+    nothing can tell the peers: they raise CommTimeoutError (or CommPeerTimeoutError carrying
+    the first one's timeout) after the Comm timeout (3 s here), never hang."""
+    results = spawn(_skip, 3, ["topka", "spardl"], timeout=180)
+    for alg in ("topka", "spardl"):
+        for case in ("other", "same"):
+            for rank, out in enumerate(results):
+                got = out[f"{alg}/{case}"]
+                assert got["comm_error"] and got["s"] < LIMIT_S, (alg, case, rank, got)
+                found = REORDER.search(got["msg"])
+                assert found, (alg, case, rank, got)
+                assert "rank 1 waits in" in found.group(0), (alg, case, rank, got)  # the skipper is named
+        for rank, out in enumerate(results):
+            got = out[f"{alg}/block"]
+            if rank == 1:
+                assert got["type"] is None, got  # its own A call paired with the peers' A2
+            else:
+                # the first to time out publishes it: the other peer may raise CommPeerTimeoutError
+                # (a CommTimeoutError and a CommAbortedError) carrying that cause
+                assert got["type"] in ("CommTimeoutError", "CommPeerTimeoutError"), (alg, rank, got)
+                assert "timed out after 3 s" in got["msg"] and 2.5 < got["s"] < 3.0 + LIMIT_S, (alg, rank, got)
+
+
+@pytest.mark.distributed
 def test_reorder_is_the_same_error_on_both_ranks_within_2s():
     """Rank 0 calls reducers A, B; rank 1 calls B, A: no gloo abort, no hang -- the same
     error naming both reducers and calls on both ranks."""
@@ -216,14 +330,22 @@ def test_find_unused_parameters_with_dense_in_the_async_hook():
 
 
 @pytest.mark.distributed
+@pytest.mark.parametrize("fault", ["kill", "stop"])
 @pytest.mark.parametrize("algorithm", ["topka", "spardl"])
-def test_sigkilled_peer_is_a_comm_error_on_every_survivor(algorithm):
-    results = spawn(_sigkill, 4, algorithm, 2, may_die=(2,), timeout=120)
-    assert results[2] is None
-    for rank in (0, 1, 3):
-        got = results[rank]
-        assert got["type"] is not None and got["comm_error"], (rank, got)
-        assert got["after_s"] < 5.0, (rank, got)
+def test_killed_or_stopped_peer_is_a_comm_error_on_every_survivor(algorithm, fault):
+    """P = 4 on gloo: one rank (chosen at random) SIGKILLs or SIGSTOPs itself at a random
+    moment of the reducer loop; every survivor raises a CommError (CommTimeoutError for a
+    stop, after the 2 s Comm timeout), never a hang, a raw gloo error or an abort."""
+    runs = []
+    for run in range(FAULT_RUNS):
+        seed = zlib.crc32(f"{algorithm}/{fault}/{run}".encode())  # reproducible: the victim and the moment
+        results = spawn(_fault, 4, algorithm, fault, seed, FAULT_TIMEOUT_S, may_die=(1, 2, 3), timeout=120)
+        victim = next(r["victim"] for r in results if r is not None)
+        assert results[victim] is None, results[victim]  # it died (or was killed while stopped)
+        survivors = [r for rank, r in enumerate(results) if rank != victim]
+        runs.append((survivors, survivors[0]["signalled_at"]))
+    for summary in check_fault_runs(runs, fault, FAULT_TIMEOUT_S):
+        print(f"fault {algorithm} {fault} gloo: {summary}")
 
 
 @pytest.mark.distributed

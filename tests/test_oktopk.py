@@ -453,7 +453,7 @@ def _hook_worker(rank, world_size, resume_at):
     for step in range(8):
         if step == resume_at:
             saved = pickle.dumps(state)
-            kept = [item["state"]["step"] for item in state.state_dict()["algorithm_states"]]
+            kept = [st["step"] for st in state.state_dict()["algorithm_states"].values()]
             weights = net.module.state_dict()
             state = pickle.loads(saved)
             net = DDP(model(), bucket_cap_mb=0.002)
@@ -470,8 +470,8 @@ def _hook_worker(rank, world_size, resume_at):
 def test_hook_checkpoint_carries_the_algorithm_state():
     """A DDP run checkpointed (pickled hook state) after 5 steps and resumed in a fresh model
     reduces exactly the gradients of the uninterrupted run: thresholds, boundaries and steps
-    travel in the hook's state_dict, keyed by the bucket's layout (an algorithm state only
-    continues in a bucket of the same parameters in the same order)."""
+    travel in the hook's state_dict, one per bucket of the hook's plan (its recorded bucket
+    layout, see sparsecomm/hook.py)."""
     plain = spawn(_hook_worker, 2, -1, timeout=180)
     resumed = spawn(_hook_worker, 2, 5, timeout=180)
     for r in range(2):

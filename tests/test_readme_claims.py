@@ -29,9 +29,12 @@ divides by P in float32 before rounding                                test_ops.
                                                                        test_half_precision.py
 messages are uint8 tensors in documented layouts                       test_messages_are_uint8_in_documented_layouts
 nothing a peer sends is unpickled                                      test_nothing_a_peer_sends_is_unpickled
-ranks fail together: an error on one rank raises on every rank         test_fail_together.py (local error and
-naming it within 2 s; a killed peer is a CommError; own process        reorder on gloo, mpirun and simulated;
-group and per-call tags (find_unused_parameters)                       SIGKILL; find_unused_parameters)
+ranks fail together: an error on one rank raises on every rank         test_fail_together.py (local error,
+naming it within 2 s; a killed peer is a CommError, a stopped one      argument error and reorder on gloo,
+a CommTimeoutError; own process group and per-call tags                mpirun and simulated; SIGKILL and SIGSTOP;
+(find_unused_parameters)                                               find_unused_parameters), test_comm_mpi.py
+a hook checkpoint resumes bit-identically in fresh processes           test_resume.py (every algorithm x 8 DDP
+                                                                       configurations x P = 2, 3; warm-up)
 =====================================================================  ==========================================
 """
 

@@ -143,8 +143,26 @@ def test_shape_dtype_and_out_are_kept():
     assert stats["nnz_out"] == 3 and stats["k"] == 3
 
 
-def test_reuse_for_other_size_raises_and_reset_allows_it():
+def test_reuse_for_other_size_raises_on_every_rank_and_reset_allows_it():
+    """Reusing a reducer for another N raises ValueError on that rank before anything is sent;
+    its peer, waiting in the call, raises CommAbortedError naming it (the Comm is aborted).
+    On one rank nothing waits: the Comm stays usable and reset() allows the new size."""
+    from sparsecomm.comm.base import CommAbortedError
+
     def fn(comm):
+        reducer = sc.SparseAllreduce("topka", 0.5, comm=comm)
+        reducer(torch.ones(8))
+        if comm.rank == 1:
+            with pytest.raises(ValueError, match="one SparseAllreduce per tensor"):
+                reducer(torch.ones(9))
+            return "ValueError"
+        with pytest.raises(CommAbortedError, match="rank 1 failed: ValueError: this reducer was used for N=8"):
+            reducer(torch.ones(8))
+        return "CommAbortedError"
+
+    assert simulate(2, fn).results == ["CommAbortedError", "ValueError"]
+
+    def alone(comm):
         reducer = sc.SparseAllreduce("topka", 0.5, comm=comm)
         reducer(torch.ones(8))
         with pytest.raises(ValueError, match="one SparseAllreduce per tensor"):
@@ -152,7 +170,7 @@ def test_reuse_for_other_size_raises_and_reset_allows_it():
         reducer.reset()
         return reducer(torch.ones(9)).sum().item()
 
-    assert simulate(2, fn).results == [10.0, 10.0]
+    assert simulate(1, alone).results == [5.0]
 
 
 def test_state_dict_round_trip_continues_the_residual():

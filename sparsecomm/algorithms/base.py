@@ -110,6 +110,13 @@ class Algorithm(ABC):
         """Adaptive state carried between calls (none by default)."""
         return {}
 
+    @classmethod
+    def carried_state(cls, state: dict[str, Any]) -> dict[str, Any]:
+        """The part of a :meth:`state_dict` that carries over to another tensor (the DDP
+        hook's bucket rebuild): counters that belong to no particular tensor, e.g. a step
+        that seeds randomness. Adaptive state about the tensor itself does not (none here)."""
+        return {}
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state:
             raise ValueError(f"algorithm {self.name!r} keeps no state, got keys {sorted(state)}")

@@ -85,6 +85,10 @@ class GlobalSketchSGD(Algorithm):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._step = int(state.get("step", 0))
 
+    @classmethod
+    def carried_state(cls, state: dict[str, Any]) -> dict[str, Any]:
+        return {"step": state["step"]} if "step" in state else {}  # seeds randomness, not about the tensor
+
     def columns_for(self, k: int) -> int:
         return self.options["columns"] or default_columns(k)
 

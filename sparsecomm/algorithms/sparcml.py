@@ -240,6 +240,10 @@ class TopkDSA(Algorithm):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._step = int(state.get("step", 0))
 
+    @classmethod
+    def carried_state(cls, state: dict[str, Any]) -> dict[str, Any]:
+        return {"step": state["step"]} if "step" in state else {}  # seeds randomness, not about the tensor
+
 
 def choose(n: int, k: int, size: int, observed_k: int | None, value_dtype: torch.dtype = torch.float32,
            alpha: float = 50e-6, beta: float = 8e-9) -> str:

@@ -46,7 +46,7 @@ import torch
 
 from .collectives import bruck_allgather
 
-__all__ = ["Comm", "CommStats", "CommTimeoutError", "CommError", "CommAbortedError", "CallScope",
+__all__ = ["Comm", "CommStats", "CommTimeoutError", "CommError", "CommAbortedError", "CommPeerTimeoutError", "CallScope",
            "ring_allreduce_cost", "DEFAULT_TIMEOUT"]
 
 #: Default seconds a round may wait for its peers (every backend): long enough for a slow
@@ -78,6 +78,19 @@ class CommAbortedError(CommError):
         super().__init__(message)
         self.failed_rank = failed_rank
         self.cause = cause
+
+
+class CommPeerTimeoutError(CommAbortedError, CommTimeoutError):
+    """The Comm was aborted because a rank timed out waiting for a peer (``cause`` is its
+    CommTimeoutError): a peer is stuck or stopped. Both a :class:`CommAbortedError` and a
+    :class:`CommTimeoutError`, so every survivor of a stopped peer can catch the latter."""
+
+
+def aborted_error(message: str, failed_rank: int | None, cause: str) -> CommAbortedError:
+    """The error a rank raises for an abort: :class:`CommPeerTimeoutError` when the cause was
+    a timeout, else :class:`CommAbortedError`."""
+    cls = CommPeerTimeoutError if cause.startswith(CommTimeoutError.__name__ + ":") else CommAbortedError
+    return cls(message, failed_rank, cause)
 
 
 class CallScope:
@@ -227,8 +240,8 @@ class Comm(ABC):
         """Raise :class:`CommAbortedError` if the Comm was aborted."""
         if self._broken is not None:
             failed, cause = parse_abort(self._broken)
-            raise CommAbortedError(f"rank {self.rank} of {self.size}: this Comm was aborted ({self._broken}); "
-                                   "build a new Comm on every rank to continue", failed, cause)
+            raise aborted_error(f"rank {self.rank} of {self.size}: this Comm was aborted ({self._broken}); "
+                                "build a new Comm on every rank to continue", failed, cause)
 
     def abort(self, cause: str) -> None:
         """Mark this Comm broken and tell every peer that this rank failed with ``cause``;
@@ -251,7 +264,7 @@ class Comm(ABC):
         if self._broken is None:
             self._broken = message
         failed, cause = parse_abort(message)
-        return CommAbortedError(f"rank {self.rank} of {self.size}: {message}", failed, cause)
+        return aborted_error(f"rank {self.rank} of {self.size}: {message}", failed, cause)
 
     def _check_size(self, n: int, peer: int) -> int:
         """A size received from ``peer`` for a variable-size message, within the bound."""

@@ -49,6 +49,8 @@ _COMMS_PER_GROUP: dict[str, int] = {}
 # c10d treats a zero timeout as "no timeout" (wait for the group's own timeout), so a
 # wait never asks for less than this.
 _MIN_WAIT = timedelta(milliseconds=1)
+#: seconds a rank that saw a peer's connection close waits for that peer's published abort
+_ABORT_GRACE_S = 0.5
 
 
 def _group_device(group) -> torch.device:
@@ -187,6 +189,22 @@ class TorchComm(Comm):
             return None
         return self._store.get("abort").decode(errors="replace")
 
+    def _await_abort(self, grace_s: float) -> str | None:
+        """On the error path only (a connection a peer closed): the peer's abort, if it
+        publishes one within ``grace_s``. gloo closes a pair when a wait on it times
+        out, before that rank has published its CommTimeoutError; without the grace a peer
+        could see only the closed connection and raise a CommError without the cause. A
+        killed peer publishes nothing: its survivors raise CommError after the grace."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            try:
+                message = self._read_abort()
+            except Exception:  # noqa: BLE001 - the store may be gone too
+                return None
+            if message is not None or time.monotonic() >= deadline:
+                return message
+            time.sleep(0.01)
+
     def _publish_abort(self, message: str) -> None:
         if self._store is not None:
             self._store.compare_set("abort", "", message)
@@ -264,11 +282,9 @@ class TorchComm(Comm):
         try:
             self._wait_works(works, peers_of_work, what)
         except CommError as e:
-            if self._remote is None:
-                try:  # the error path only: did a peer fail first?
-                    self._remote = self._read_abort()
-                except Exception:  # noqa: BLE001
-                    pass
+            if self._remote is None:  # the error path only: did a peer fail first?
+                # (our own timeout: one look; a closed connection: the peer's grace)
+                self._remote = self._await_abort(0.0 if isinstance(e, CommTimeoutError) else _ABORT_GRACE_S)
             if self._remote is not None:
                 raise self._aborted_by_peer(self._remote) from e
             raise
@@ -324,10 +340,7 @@ class TorchComm(Comm):
             return post()
         except RuntimeError as e:
             if self._remote is None:
-                try:
-                    self._remote = self._read_abort()
-                except Exception:  # noqa: BLE001
-                    pass
+                self._remote = self._await_abort(_ABORT_GRACE_S)
             if self._remote is not None:
                 raise self._aborted_by_peer(self._remote) from e
             raise CommError(f"rank {self.rank} of {self.size}: posting {what} with peer(s) "
