@@ -998,9 +998,6 @@ static void test_sketch(void) {
   for (int k = 0; k < 4; k++) CHECK(t[k] == 0);
 }
 
-void test_skcompress(long* checks, long* failed); /* test_skcompress.c */
-static void test_skcompress_all(void) { test_skcompress(&g_checks, &g_failed); }
-
 int main(void) {
   RUN(test_wire_header);
   RUN(test_wire_coo);
@@ -1017,7 +1014,6 @@ int main(void) {
   RUN(test_stream_concat);
   RUN(test_qsgd);
   RUN(test_sketch);
-  RUN(test_skcompress_all);
   sc_topk_release_cache();
   printf("%ld checks, %ld failed\n", g_checks, g_failed);
   return g_failed ? 1 : 0;

@@ -156,7 +156,7 @@ static void round_trip(int64_t n, int64_t N, sc_skc_options o, int flip_all) {
   free(idx); free(val); free(body); free(di); free(dv);
 }
 
-void test_skcompress(long* checks, long* failed) {
+static void test_skcompress(long* checks, long* failed) {
   test_qsketch();
   /* many random messages: small ones (all code paths) and a few large ones */
   for (int it = 0; it < 20000; it++) {
@@ -184,4 +184,12 @@ void test_skcompress(long* checks, long* failed) {
   }
   *checks += s_checks;
   *failed += s_failed;
+}
+
+/* its own binary (make ctest builds one per csrc/tests/test_*.c) */
+int main(void) {
+  long checks = 0, failed = 0;
+  test_skcompress(&checks, &failed);
+  printf("test_skcompress                  %s\n%ld checks, %ld failed\n", failed ? "FAILED" : "ok", checks, failed);
+  return failed ? 1 : 0;
 }
