@@ -72,9 +72,9 @@ def propose_boundaries(sorted_indices: torch.Tensor, parts: int) -> torch.Tensor
     of its m sorted selected indices (j = 1 .. parts-1); int64. With m == 0, zeros."""
     m = sorted_indices.numel()
     if m == 0:
-        return torch.zeros(parts - 1, dtype=torch.int64)
-    pos = torch.tensor([j * m // parts for j in range(1, parts)], dtype=torch.int64)
-    return sorted_indices.to(torch.int64).cpu()[pos]
+        return torch.zeros(parts - 1, dtype=torch.int64, device="cpu")  # host: all-gathered control data
+    pos = torch.tensor([j * m // parts for j in range(1, parts)], dtype=torch.int64, device=sorted_indices.device)
+    return sorted_indices[pos].to(torch.int64).cpu()  # parts - 1 numbers to the host, not the selection
 
 
 def check_proposals(table: torch.Tensor, n: int, receiver: int) -> None:

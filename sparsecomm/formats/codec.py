@@ -131,7 +131,8 @@ class CooCodec:
         """A copy of an encoded message with ``sender`` in its header: how a rank forwards
         bytes it received (a lossy message cannot be re-encoded without changing its values)."""
         forwarded = message.clone()
-        forwarded[12:16] = torch.tensor(list(int(sender).to_bytes(4, "little")), dtype=torch.uint8)
+        forwarded[12:16] = torch.tensor(list(int(sender).to_bytes(4, "little")), dtype=torch.uint8,
+                                            device=forwarded.device)
         return forwarded
 
     def decode(self, payload: torch.Tensor, *, n: int, value_dtype: torch.dtype, receiver: int, sender: int,

@@ -57,7 +57,7 @@ def densestream_max_zero_run(n: int, value_dtype: torch.dtype, width: int | None
     """``T = ceil(2 * width / K)``: the longest run of zeros a block keeps (section III-A,
     rule 2); a longer run costs more than a new block's index and length."""
     w = densestream_width(n) if width is None else width
-    k = torch.empty((), dtype=value_dtype).element_size()
+    k = value_dtype.itemsize
     return -(-2 * w // k)
 
 
@@ -70,13 +70,13 @@ def densestream_payload_nbytes(nblocks: int, nvalues: int, n: int, value_dtype: 
     """The representation's own bytes, as the paper counts them (eq. 3): ``2 width`` per
     block plus ``K`` per value; no header, no padding."""
     w = densestream_width(n) if width is None else width
-    return 2 * w * nblocks + nvalues * torch.empty((), dtype=value_dtype).element_size()
+    return 2 * w * nblocks + nvalues * value_dtype.itemsize
 
 
 def densestream_nbytes(nblocks: int, nvalues: int, n: int, value_dtype: torch.dtype) -> int:
     """Size of a DenseStream message."""
     w = densestream_width(n)
-    return PREFIX_NBYTES + _pad8(2 * w * nblocks) + _pad8(nvalues * torch.empty((), dtype=value_dtype).element_size())
+    return PREFIX_NBYTES + _pad8(2 * w * nblocks) + _pad8(nvalues * value_dtype.itemsize)
 
 
 @dataclass
@@ -108,7 +108,7 @@ def encode_densestream(d: DenseBlocks, sender: int) -> torch.Tensor:
     w = densestream_width(n)
     payload = torch.zeros(densestream_nbytes(nb, nv, n, vdt), dtype=torch.uint8, device=d.values.device)
     payload[:HEADER_NBYTES].copy_(torch.from_numpy(pack_header(Kind.DENSE_BLOCKS, sender, n, nb, vdt, None)))
-    payload[HEADER_NBYTES:HEADER_NBYTES + 24].view(torch.int64).copy_(torch.tensor([d.lo, d.hi, nv]))
+    payload[HEADER_NBYTES:HEADER_NBYTES + 24].view(torch.int64).copy_(torch.tensor([d.lo, d.hi, nv], dtype=torch.int64, device=payload.device))
     payload[HEADER_NBYTES + 24] = w
     pos = PREFIX_NBYTES
     if nb:
