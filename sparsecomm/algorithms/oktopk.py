@@ -87,9 +87,9 @@ import numpy as np
 import torch
 
 from .. import ops
-from ..comm.collectives import allgather_int64, bruck_allgather
+from ..comm.collectives import allgather_int64, bruck_allgather, bruck_allgather_var
 from ..errors import AgreedValueError, WireFormatError
-from ..formats import coo_nbytes, decode_coo, encode_coo, index_dtype_for
+from ..formats import CODEC_OPTION_DEFAULTS, CooCodec, check_codec_options, index_dtype_for
 from .base import Algorithm, register
 
 __all__ = ["OkTopk", "volume_bound", "local_cap", "bound_guaranteed"]
@@ -178,10 +178,12 @@ class OkTopk(Algorithm):
 
     name = "oktopk"
     lossless = False
-    option_defaults = {"tau": 32, "tau_prime": 64}
+    option_defaults = {"tau": 32, "tau_prime": 64, **CODEC_OPTION_DEFAULTS}
 
     def __init__(self, comm, **options: Any):
         super().__init__(comm, **options)
+        check_codec_options(self.name, self.options)
+        self.codec = CooCodec(self.options)
         self.tau = _check_period("tau", self.options["tau"])
         self.tau_prime = _check_period("tau_prime", self.options["tau_prime"])
         self.step = 0
@@ -300,22 +302,23 @@ class OkTopk(Algorithm):
         pieces_idx = [own_idx[cuts[j]:cuts[j + 1]] for j in range(size)]
         pieces_val = [sel_values[cuts[j]:cuts[j + 1]] for j in range(size)]
         received: dict[int, tuple[torch.Tensor, torch.Tensor]] = {rank: (pieces_idx[rank], pieces_val[rank])}
+        # a lossy value codec's error of each selected entry (true - decoded; 0 in the own region,
+        # which is not sent): kept in acc only if the entry ends in the result (see the end)
+        split_err = torch.zeros_like(sel_values) if not self.codec.lossless else None
         split_sent = 0
         for i in range(1, size):
             dest, source = (rank + i) % size, (rank - i) % size
-            sends, recvs = [], []
+            sends = []
             if counts[dest]:
-                sends.append((dest, encode_coo(pieces_idx[dest], pieces_val[dest], n, rank)))
+                message, sent = self._encode(pieces_idx[dest], pieces_val[dest], n)
+                sends.append((dest, message))
+                if split_err is not None:
+                    split_err[cuts[dest]:cuts[dest + 1]] = pieces_val[dest] - sent
                 split_sent += counts[dest]
             expect = int(counts_table[source, rank])
-            buf = None
+            got = self._exchange(sends, {source: expect} if expect else {}, n, acc)
             if expect:
-                buf = torch.empty(coo_nbytes(expect, n, acc.dtype), dtype=torch.uint8, device=acc.device)
-                recvs.append((source, buf))
-            comm.exchange(sends, recvs)
-            if buf is not None:
-                received[source] = decode_coo(buf, n=n, value_dtype=acc.dtype, receiver=rank, sender=source,
-                                              count=expect)
+                received[source] = self._decode(got[source], n, acc, source, expect)
         lo, hi = self.boundaries[rank], self.boundaries[rank + 1]
         with self.timed("merge"):
             inputs = [received[q] for q in range(size) if q in received and received[q][0].numel()]
@@ -369,15 +372,15 @@ class OkTopk(Algorithm):
             a, b = overlap(rank, dst)
             if dst != rank and b > a:
                 s = a - list_start[rank]
-                sends.append((dst, encode_coo(g_idx[s:s + b - a], g_val[s:s + b - a], n, rank)))
+                message, _ = self._encode(g_idx[s:s + b - a], g_val[s:s + b - a], n, acc)
+                sends.append((dst, message))
                 balance_sent += b - a
-        incoming = {}
+        expected = {}
         for src in range(size):
             a, b = overlap(src, rank)
             if src != rank and b > a:
-                incoming[src] = torch.empty(coo_nbytes(b - a, n, acc.dtype), dtype=torch.uint8, device=acc.device)
-                recvs.append((src, incoming[src]))
-        comm.exchange(sends, recvs)
+                expected[src] = b - a
+        incoming = self._exchange(sends, expected, n, acc)
         mine_idx, mine_val = [], []
         for src in range(size):
             a, b = overlap(src, rank)
@@ -388,27 +391,32 @@ class OkTopk(Algorithm):
                 mine_idx.append(g_idx[s:s + b - a])
                 mine_val.append(g_val[s:s + b - a])
             else:
-                i_, v_ = decode_coo(incoming[src], n=n, value_dtype=acc.dtype, receiver=rank, sender=src,
-                                    count=b - a)
+                i_, v_ = self._decode(incoming[src], n, acc, src, b - a)
                 mine_idx.append(i_)
                 mine_val.append(v_)
         blk_idx = torch.cat(mine_idx) if mine_idx else torch.empty(0, dtype=itype, device=acc.device)
         blk_val = torch.cat(mine_val) if mine_val else torch.empty(0, dtype=acc.dtype, device=acc.device)
-        nbytes = [coo_nbytes(b, n, acc.dtype) for b in block]
-        blocks = bruck_allgather(comm, encode_coo(blk_idx, blk_val, n, rank), nbytes)
+        message, _ = self._encode(blk_idx, blk_val, n, acc)
+        if self.codec.plain:
+            blocks = bruck_allgather(comm, message, [self.codec.fixed_nbytes(b, n, acc.dtype) for b in block])
+        else:
+            blocks = bruck_allgather_var(comm, message)
         with self.timed("merge"):
-            decoded = [decode_coo(blocks[q], n=n, value_dtype=acc.dtype, receiver=rank, sender=q, count=block[q])
-                       for q in range(size)]
+            decoded = [self._decode(blocks[q], n, acc, q, block[q]) for q in range(size)]
             final_idx = torch.cat([d[0] for d in decoded])
             final_val = torch.cat([d[1] for d in decoded])
             if final_idx.numel() > 1 and not bool((final_idx[1:] > final_idx[:-1]).all()):
                 raise WireFormatError(f"oktopk: rank {rank}: the gathered blocks are not in ascending index order")
             out.zero_()
             ops.scatter_add_(out, final_idx, final_val)
-            # conservation: put back what this rank selected and the result does not hold
+            # conservation: put back what this rank selected and the result does not hold; of
+            # what it holds, keep the split messages' codec error (the balance and all-gather
+            # errors are already in acc, at the rank that encoded them)
             if selected.numel():
                 back = ~_member(final_idx.to(torch.int64), selected)
-                if bool(back.any()):
+                if split_err is not None:
+                    ops.scatter_add_(acc, selected, torch.where(back, sel_values, split_err))
+                elif bool(back.any()):
                     ops.scatter_add_(acc, selected[back], sel_values[back])
         self.last_nnz = int(final_idx.numel())
         gathered = _bruck_entries(block, rank)
@@ -418,6 +426,34 @@ class OkTopk(Algorithm):
         self.last_volume["entries"] = split_sent + balance_sent + gathered
         self.last_events = events
         self.step = step + 1
+
+    # -- messages through the codec --------------------------------------------------------
+    def _encode(self, idx: torch.Tensor, val: torch.Tensor, n: int, acc: torch.Tensor | None = None):
+        """``(message, sent)`` of a sorted COO vector. With ``acc`` (the balance and all-gather
+        messages, whose entries are all in the result), a lossy codec's error ``val - sent`` is
+        added to ``acc`` at ``idx`` here: the encoding rank keeps it, and it is counted once
+        because each reduced entry is encoded by one owner (balance) and then by one block
+        holder (all-gather). The split messages' error is the caller's (kept only for entries
+        that end in the result)."""
+        message, sent = self.codec.encode(idx, val, n, self.comm.rank)
+        if acc is not None and not self.codec.lossless and idx.numel():
+            ops.scatter_add_(acc, idx.to(torch.int64), val - sent)
+        return message, sent
+
+    def _exchange(self, sends, expected: dict[int, int], n: int, acc: torch.Tensor) -> dict[int, torch.Tensor]:
+        """One round: ``sends`` out, ``expected[source]`` entries in from each source; a
+        variable-size round when the codec's sizes are not known to the receiver."""
+        sources = list(expected)
+        if not self.codec.plain:
+            return dict(zip(sources, self.comm.exchange_var(sends, sources))) if sends or sources else {}
+        bufs = {q: torch.empty(self.codec.fixed_nbytes(c, n, acc.dtype), dtype=torch.uint8, device=acc.device)
+                for q, c in expected.items()}
+        self.comm.exchange(sends, list(bufs.items()))
+        return bufs
+
+    def _decode(self, payload: torch.Tensor, n: int, acc: torch.Tensor, sender: int, count: int):
+        return self.codec.decode(payload, n=n, value_dtype=acc.dtype, receiver=self.comm.rank, sender=sender,
+                                 count=count)
 
     def _agree(self, step: int, checksum: int, payload: list[int], n: int, start: int | None = None) -> torch.Tensor:
         """All-gather ``[step, checksum, *payload]``; the same ValueError on every rank when the
