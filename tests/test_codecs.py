@@ -255,3 +255,29 @@ def test_benchmark_and_example_labels_name_codecs():
     assert _variant("spardl+delta_binary+skcompress") == ("spardl", BOTH)
     with pytest.raises(ValueError, match="unknown codec 'zstd'"):
         _variant("topka+zstd")
+
+
+@pytest.mark.parametrize("codec", [INDEX, BOTH], ids=["index", "both"])
+def test_oktopk_volume_counts_entries_with_codecs(codec):
+    """Ok-Topk's 6k(P-1)/P bound is in entries: the codecs change bytes, not entries (the index
+    codec not even the selection, so every phase's count equals the plain run's)."""
+    size, n, density = 4, 4097, 0.03
+    grads = _grads(size, n, torch.float32, "overlap")
+
+    def run(extra):
+        def rank(comm):
+            reducer = sc.SparseAllreduce("oktopk", density, comm=comm, tau=2, tau_prime=2, **extra)
+            volumes = []
+            for step in range(STEPS):
+                reducer(grads[step][comm.rank].clone())
+                volumes.append(dict(reducer.algorithm.last_volume))
+            return volumes
+        return simulate(size, rank).results
+
+    plain, coded = run({}), run(codec)
+    for r in range(size):
+        for step in range(STEPS):
+            v = coded[r][step]
+            assert v["entries"] == v["split"] + v["balance"] + v["allgather"] <= v["bound"], (r, step, v)
+            if codec is INDEX:
+                assert v == plain[r][step], (r, step)

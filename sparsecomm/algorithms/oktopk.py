@@ -40,6 +40,20 @@ puts its own value back into ``acc`` (exactly: ``acc`` was zero there). Hence
 sum_r (g_r + e_r) = out + sum_r e'_r, every entry of the result being the sum of the values
 its contributors removed.
 
+**Codecs** (``index_codec``, ``value_codec``, :mod:`sparsecomm.formats.codec`): the split,
+balance and all-gather messages (all sorted COO) go through the codec; sizes then vary, so
+those rounds use ``exchange_var`` / ``bruck_allgather_var`` (one size round each on backends
+that cannot probe). ``index_codec`` alone leaves every result, residual and volume
+bit-identical. With a lossy value codec each encoding rank keeps the error
+``true - decoded`` of what it encoded, so every error is counted once: a split message's error
+stays with its sender, but only for entries that end in the result (for the others the sender
+puts back its whole value, as above); a reduced entry is then encoded once by its region's
+owner (balance; its own block's part is not sent) and once by the rank whose balanced block
+holds it (all-gather), each keeping its error; every one of those entries is in the result.
+The owner selects among, and every rank sums, decoded values only, so the result is identical
+everywhere and sum_r (g_r + e_r) = out + sum_r e'_r still holds. The volume below counts
+entries, so its bound is unchanged; the codecs shrink the bytes.
+
 **Volume bound and how threshold reuse is kept within it.** Counting entries (an index and a
 value) each rank sends: split <= c_r (its selected count; the entries of its own region stay),
 balance <= G - floor(G/P) and the Bruck all-gather of the balanced blocks (sizes differ by at
