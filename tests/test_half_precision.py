@@ -22,6 +22,10 @@ import sparsecomm as sc
 from sparsecomm.testing import spawn
 
 ALGORITHMS = sc.algorithms.names()
+#: algorithms whose messages carry quantized values (SKCompress's quantile buckets): at density 1
+#: they are not exact, so for them the test checks what the half path must still give: finite
+#: averages (no overflow before the division), never a sign flip, the same on every rank
+QUANTIZED = {"skcompress"}
 #: (P, dtype) -> {index: DDP's result} where DDP's pre-division overflows and ours does not
 DDP_OVERFLOWS = {(3, torch.float16): {2: float("inf")}}
 
@@ -95,7 +99,13 @@ def test_half_bucket_average_matches_ddp_near_the_top_of_the_range(size):
             # warm-up steps are DDP's own arithmetic (divide in the bucket's dtype, then sum)
             assert results[dtype, "warm-up"] == ddp_expected, (size, dtype, rank, results[dtype, "warm-up"])
             for how in [*ALGORITHMS, "topka after warm-up"]:
-                assert results[dtype, how] == expected, (size, dtype, how, rank, results[dtype, how])
+                got = results[dtype, how]
+                if how in QUANTIZED:
+                    assert got == runs[0][dtype, how], (size, dtype, how, rank, got)
+                    assert all(abs(v) < float("inf") and v * e >= 0 for v, e in zip(got, expected)), \
+                        (size, dtype, how, rank, got)
+                else:
+                    assert got == expected, (size, dtype, how, rank, got)
 
 
 def test_the_fp16_case_overflows_when_rounded_before_dividing():
