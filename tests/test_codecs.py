@@ -39,7 +39,14 @@ ALGORITHMS = [
     ("spardl", {"teams": 1}),
     ("oktopk", {}),
     ("oktopk", {"tau": 2, "tau_prime": 2}),
+    # the sparcml family: sparse streams coded, dense phases as they were
+    ("sparcml_recursive_double", {}),
+    ("sparcml_split_allgather", {}),
+    ("topkdsa", {}),
+    ("topkdsa", {"quantize_bits": 8}),
+    ("sparcml", {}),
 ]
+SPARCML_FAMILY = ("sparcml_recursive_double", "sparcml_split_allgather", "topkdsa", "sparcml")
 
 
 def _history(comm, algorithm, density, grads_by_step, options):
@@ -111,7 +118,7 @@ def test_codecs_simulated(algorithm, options, size, n, density, dtype, pattern):
     # small messages (spardl: k/P per block; oktopk: about k/P per region): the size round and the
     # codec's tables cost more than the keys save
     per_message = density * n / size if algorithm == "oktopk" else density * n
-    if size > 1 and per_message >= 40 and algorithm != "spardl":
+    if size > 1 and per_message >= 40 and algorithm != "spardl" and algorithm not in SPARCML_FAMILY:
         assert sum(h[2] for h in index[0]) < sum(h[2] for h in plain[0]), "delta-binary keys must save bytes"
     check_lossy(value, grads, size)
     check_lossy(both, grads, size)
@@ -145,10 +152,12 @@ def test_codecs_on_gloo_ranks(size):
     check_lossy(as_torch[-1], grads, size)
 
 
-def test_handshake_rejects_differing_codec_options():
+@pytest.mark.parametrize("algorithm", ["topka", "sparcml_recursive_double", "sparcml_split_allgather", "topkdsa",
+                                       "sparcml"])
+def test_handshake_rejects_differing_codec_options(algorithm):
     def rank(comm):
         options = VALUE if comm.rank == 1 else {}
-        reducer = sc.SparseAllreduce("topka", 0.1, comm=comm, **options)
+        reducer = sc.SparseAllreduce(algorithm, 0.1, comm=comm, **options)
         try:
             reducer(torch.randn(100))
         except ValueError as exc:
@@ -164,7 +173,7 @@ def test_handshake_rejects_differing_codec_options():
 @pytest.mark.parametrize("option,value", [("index_codec", "zstd"), ("value_codec", "qsgd"), ("q", 3), ("q", 2.0),
                                           ("s", 0), ("t", 0.0), ("t", float("nan")), ("r", 0), ("r", 200),
                                           ("m", 3), ("m", True), ("prefix", "none"), ("topology", "ring")])
-@pytest.mark.parametrize("algorithm", ["topka", "gtopk", "spardl", "oktopk", "skcompress"])
+@pytest.mark.parametrize("algorithm", ["topka", "gtopk", "spardl", "oktopk", "skcompress", *SPARCML_FAMILY])
 def test_invalid_codec_options(algorithm, option, value):
     cls = sc.algorithms.get(algorithm)
     if option not in cls.option_defaults:
@@ -281,3 +290,104 @@ def test_oktopk_volume_counts_entries_with_codecs(codec):
             assert v["entries"] == v["split"] + v["balance"] + v["allgather"] <= v["bound"], (r, step, v)
             if codec is INDEX:
                 assert v == plain[r][step], (r, step)
+
+
+# -- the sparcml family: coded sparse streams ---------------------------------------------
+
+@pytest.mark.parametrize("algorithm", ["sparcml_recursive_double", "sparcml_split_allgather", "topkdsa"])
+def test_sparcml_family_index_codec_saves_bytes(algorithm):
+    """Sparse phases (k = 1% of N, far below delta) travel with delta-binary keys: fewer bytes,
+    the same results (checked bit for bit in the tables above)."""
+    grads = _grads(4, 100_000, torch.float32, "random")
+
+    def run(extra):
+        return simulate(4, lambda comm: _history(comm, algorithm, 0.01, grads, extra)).results
+
+    plain, index, both = run({}), run(INDEX), run(BOTH)
+    sent = [sum(h[2] for h in res[0]) for res in (plain, index, both)]
+    assert sent[1] < sent[0] and sent[2] < sent[0], sent
+    if algorithm != "topkdsa":  # topkdsa's bytes are mostly its dense all-gather, which no codec touches
+        assert sent[2] < sent[1], sent
+
+
+def test_sparcml_passes_codec_options_to_its_choice():
+    def rank(comm):
+        reducer = sc.SparseAllreduce("sparcml", 0.01, comm=comm, **BOTH)
+        reducer(torch.randn(20_000, generator=torch.Generator().manual_seed(comm.rank)))
+        inner = reducer.algorithm._algs[reducer.algorithm.last_choice]
+        return inner.codec.index_codec, inner.codec.value_codec, reducer.algorithm.lossless
+
+    assert simulate(4, rank).results == [("delta_binary", "skcompress", False)] * 4
+
+
+def _stream(count=30, n=1000, offset=500, sender=2):
+    from sparsecomm.algorithms._sparse_stream import SparseStream
+
+    g = torch.Generator().manual_seed(count)
+    idx = torch.sort(torch.randperm(n, generator=g)[:count]).values
+    return SparseStream.sparse(idx, torch.randn(count, generator=g), n, offset)
+
+
+def _stream_codec(options):
+    return CooCodec({**sc.formats.CODEC_OPTION_DEFAULTS, **options})
+
+
+@pytest.mark.parametrize("options", [INDEX, VALUE, BOTH])
+def test_coded_stream_round_trip(options):
+    from sparsecomm.algorithms._sparse_stream import decode_sparse_stream, encode_sparse_stream
+
+    codec = _stream_codec(options)
+    stream = _stream()
+    message, sent = encode_sparse_stream(stream, 2, codec)
+    assert int(message[6]) == int(sc.formats.Kind.COO_CODED)
+    # one byte in front: a block that follows a coded message of odd length in a gathered buffer
+    shifted = torch.cat([torch.zeros(1, dtype=torch.uint8), message])[1:]
+    for payload in (message, shifted):
+        got = decode_sparse_stream(payload, n=1000, offset=500, value_dtype=torch.float32, receiver=0, sender=2,
+                                   codec=codec)
+        assert (got.n, got.offset, got.is_dense) == (1000, 500, False)
+        assert torch.equal(got.indices.long(), stream.indices.long()) and torch.equal(got.values, sent.values)
+    if codec.lossless:
+        assert sent is stream
+    # a dense stream is never coded: the plain DENSE message, accepted with or without codecs
+    dense = stream.densified()
+    message, sent = encode_sparse_stream(dense, 2, codec)
+    assert sent is dense and int(message[6]) == int(sc.formats.Kind.DENSE)
+    got = decode_sparse_stream(message, n=1000, offset=500, value_dtype=torch.float32, receiver=0, sender=2,
+                               codec=codec)
+    assert got.is_dense and torch.equal(got.values, dense.values)
+
+
+def _coded_cases():
+    from sparsecomm.algorithms._sparse_stream import encode_sparse_stream
+    from sparsecomm.formats.stream import encode_stream
+
+    both = _stream_codec(BOTH)
+    coded = encode_sparse_stream(_stream(), 2, both)[0]
+    kw = dict(n=1000, offset=500, value_dtype=torch.float32, receiver=0, sender=2)
+    # 600 items, past delta(1000) = 500: a sender would have sent the range dense
+    idx = torch.sort(torch.randperm(1000, generator=torch.Generator().manual_seed(5))[:600]).values
+    big = both.encode(idx, torch.randn(600), 1000, 2)[0]
+    truncated = coded[:-1].clone()
+    reserved = coded.clone()
+    reserved[9] = 1
+    return [
+        ("coded where plain expected", coded, None, kw, "kind"),
+        ("plain sparse where coded expected", encode_stream(_stream(), 2), both, kw, "plain sparse stream"),
+        ("other codecs", coded, _stream_codec(INDEX), kw, "codec"),
+        ("past delta", big, both, kw, "past delta"),
+        ("range length", coded, both, {**kw, "n": 999}, "N|n"),
+        ("sender", coded, both, {**kw, "sender": 3}, "sender"),
+        ("truncated", truncated, both, kw, "coded COO message"),
+        ("reserved header byte", reserved, both, kw, "reserved"),
+        ("header cut", coded[:20].clone(), both, kw, "."),
+    ]
+
+
+@pytest.mark.parametrize("name,payload,codec,kw,match", _coded_cases(), ids=[c[0] for c in _coded_cases()])
+def test_coded_stream_malformed(name, payload, codec, kw, match):
+    from sparsecomm.algorithms._sparse_stream import decode_sparse_stream
+
+    with pytest.raises(WireFormatError, match=match) as info:
+        decode_sparse_stream(payload, codec=codec, **kw)
+    assert "rank 0 received from rank" in str(info.value), str(info.value)

@@ -16,6 +16,15 @@ through :mod:`sparsecomm.ops`):
 
 Every value is computed as ``self + other`` element-wise, whichever representation
 holds it, so the sum of the same streams is bit-identical in either form (x + 0 = x).
+
+Codecs ("SKCompress", sections 4-5; :class:`~sparsecomm.formats.codec.CooCodec`): with
+``index_codec`` or ``value_codec`` set, a *sparse* stream travels as a coded COO message
+(kind COO_CODED, N = the range's length, indices relative to its offset) instead of the
+plain COO stream; a dense stream stays the plain DENSE stream (the codecs are for sorted
+keys and their values, a dense range has neither). The coded message carries no offset:
+every receiver knows the range it expects (the whole vector, or split range j), and the
+header's N is checked against its length. The dense switch keeps the plain delta(n), so
+the index codec changes no decision and no bit of a result.
 """
 
 from __future__ import annotations
@@ -23,10 +32,12 @@ from __future__ import annotations
 import torch
 
 from .. import ops
-from ..formats.header import index_dtype_for
-from ..formats.stream import StreamRange, decode_stream, stream_delta
+from ..errors import WireFormatError
+from ..formats.codec import CooCodec
+from ..formats.header import HEADER_NBYTES, Kind, index_dtype_for
+from ..formats.stream import StreamRange, decode_stream, encode_stream, stream_delta
 
-__all__ = ["SparseStream", "decode_sparse_stream"]
+__all__ = ["SparseStream", "decode_sparse_stream", "encode_sparse_stream"]
 
 
 class SparseStream(StreamRange):
@@ -99,9 +110,48 @@ class SparseStream(StreamRange):
         return SparseStream(n, self.offset, val, idx)
 
 
+def encode_sparse_stream(stream: SparseStream, sender: int, codec: CooCodec | None = None
+                         ) -> tuple[torch.Tensor, SparseStream]:
+    """``(message, sent)``: the stream's message and the stream receivers will decode from it.
+
+    Without codecs (or for a dense stream) the plain stream message and ``stream`` itself.
+    With them a sparse stream becomes a coded COO message; with a lossy ``value_codec``
+    ``sent`` holds the decoded values (the sender decodes its own body), and the caller
+    keeps ``stream.values - sent.values`` in its residual and goes on with ``sent``.
+    """
+    if codec is None or codec.plain or stream.is_dense:
+        return encode_stream(stream, sender), stream
+    message, values = codec.encode(stream.indices, stream.values, stream.n, sender)
+    if values is stream.values:
+        return message, stream
+    return message, SparseStream(stream.n, stream.offset, values, stream.indices)
+
+
 def decode_sparse_stream(payload: torch.Tensor, *, n: int, offset: int, value_dtype: torch.dtype, receiver: int,
-                         sender: int) -> SparseStream:
+                         sender: int, codec: CooCodec | None = None) -> SparseStream:
     """:func:`~sparsecomm.formats.stream.decode_stream` (validate, view without a copy), as a
-    stream that can be summed."""
-    return SparseStream.of(decode_stream(payload, n=n, offset=offset, value_dtype=value_dtype, receiver=receiver,
-                                         sender=sender))
+    stream that can be summed.
+
+    With ``codec`` (not plain) a sparse range must arrive as a coded COO message of those
+    codecs and at most delta(n) items (:meth:`CooCodec.decode` validates the header and
+    body); a plain sparse stream then raises :class:`WireFormatError`, as does a coded
+    message without ``codec``. A dense range is the plain DENSE stream either way.
+    """
+    coded = codec is not None and not codec.plain
+    if coded and payload.numel() >= HEADER_NBYTES and int(payload[6]) == int(Kind.COO_CODED):
+        idx, val = codec.decode(payload, n=n, value_dtype=value_dtype, receiver=receiver, sender=sender)
+        delta = stream_delta(n, value_dtype)
+        if idx.numel() > delta:
+            raise WireFormatError(f"rank {receiver} received from rank {sender} a coded sparse stream of "
+                                  f"{idx.numel()} items for a range of {n}, past delta = {delta} (the sender "
+                                  "should have sent it dense)")
+        return SparseStream(n, offset, val, idx)
+    if payload.storage_offset() % 8:  # after coded messages of any length in one buffer: realign to view
+        payload = payload.clone()
+    stream = SparseStream.of(decode_stream(payload, n=n, offset=offset, value_dtype=value_dtype, receiver=receiver,
+                                           sender=sender))
+    if coded and not stream.is_dense:
+        raise WireFormatError(f"rank {receiver} received from rank {sender} a plain sparse stream where a coded "
+                              f"one (index_codec={codec.index_codec!r}, value_codec={codec.value_codec!r}) was "
+                              "expected: do all ranks use the same codec options?")
+    return stream

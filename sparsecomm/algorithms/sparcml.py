@@ -45,10 +45,11 @@ import torch
 
 from .. import ops
 from ..comm.collectives import bruck_allgather, bruck_allgather_var
+from ..formats import CODEC_OPTION_DEFAULTS, CooCodec, check_codec_options
 from ..formats.header import index_dtype_for
-from ..formats.stream import dense_stream_message, encode_stream, stream_delta, stream_nbytes
+from ..formats.stream import dense_stream_message, stream_delta, stream_nbytes
 from . import _qsgd
-from ._sparse_stream import SparseStream, decode_sparse_stream
+from ._sparse_stream import SparseStream, decode_sparse_stream, encode_sparse_stream
 from ._folding import fold_layout
 from .base import Algorithm, get, register
 
@@ -58,6 +59,24 @@ __all__ = ["SparcmlRecursiveDouble", "SparcmlSplitAllgather", "TopkDSA", "Sparcm
 def bounds(n: int, p: int) -> list[int]:
     """Range boundaries of the split: range j is [bounds[j], bounds[j+1])."""
     return [j * n // p for j in range(p + 1)]
+
+
+def _init_codec(alg: Algorithm) -> CooCodec:
+    """Validate the codec options and build the codec (module docstring, "Codecs")."""
+    check_codec_options(alg.name, alg.options)
+    alg.lossless = alg.lossless and CooCodec(alg.options).lossless
+    return CooCodec(alg.options)
+
+
+def _send(alg: Algorithm, stream: SparseStream, acc: torch.Tensor, keep_error: bool = True
+          ) -> tuple[torch.Tensor, SparseStream]:
+    """Encode ``stream`` with the algorithm's codec: ``(message, sent)``. A lossy value codec's
+    error ``stream - sent`` goes into the residual ``acc`` at the stream's positions when
+    ``keep_error`` (exactly one of the ranks that send the same stream keeps it)."""
+    message, sent = encode_sparse_stream(stream, alg.comm.rank, alg.codec)
+    if keep_error and sent is not stream:
+        acc.index_add_(0, stream.indices.to(torch.int64) + stream.offset, stream.values - sent.values)
+    return message, sent
 
 
 def _select(alg: Algorithm, acc: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,6 +90,13 @@ def _select(alg: Algorithm, acc: torch.Tensor, k: int) -> tuple[torch.Tensor, to
 class SparcmlRecursiveDouble(Algorithm):
     name = "sparcml_recursive_double"
     lossless = True
+    option_defaults = dict(CODEC_OPTION_DEFAULTS)
+
+    def __init__(self, comm, **options: Any):
+        super().__init__(comm, **options)
+        self.codec = _init_codec(self)
+        # the result's way back to a folded rank: keys coded, values exact (module docstring)
+        self._back_codec = CooCodec({**self.options, "value_codec": "none"})
 
     def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
         comm, n = self.comm, acc.numel()
@@ -78,32 +104,36 @@ class SparcmlRecursiveDouble(Algorithm):
         indices, values = _select(self, acc, k)
         stream = SparseStream.sparse(indices, values, n)
         if size > 1:
-            stream = self._allreduce(stream, n, acc.dtype)
+            stream = self._allreduce(stream, acc)
         with self.timed("merge"):
             stream.write_into(out)
         self.last_nnz = stream.count if not stream.is_dense else None
 
-    def _allreduce(self, stream: SparseStream, n: int, dtype: torch.dtype) -> SparseStream:
+    def _allreduce(self, stream: SparseStream, acc: torch.Tensor) -> SparseStream:
         comm, rank, size = self.comm, self.comm.rank, self.comm.size
+        n, dtype = acc.numel(), acc.dtype
         fold = fold_layout(size, rank)  # MPICH-style folding (shared helper, _folding.py)
         p2, partner = fold.p2, fold.partner
 
-        def recv_from(peer: int, send: SparseStream | None) -> SparseStream:
-            sends = [(peer, encode_stream(send, rank))] if send is not None else []
-            got = comm.exchange_var(sends, [peer])[0]
-            return decode_sparse_stream(got, n=n, offset=0, value_dtype=dtype, receiver=rank, sender=peer)
+        def recv_from(peer: int, message: torch.Tensor | None, codec: CooCodec) -> SparseStream:
+            got = comm.exchange_var([(peer, message)] if message is not None else [], [peer])[0]
+            return decode_sparse_stream(got, n=n, offset=0, value_dtype=dtype, receiver=rank, sender=peer,
+                                        codec=codec)
 
         if fold.folded_out:  # folded: hand the stream to rank - P', get the result back at the end
-            comm.exchange_var([(partner, encode_stream(stream, rank))], [])
-            return recv_from(partner, None)
+            comm.exchange_var([(partner, _send(self, stream, acc)[0])], [])
+            return recv_from(partner, None, self._back_codec)
         if partner is not None:
-            other = recv_from(partner, None)
+            other = recv_from(partner, None, self.codec)
             with self.timed("merge"):
                 stream = stream.add(other)
         distance = 1
         while distance < p2:
             peer = rank ^ distance
-            other = recv_from(peer, stream)
+            # the 'distance' ranks rank & ~(distance-1) .. hold this same stream and each send it
+            # (to different peers): only the first keeps a lossy codec's error, so it counts once
+            message, stream = _send(self, stream, acc, keep_error=rank % distance == 0)
+            other = recv_from(peer, message, self.codec)
             with self.timed("merge"):
                 if peer < rank:   # lower rank's stream first: both partners compute the same bits
                     stream = _owned(other).add(stream)
@@ -111,7 +141,7 @@ class SparcmlRecursiveDouble(Algorithm):
                     stream = _owned(stream).add(other)
             distance *= 2
         if partner is not None:
-            comm.exchange_var([(partner, encode_stream(stream, rank))], [])
+            comm.exchange_var([(partner, encode_sparse_stream(stream, rank, self._back_codec)[0])], [])
         return stream
 
 
@@ -122,12 +152,14 @@ def _owned(s: SparseStream) -> SparseStream:
     return s
 
 
-def _split_phase(alg: Algorithm, indices: torch.Tensor, values: torch.Tensor, n: int, dtype: torch.dtype,
+def _split_phase(alg: Algorithm, indices: torch.Tensor, values: torch.Tensor, acc: torch.Tensor,
                  into: torch.Tensor | None = None) -> SparseStream:
     """Send every range of the selection to its owner (one round), reduce the own range in
     rank order (0 + x_0 + x_1 + ... element-wise). With ``into`` (a zeroed dense buffer of
     the own range) the reduction is dense, in place; otherwise a stream that switches to
-    dense past its delta."""
+    dense past its delta. Pieces go through ``alg.codec``; a lossy codec's error of each
+    piece stays in the sender's residual ``acc``."""
+    n, dtype = acc.numel(), acc.dtype
     comm, rank, size = alg.comm, alg.comm.rank, alg.comm.size
     b = bounds(n, size)
     cuts = torch.searchsorted(indices, torch.tensor(b, dtype=indices.dtype, device=indices.device)).tolist()
@@ -138,15 +170,15 @@ def _split_phase(alg: Algorithm, indices: torch.Tensor, values: torch.Tensor, n:
 
     peers = [j for j in range(size) if j != rank]
     with alg.timed("select"):
-        sends = [(j, encode_stream(piece(j), rank)) for j in peers]
+        sends = [(j, _send(alg, piece(j), acc)[0]) for j in peers]
     received = comm.exchange_var(sends, peers) if peers else []
     by_rank = dict(zip(peers, received))
     lo, hi = b[rank], b[rank + 1]
     with alg.timed("merge"):
         acc_stream = SparseStream(hi - lo, lo, into, None) if into is not None else None
         for j in range(size):
-            s = piece(j) if j == rank else decode_sparse_stream(by_rank[j], n=hi - lo, offset=lo,
-                                                                value_dtype=dtype, receiver=rank, sender=j)
+            s = piece(j) if j == rank else decode_sparse_stream(by_rank[j], n=hi - lo, offset=lo, value_dtype=dtype,
+                                                                receiver=rank, sender=j, codec=alg.codec)
             # received buffers are ours to modify in place
             acc_stream = s if acc_stream is None else acc_stream.add(s)
     return acc_stream
@@ -156,18 +188,28 @@ def _split_phase(alg: Algorithm, indices: torch.Tensor, values: torch.Tensor, n:
 class SparcmlSplitAllgather(Algorithm):
     name = "sparcml_split_allgather"
     lossless = True
+    option_defaults = dict(CODEC_OPTION_DEFAULTS)
+
+    def __init__(self, comm, **options: Any):
+        super().__init__(comm, **options)
+        self.codec = _init_codec(self)
 
     def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
         comm, n, rank, size = self.comm, acc.numel(), self.comm.rank, self.comm.size
         indices, values = _select(self, acc, k)
-        mine = _split_phase(self, indices, values, n, acc.dtype)
-        blocks = bruck_allgather_var(comm, encode_stream(mine, rank)) if size > 1 else [None]
+        mine = _split_phase(self, indices, values, acc)
+        if size > 1:  # the owner alone holds its reduced range: it keeps a lossy codec's error of it
+            message, mine = _send(self, mine, acc)
+            blocks = bruck_allgather_var(comm, message)
+        else:
+            blocks = [None]
         b = bounds(n, size)
         total, dense = 0, False
         with self.timed("merge"):
             for j in range(size):  # disjoint ranges: each written into its slice of out
                 s = mine if j == rank else decode_sparse_stream(blocks[j], n=b[j + 1] - b[j], offset=b[j],
-                                                                value_dtype=acc.dtype, receiver=rank, sender=j)
+                                                                value_dtype=acc.dtype, receiver=rank, sender=j,
+                                                                codec=self.codec)
                 s.write_into(out)
                 total += s.count
                 dense |= s.is_dense
@@ -181,7 +223,7 @@ _MAX_BUCKET = 2**31 - 1
 class TopkDSA(Algorithm):
     name = "topkdsa"
     lossless = True  # the instance says False when quantize_bits is set (see module docstring)
-    option_defaults = {"quantize_bits": None, "bucket_size": 512, "seed": 0}
+    option_defaults = {"quantize_bits": None, "bucket_size": 512, "seed": 0, **CODEC_OPTION_DEFAULTS}
 
     def __init__(self, comm, **options: Any):
         super().__init__(comm, **options)
@@ -196,6 +238,7 @@ class TopkDSA(Algorithm):
         if isinstance(self.options["seed"], bool) or not isinstance(self.options["seed"], int):
             raise ValueError(f"topkdsa: seed must be an integer, got {self.options['seed']!r}")
         self.lossless = bits is None  # quantized: unbiased, error kept in the residual, not exact
+        self.codec = _init_codec(self)  # the split phase's sparse pieces only; the ranges go dense
         self._step = 0
 
     def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
@@ -206,7 +249,7 @@ class TopkDSA(Algorithm):
         lo, hi = b[rank], b[rank + 1]
         # the owner reduces its range straight into the dense message it will send
         message, dense = dense_stream_message(hi - lo, lo, acc.dtype, rank, acc.device)
-        mine = _split_phase(self, indices, values, n, acc.dtype, into=dense)
+        mine = _split_phase(self, indices, values, acc, into=dense)
         if bits is None:
             block = message
             sizes = [stream_nbytes(b[j + 1] - b[j], 0, acc.dtype, True) for j in range(size)]
@@ -267,10 +310,13 @@ def choose(n: int, k: int, size: int, observed_k: int | None, value_dtype: torch
 class Sparcml(Algorithm):
     name = "sparcml"
     lossless = True
-    option_defaults = {"alpha": 50e-6, "beta": 8e-9}
+    option_defaults = {"alpha": 50e-6, "beta": 8e-9, **CODEC_OPTION_DEFAULTS}
 
     def __init__(self, comm, **options: Any):
         super().__init__(comm, **options)
+        check_codec_options(self.name, self.options)
+        self.lossless = CooCodec(self.options).lossless
+        self._codec_options = {key: self.options[key] for key in CODEC_OPTION_DEFAULTS}
         for key, what in (("alpha", "seconds per message, e.g. 50e-6"),
                           ("beta", "seconds per byte, e.g. 8e-9 for 1 Gbit/s")):
             v = self.options[key]
@@ -288,7 +334,7 @@ class Sparcml(Algorithm):
                         self.options["beta"])
         alg = self._algs.get(choice)
         if alg is None:
-            alg = self._algs[choice] = get(choice)(self.comm)
+            alg = self._algs[choice] = get(choice)(self.comm, **self._codec_options)
         alg.times = self.times  # phases accumulate into this object's timings
         alg.reduce(acc, k, out)
         self.last_choice = choice
