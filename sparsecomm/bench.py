@@ -511,7 +511,8 @@ def _kernels(argv) -> int:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"collectives": _collectives, "kernels": _kernels}
+    from .bench_scale import main as scale_main   # the schedule-only scale study (docs/scale.md)
+    commands = {"collectives": _collectives, "kernels": _kernels, "scale": scale_main}
     if not argv or argv[0] not in commands:
         print(__doc__.split("\n")[0] + "\n\nusage: python -m sparsecomm.bench {collectives,kernels} [options]"
               "\n(add --help after the command for its options)", file=sys.stderr)

@@ -136,13 +136,24 @@ class IndexSets:
         key = tuple(sorted(ranks))
         hit = self._cache.get(key)
         if hit is None:
-            hit = np.unique(np.concatenate([self.sets[r] for r in key])) if key else np.empty(0, np.int64)
+            hit = np.empty(0, np.int64)
+            for r in key:
+                hit = _union(hit, self.sets[r])
             if len(key) > 1:
                 self._cache[key] = hit
         return hit
 
     def merge(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return np.union1d(a, b)
+        return _union(a, b)
+
+
+def _union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Union of two sorted arrays of distinct indices (a sort, not numpy's hash-based unique)."""
+    c = np.concatenate([a, b])
+    c.sort(kind="stable")
+    if len(c) < 2:
+        return c
+    return c[np.concatenate([[True], c[1:] != c[:-1]])]
 
 
 def model_sets(size: int, n: int, k: int, overlap: float = 0.10, hot_fraction: float = 0.25,
@@ -166,12 +177,12 @@ def model_sets(size: int, n: int, k: int, overlap: float = 0.10, hot_fraction: f
         return lo + (rng.random(m) * np.maximum(hi - lo, 1)).astype(np.int64)
 
     shared_k = int(round(overlap * k))
-    pool = np.unique(draw(2 * shared_k + 1))[: max(1, 2 * shared_k)]
+    pool = _union(draw(2 * shared_k + 1), np.empty(0, np.int64))[: max(1, 2 * shared_k)]
     out = []
     for _ in range(size):
         common = rng.choice(pool, min(shared_k, len(pool)), replace=False) if shared_k else np.empty(0, np.int64)
         own = draw(k - len(common) + k // 20 + 1)
-        s = np.unique(np.concatenate([common, own]))
+        s = _union(np.sort(common), own)
         if len(s) > k:
             s = np.sort(rng.choice(s, k, replace=False))
         out.append(s.astype(np.int64))
@@ -437,7 +448,9 @@ def _owner_result(P, N, sets: IndexSets, dtype, b, cuts, pieces, j) -> tuple[boo
         return True, n_j
     cat = np.concatenate(parts)
     owner = np.repeat(np.arange(P), [len(p) for p in parts])
-    _, first = np.unique(cat, return_index=True)
+    order = np.argsort(cat, kind="stable")   # stable: the first of equal indices has the lowest rank
+    srt = cat[order]
+    first = order[np.concatenate([[True], srt[1:] != srt[:-1]])] if len(srt) else order
     new_at = np.bincount(owner[first], minlength=P)
     running = np.cumsum(new_at)
     for i in range(1, P):
@@ -512,7 +525,7 @@ def _densestream(P, N, k, sets, dtype, **o):
     if extra:
         s.var_round(range(p2, P), range(extra), [msg(held[r], 0, sets.n) for r in range(p2, P)])
         for r in range(extra):
-            held[r] = np.union1d(held[r], held[r + p2])
+            held[r] = _union(held[r], held[r + p2])
     rng = [(0, p2)] * p2
     d = p2 // 2
     while d >= 1:
@@ -530,7 +543,7 @@ def _densestream(P, N, k, sets, dtype, **o):
             keep = (first, mid) if r & d == 0 else (mid, last)
             lo, hi = b[keep[0]], b[keep[1]]
             a, c = held[r], held[r ^ d]
-            new[r] = (np.union1d(a[np.searchsorted(a, lo):np.searchsorted(a, hi)],
+            new[r] = (_union(a[np.searchsorted(a, lo):np.searchsorted(a, hi)],
                                  c[np.searchsorted(c, lo):np.searchsorted(c, hi)]), keep)
         for r in range(p2):
             held[r], rng[r] = new[r]
@@ -538,7 +551,12 @@ def _densestream(P, N, k, sets, dtype, **o):
     d = 1
     while d < p2:
         s.var_round(range(p2), [r ^ d for r in range(p2)], [msg(held[r], 0, sets.n) for r in range(p2)])
-        held = [np.union1d(held[r], held[r ^ d]) for r in range(p2)] + held[p2:]
+        joint = {}
+        for r in range(p2):   # the aligned group of 2d ranks holds one union: computed once
+            g = r & ~(2 * d - 1)
+            if g not in joint:
+                joint[g] = _union(held[g], held[g + d])
+        held = [joint[r & ~(2 * d - 1)] for r in range(p2)] + held[p2:]
         d *= 2
     if extra:
         s.var_round(range(extra), range(p2, P), [msg(held[r], 0, sets.n) for r in range(extra)])
