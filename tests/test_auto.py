@@ -97,3 +97,14 @@ def test_state_dict_keeps_the_choice():
 def test_bad_options(options, match):
     with pytest.raises(ValueError, match=match):
         sc.algorithms.get("auto")(None, **options)
+
+
+@pytest.mark.distributed
+def test_resume_through_the_ddp_hook_keeps_the_choice():
+    """tests/test_resume.py's matrix for auto (its ping-pong fit measured, not given): a run
+    resumed from checkpoints after steps 1, 2 and 3 continues bit-identically, so every bucket
+    made the same choice as in the uninterrupted run."""
+    from test_resume import _run_matrix
+    diffs, regrouped = _run_matrix(2, ["bucket_cap_mb=0.01"], only=["auto"])
+    assert regrouped > 0
+    assert all(d == 0.0 for d in diffs.values()), diffs

@@ -164,6 +164,7 @@ class AutoAlgorithm(Algorithm):
         self.inner: Algorithm | None = None
         self.decision: dict[str, Any] = {}
         self._pending: dict[str, Any] | None = None
+        self._carried_fit: tuple[float, float] | None = None
 
     @property
     def wire_revision(self) -> str:   # the handshake's algorithm field names the choice
@@ -186,7 +187,9 @@ class AutoAlgorithm(Algorithm):
             return
         comm = self.comm
         alpha, beta = self.options["alpha"], self.options["beta"]
-        if alpha is None:
+        if alpha is None and self._carried_fit is not None:
+            alpha, beta = self._carried_fit
+        elif alpha is None:
             if comm.size < 2:
                 alpha, beta = 0.0, 0.0
             else:
@@ -226,8 +229,17 @@ class AutoAlgorithm(Algorithm):
         return {"choice": self.choice, **{key: self.decision[key] for key in ("n", "k", "alpha", "beta", "predicted_s")},
                 "inner": self.inner.state_dict()}
 
+    @classmethod
+    def carried_state(cls, state: dict[str, Any]) -> dict[str, Any]:
+        """The alpha-beta fit carries to a rebuilt bucket, so its decision does not depend on a
+        new ping-pong (a resumed run decides as the uninterrupted one)."""
+        return {"alpha": state["alpha"], "beta": state["beta"]} if "alpha" in state else {}
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not state:
+            return
+        if set(state) == {"alpha", "beta"}:   # carried from another bucket
+            self._carried_fit = (float(state["alpha"]), float(state["beta"]))
             return
         missing = {"choice", "n", "k", "alpha", "beta", "predicted_s"} - set(state)
         if missing:
