@@ -1,4 +1,4 @@
-"""Benchmark CLI: ``python -m sparsecomm.bench collectives ...`` and ``... kernels ...``.
+"""Benchmark CLI: ``python -m sparsecomm.bench collectives ...``, ``... kernels ...`` and ``... scale ...``.
 
 ``collectives`` is meant to run under the launcher (:mod:`sparsecomm.launch`), e.g. on the
 emulated 1 Gbit/s cluster::
@@ -520,7 +520,7 @@ def main(argv=None) -> int:
     from .bench_scale import main as scale_main   # the schedule-only scale study (docs/scale.md)
     commands = {"collectives": _collectives, "kernels": _kernels, "scale": scale_main}
     if not argv or argv[0] not in commands:
-        print(__doc__.split("\n")[0] + "\n\nusage: python -m sparsecomm.bench {collectives,kernels} [options]"
+        print(__doc__.split("\n")[0] + "\n\nusage: python -m sparsecomm.bench {collectives,kernels,scale} [options]"
               "\n(add --help after the command for its options)", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     return commands[argv[0]](argv[1:])

@@ -131,3 +131,21 @@ def test_recursive_double_between_sparcml_bounds():
     full = costmodel.IndexSets([np.arange(k, dtype=np.int64)] * P, n)
     m = costmodel.traffic("sparcml_recursive_double", P, n, k, sets=full)
     assert (m.bytes_per_rank - 6 * (40 + 8)) / item == math.log2(P) * k   # full overlap: the lower bound
+
+
+def test_scale_cli_writes_every_row(tmp_path):
+    """``python -m sparsecomm.bench scale`` at small P: a row per algorithm and P, auto's choice
+    among them at its own model time, the JSON and CSV written."""
+    import json
+
+    from sparsecomm.bench import main
+    assert main(["scale", "--P", "2", "5", "8", "--N", "200000", "--density", "0.01", "--bandwidth", "1gbit",
+                 "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "scale.json").read_text())
+    assert (tmp_path / "scale.csv").exists()
+    for P in (2, 5, 8):
+        rows = {r["algorithm"]: r for r in report["rows"] if r["P"] == P}
+        assert {"dense", "topka", "gtopk", "oktopk", "densestream", "auto@1gbit"} <= set(rows)
+        auto = rows["auto@1gbit"]
+        chosen = next(r for r in rows.values() if r["name"] == auto["chose"] and r["algorithm"] != "auto@1gbit")
+        assert auto["time_s@1gbit"] == chosen["time_s@1gbit"] and auto["bytes_per_rank"] == chosen["bytes_per_rank"]
