@@ -19,15 +19,21 @@ One call:
    recursive halving to rank 0 (Algorithm 1, lines 8-23, Figure 1) run backwards to hand the
    sum down (:func:`~sparsecomm.comm.collectives.halving_allreduce_`): rank 0 then receives
    and sends 2 ceil(log2 P) whole tables in sequence;
-3. HEAVYMIX (Algorithm 2) picks ``c = ceil(p2 k)`` candidate indices from the summed sketch
-   (identical on every rank): ``heavymix="topk"`` (default) takes the top-c of |estimate|
-   (ties to the lower index); ``heavymix="random"`` takes the heavy set
-   H = {i : est_i^2 >= ||g||^2 / k} (||g||^2 estimated as the median over rows of the row
-   sums of squares) and fills up with c - |H| indices drawn uniformly from the rest by a
-   generator seeded by (seed, step), as in the paper (the top-c of H when |H| > c). A NaN
-   estimate (only a NaN in some rank's ``acc`` or an overflow of the summed table makes one)
-   raises the same ValueError on every rank under both rules, since every rank holds the same
-   table;
+3. HEAVYMIX (Algorithm 2) picks about ``c = ceil(p2 k)`` candidate indices from the summed
+   sketch (identical on every rank). ``estimate="sliced"`` (default): rank r estimates only
+   the coordinates of its slice r of 0..N-1 (P contiguous slices, lengths differing by at most
+   one) and proposes the ceil(c / P) best of them; a Bruck all-gather of the proposals
+   (headed int32 index blocks, validated) hands every rank the same P ceil(c / P) candidates,
+   so the O(N rows) estimate is cut by P for ceil(log2 P) more rounds and (P-1)/P 4c bytes
+   (a slice gives at most ceil(c / P): when p2 < P, a slice holding more than p2 k / P of the
+   global top-k loses some; ``estimate="full"`` estimates all N on every rank instead).
+   ``heavymix="topk"`` (default) proposes the largest |estimates| (ties to the lower index);
+   ``heavymix="random"`` the heavy set H = {i : est_i^2 >= ||g||^2 / k} (||g||^2 estimated as
+   the median over rows of the row sums of squares) filled up with indices drawn uniformly
+   from the rest by a generator seeded by (seed, step, slice), as in the paper (the largest of
+   H when H is larger). A NaN in the summed table (only a NaN in some rank's ``acc`` or an
+   overflow of the sum makes one) raises the same ValueError on every rank under both rules,
+   before the exact round: every rank holds the same table;
 4. second round: each rank gathers its exact ``acc`` values at the c candidates and the
    c-vectors are summed the same way; every rank then keeps the top-k of the exact sums
    (when c > k) -- bit-identical everywhere, as the sums are;
@@ -36,14 +42,16 @@ One call:
 
 Options: ``rows`` (1..64), ``sketch_size`` (cells per selected entry, > 0), ``columns`` (None:
 from ``sketch_size``; else a width in 1..2^32 - 1), ``p1`` (None or >= 1), ``p2`` (>= 1),
-``allreduce`` ("scatter" or "tree"), ``seed`` (int), ``heavymix`` ("topk" or "random");
+``allreduce`` ("scatter" or "tree"), ``estimate`` ("sliced" or "full"), ``seed`` (int),
+``heavymix`` ("topk" or "random");
 defaults in :attr:`GlobalSketchSGD.option_defaults`, chosen from the measurements of energy
 captured per byte in docs/gssgd.md. A sketch at least as large as the dense gradient warns
 (once per instance): then dense sends less.
 
 Cost per call (:meth:`GlobalSketchSGD.traffic` gives it exactly, per rank): two all-reduces,
-of ``rows x columns`` float32 and of c values of ``acc``'s dtype; with ``"scatter"``
-4 ceil(log2 P) rounds on every rank.
+of ``rows x columns`` float32 and of the candidates' values in ``acc``'s dtype, and with
+``estimate="sliced"`` the candidates' all-gather; with ``"scatter"`` 5 ceil(log2 P) rounds on
+every rank (4 with ``estimate="full"``).
 """
 
 from __future__ import annotations
