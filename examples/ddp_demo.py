@@ -173,6 +173,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="demo_results", help="folder for demo.json and demo.png")
     args = parser.parse_args(argv)
     args.algorithms = bench_accuracy.expand_methods(args.algorithms)
+    for name in args.algorithms:
+        try:
+            _common.check_algorithm(name)
+        except ValueError as exc:
+            parser.error(str(exc))
     if args.steps is None or args.steps < 4:
         parser.error("--steps must be >= 4")
     if args.target is None and "dense" not in args.algorithms:
