@@ -194,9 +194,11 @@ def prototype_data(n: int, stream: int, inputs: int = 784, classes: int = 10, se
 
 # -- the tasks --------------------------------------------------------------------------------
 def make_task(name: str, data_dir: str | None = None, seed: int = 0, hidden: int | None = None,
-              width: float | None = None) -> Task:
+              width: float | None = None, generated_sizes: tuple[int, int] = (8000, 1000)) -> Task:
     """Task ``name`` (one of :data:`TASKS`) with its default configuration; ``hidden`` (mlp)
-    and ``width`` (vgg16, resnet20) override the model size."""
+    and ``width`` (vgg16, resnet20) override the model size; ``generated_sizes`` is (train,
+    test) samples of the teacher-labelled tasks."""
+    n_train, n_test = generated_sizes
     gen = torch.Generator().manual_seed(seed + 7)
     sgd = lambda lr, wd=0.0: (lambda params: torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=wd))  # noqa: E731
     if name == "digits":
@@ -233,7 +235,7 @@ def make_task(name: str, data_dir: str | None = None, seed: int = 0, hidden: int
             data = f"REAL: {found[0]} from {data_dir}" + ("" if size == 32 else f", resized to {size}x{size}")
             steps = 1000
         else:
-            train_x, test_x = smooth_images(8000, size, gen), smooth_images(1000, size, gen)
+            train_x, test_x = smooth_images(n_train, size, gen), smooth_images(n_test, size, gen)
             torch.manual_seed(seed + 1234)
             train_y, test_y = teacher_labels(build(), train_x, test_x)
             why = f"no CIFAR batches in {data_dir!r}" if data_dir else "no --data-dir"
@@ -249,8 +251,8 @@ def make_task(name: str, data_dir: str | None = None, seed: int = 0, hidden: int
             train_x, train_y, test_x, test_y = load_imdb(data_dir, vocab, seq_len)
             data, steps = f"REAL: IMDB (aclImdb layout) from {data_dir}", 1000
         else:
-            train_x = torch.randint(2, vocab, (8000, seq_len), generator=gen)
-            test_x = torch.randint(2, vocab, (1000, seq_len), generator=gen)
+            train_x = torch.randint(2, vocab, (n_train, seq_len), generator=gen)
+            test_x = torch.randint(2, vocab, (n_test, seq_len), generator=gen)
             torch.manual_seed(seed + 1234)
             train_y, test_y = teacher_labels(build(), train_x, test_x)
             why = f"no aclImdb folders in {data_dir!r}" if data_dir else "no --data-dir"
