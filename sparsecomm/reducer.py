@@ -311,6 +311,9 @@ class SparseAllreduce:
             "check_bytes": check_spent.bytes_sent, "check_rounds": check_spent.rounds, "check_s": check_s,
             "nonfinite_ranks": nonfinite,
         }
+        extra = getattr(self.algorithm, "stats_extra", None)
+        if extra is not None:   # e.g. auto: its choice, predicted and measured time
+            self.last_stats.update(extra(self.last_stats["total_s"]))
         return result
 
     def _nonfinite_ranks(self, flat: torch.Tensor) -> list[int]:
@@ -333,6 +336,9 @@ class SparseAllreduce:
         with the other ranks first if new."""
         key = (n, work_dtype, grad.device)
         if self._agreed is None:
+            prepare = getattr(self.algorithm, "prepare", None)
+            if prepare is not None:   # e.g. auto decides here, so the handshake covers its choice
+                prepare(n, self.k_for(n), work_dtype)
             self._handshake(n, grad.dtype)
             self._agreed = key
             pending, self._pending_residual = self._pending_residual, None

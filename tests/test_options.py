@@ -138,6 +138,21 @@ BAD += [(name, options, message) for name in algorithms.names() for options, mes
         if set(options) <= set(algorithms.get(name).option_defaults)]
 BAD += [("skcompress", {"topology": "ring"}, r"topology must be 'allgather' or 'ps', got 'ring'"),
         ("skcompress", {"topology": None}, r"topology must be .*got None")]
+BAD += [  # auto: the alpha-beta constants (both or neither), the candidates, the compute table
+    ("auto", {"alpha": -1e-6, "beta": 1e-9}, r"option alpha must be None .* got -1e-06"),
+    ("auto", {"alpha": NAN, "beta": 1e-9}, r"option alpha must be .* got nan"),
+    ("auto", {"alpha": 1e-4, "beta": INF}, r"option beta must be .* got inf"),
+    ("auto", {"alpha": True, "beta": 1e-9}, r"option alpha must be .* got True"),
+    ("auto", {"alpha": 1e-4}, r"give both alpha and beta, or neither"),
+    ("auto", {"beta": 1e-9}, r"give both alpha and beta, or neither"),
+    ("auto", {"candidates": "topka"}, r"candidates must be a non-empty tuple .* got 'topka'"),
+    ("auto", {"candidates": ()}, r"candidates must be a non-empty tuple"),
+    ("auto", {"candidates": ("auto",)}, r"candidates \['auto'\] cannot be chosen"),
+    ("auto", {"candidates": ("nosuch", "topka")}, r"candidates \['nosuch'\] cannot be chosen"),
+    ("auto", {"compute": {"topka": -1.0}}, r"compute must be None or a dict"),
+    ("auto", {"compute": {"topka": NAN}}, r"compute must be None or a dict"),
+    ("auto", {"compute": [1.0]}, r"compute must be None or a dict"),
+]
 
 # values at the edges that are valid and must be accepted
 GOOD = [

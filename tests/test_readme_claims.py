@@ -65,7 +65,7 @@ def test_the_algorithm_lists_cover_the_registry():
     """The tables below are written by hand; a new algorithm must be placed in them."""
     assert set(ALGORITHMS) == {"dense", "topka", "spardl", "sparcml", "sparcml_recursive_double",
                                "sparcml_split_allgather", "topkdsa", "gtopk", "gssgd", "oktopk", "densestream",
-                               "skcompress"}
+                               "skcompress", "auto"}
 
 
 def _grad(n: int, rank: int, step: int, pattern: str = "random", dtype=torch.float64) -> torch.Tensor:
