@@ -45,7 +45,8 @@ with its error feedback.
 Results travel between ranks only as plain tensors (``all_gather``), never pickled.
 
 ``kernels`` forwards its arguments to :func:`sparsecomm.bench_kernels.main` (the CPU kernel
-benchmark, part of the package so that it runs from an installed wheel too).
+benchmark, part of the package so that it runs from an installed wheel too); ``phases`` to
+:func:`sparsecomm.bench_phases.main` (a call's local compute by phase, in residual-add passes).
 """
 from __future__ import annotations
 
@@ -509,11 +510,16 @@ def _kernels(argv) -> int:
     return 0
 
 
+def _phases(argv) -> int:
+    from .bench_phases import main as phases_main
+    return phases_main(list(argv))
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"collectives": _collectives, "kernels": _kernels}
+    commands = {"collectives": _collectives, "kernels": _kernels, "phases": _phases}
     if not argv or argv[0] not in commands:
-        print(__doc__.split("\n")[0] + "\n\nusage: python -m sparsecomm.bench {collectives,kernels} [options]"
+        print(__doc__.split("\n")[0] + "\n\nusage: python -m sparsecomm.bench {collectives,kernels,phases} [options]"
               "\n(add --help after the command for its options)", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     return commands[argv[0]](argv[1:])

@@ -258,8 +258,10 @@ class SparseAllreduce:
         nonfinite = self._nonfinite_ranks(flat)  # the same list on every rank; raises under "raise"
         check_s = time.perf_counter() - check_start
         after_check = self.comm.stats.snapshot()
+        add_start = time.perf_counter()
         if not nonfinite:
             acc.add_(flat)  # acc = g + e, accumulated in the working dtype
+        add_s = time.perf_counter() - add_start
         k = self.k_for(n)
         if out is not None and out.dtype == work_dtype and out.is_contiguous():
             result = out
@@ -287,7 +289,11 @@ class SparseAllreduce:
             "bytes_sent": spent.bytes_sent, "bytes_recv": spent.bytes_recv, "rounds": spent.rounds,
             "nnz_out": self.algorithm.last_nnz if self.algorithm.last_nnz is not None
             else int(torch.count_nonzero(work_out)),
-            "select_s": times.get("select", 0.0), "merge_s": times.get("merge", 0.0),
+            "select_s": times.get("select", 0.0) + times.get("residual", 0.0),
+            "merge_s": times.get("merge", 0.0) + times.get("scatter", 0.0),
+            # local compute by phase (sparsecomm.bench_phases): the residual add, then the
+            # algorithm's select / residual / merge / scatter
+            "phases_s": {"add": add_s, **times},
             "comm_s": spent.comm_s, "total_s": time.perf_counter() - start,
             "handshake_bytes": handshake_spent.bytes_sent, "handshake_rounds": handshake_spent.rounds,
             "check_bytes": check_spent.bytes_sent, "check_rounds": check_spent.rounds, "check_s": check_s,

@@ -99,7 +99,10 @@ class Algorithm(ABC):
 
     @contextmanager
     def timed(self, phase: str) -> Iterator[None]:
-        """Accumulate wall time of a local phase (``select``, ``merge``) into :attr:`times`."""
+        """Accumulate wall time of a local phase into :attr:`times`: ``select`` (choosing
+        entries), ``residual`` (removing them from ``acc``), ``merge`` (combining received
+        vectors) and ``scatter`` (writing the result into ``out``); the phase benchmark
+        (:mod:`sparsecomm.bench_phases`) reports them apart."""
         start = time.perf_counter()
         try:
             yield

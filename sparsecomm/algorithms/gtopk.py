@@ -68,6 +68,7 @@ class GlobalTopk(Algorithm):
         itype = index_dtype_for(n)
         with self.timed("select"):
             values, indices = ops.topk(acc, k)
+        with self.timed("residual"):
             acc.index_fill_(0, indices, 0)
             cur = (indices.to(itype), values.clone())
         size, rank = comm.size, comm.rank
@@ -136,7 +137,7 @@ class GlobalTopk(Algorithm):
             final = cur
             if fold.partner is not None:
                 send_payload(fold.partner, codec.readdress(payload, rank))
-        with self.timed("merge"):
+        with self.timed("scatter"):
             out.zero_()
             ops.scatter_add_(out, final[0], final[1])
         self.last_nnz = k

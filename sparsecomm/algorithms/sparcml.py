@@ -63,6 +63,7 @@ def bounds(n: int, p: int) -> list[int]:
 def _select(alg: Algorithm, acc: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     with alg.timed("select"):
         values, indices = ops.topk(acc, k)
+    with alg.timed("residual"):
         acc.index_fill_(0, indices, 0)  # what was not selected stays as the residual
     return indices, values
 
@@ -79,7 +80,7 @@ class SparcmlRecursiveDouble(Algorithm):
         stream = SparseStream.sparse(indices, values, n)
         if size > 1:
             stream = self._allreduce(stream, n, acc.dtype)
-        with self.timed("merge"):
+        with self.timed("scatter"):
             stream.write_into(out)
         self.last_nnz = stream.count if not stream.is_dense else None
 
@@ -164,7 +165,7 @@ class SparcmlSplitAllgather(Algorithm):
         blocks = bruck_allgather_var(comm, encode_stream(mine, rank)) if size > 1 else [None]
         b = bounds(n, size)
         total, dense = 0, False
-        with self.timed("merge"):
+        with self.timed("scatter"):
             for j in range(size):  # disjoint ranges: each written into its slice of out
                 s = mine if j == rank else decode_sparse_stream(blocks[j], n=b[j + 1] - b[j], offset=b[j],
                                                                 value_dtype=acc.dtype, receiver=rank, sender=j)
@@ -220,7 +221,7 @@ class TopkDSA(Algorithm):
             sizes = [_qsgd.qsgd_nbytes(b[j + 1] - b[j], bits, bucket) for j in range(size)]
         self._step += 1
         blocks = bruck_allgather(comm, block, sizes)
-        with self.timed("merge"):
+        with self.timed("scatter"):
             for j in range(size):
                 m = b[j + 1] - b[j]
                 if bits is None and j == rank:

@@ -370,8 +370,10 @@ class SparDL(Algorithm):
                 all_val = torch.cat([p[1] for p in parts])
             else:
                 all_idx, all_val = f_idx.to(torch.int64), f_val
+        with self.timed("scatter"):
             out.zero_()
             out.index_copy_(0, all_idx, all_val)   # blocks are disjoint: no sums, identical everywhere
+        with self.timed("residual"):
             # global residual collection: xi at the result's indices, the original elsewhere
             xi = acc.index_select(0, all_idx)
             for j_idx, j_val in reversed(journal):

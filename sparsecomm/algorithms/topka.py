@@ -48,6 +48,7 @@ class TopkAllgather(Algorithm):
         with self.timed("select"):
             values, indices = ops.topk(acc, k)
             message, sent = codec.encode(indices, values, n, comm.rank)
+        with self.timed("residual"):
             if codec.lossless:
                 acc.index_fill_(0, indices, 0)  # what was not selected stays as the residual
             else:
@@ -62,6 +63,7 @@ class TopkAllgather(Algorithm):
             decoded = [codec.decode(block, n=n, value_dtype=acc.dtype, receiver=comm.rank, sender=source, count=count)
                        for source, block in enumerate(blocks)]
             merged_indices, merged_values = ops.merge_add_many([d[0] for d in decoded], [d[1] for d in decoded])
+        with self.timed("scatter"):
             out.zero_()
             ops.scatter_add_(out, merged_indices, merged_values)
         self.last_nnz = merged_indices.numel()
