@@ -7,7 +7,8 @@ timed is local compute plus the wait for the peer's compute), and the reducer's
 
 * ``check``    -- the non-finite check of the gradient (one read of it) and its flag round,
 * ``add``      -- the residual add ``acc = g + e`` (zero when the algorithm fuses it with its
-  selection, see ``select``),
+  selection, see ``select``; ``--unfused`` adds rows ``NAME/unfused`` where the reducer adds
+  first, timed in the same run),
 * ``select``   -- choosing the entries to send (top-k, block top-k, B-SAG/R-SAG top-L; with
   the fused kernel also the residual add),
 * ``residual`` -- removing what was sent from ``acc`` (and spardl's residual collection),
@@ -45,9 +46,16 @@ PHASES = ("check", "add", "select", "residual", "merge", "scatter", "other")
 DEFAULT_ALGORITHMS = ("topka", "spardl", "gtopk", "sparcml_recursive_double", "sparcml_split_allgather", "sparcml")
 
 
+UNFUSED = "/unfused"
+
+
 def _rank_work(comm, algorithms: Sequence[str], n: int, density: float, repeats: int) -> List[Dict[str, Any]]:
     from .reducer import SparseAllreduce
-    reducers = {a: SparseAllreduce(a, density, comm=comm) for a in algorithms}
+    reducers = {}
+    for a in algorithms:
+        reducers[a] = SparseAllreduce(a.removesuffix(UNFUSED), density, comm=comm)
+        if a.endswith(UNFUSED):  # the reducer adds the gradient itself, then the algorithm selects
+            reducers[a].algorithm.fuses_add = False
     grads = [bench_gradient(comm.rank, step, n) for step in range(2)]
     out = torch.empty(n)
     e, g = torch.zeros(n), grads[0].clone()
@@ -123,9 +131,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1, 2], help="simulated ranks P")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch threads per rank")
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--unfused", action="store_true",
+                    help="also time each algorithm with the residual add unfused (NAME/unfused rows: the reducer "
+                         "adds, then the algorithm selects, as before issue 17), interleaved in the same run")
     ap.add_argument("--json", default=None, help="write the table here")
     args = ap.parse_args(list(argv) if argv is not None else None)
-    table = run_phases(args.algorithms, args.n, args.density, args.sizes, args.threads, args.repeats)
+    algorithms = list(args.algorithms)
+    if args.unfused:
+        algorithms = [x for a in algorithms for x in (a, a + UNFUSED)]
+    table = run_phases(algorithms, args.n, args.density, args.sizes, args.threads, args.repeats)
     print(f"N = {format_size(args.n)} float32, density {args.density}, medians of {args.repeats}; "
           f"phases in units of one `e += g` pass (rank 0)")
     print(markdown(table))

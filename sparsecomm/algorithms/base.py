@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Iterator
 
 import torch
 
+from .. import ops
 from ..comm.base import Comm
 
 __all__ = ["Algorithm", "register", "names", "get"]
@@ -73,6 +74,11 @@ class Algorithm(ABC):
     propagates_nonfinite: ClassVar[bool] = False
     #: the keyword options the constructor accepts, with their defaults
     option_defaults: ClassVar[dict[str, Any]] = {}
+    #: True when :meth:`reduce` takes ``grad=``: the reducer then hands over ``acc`` without
+    #: the gradient and the algorithm adds it itself, fused with its first selection
+    #: (:func:`sparsecomm.ops.topk_accum_`: one pass over the residual and the gradient
+    #: instead of an add pass and a selection pass)
+    fuses_add: ClassVar[bool] = False
 
     def __init__(self, comm: Comm, **options: Any):
         unknown = sorted(set(options) - set(self.option_defaults))
@@ -95,7 +101,25 @@ class Algorithm(ABC):
 
     @abstractmethod
     def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
-        """One step: write the reduced result into ``out`` and leave the residual in ``acc``."""
+        """One step: write the reduced result into ``out`` and leave the residual in ``acc``.
+
+        Algorithms with :attr:`fuses_add` take ``grad=`` too (``reduce(acc, k, out, grad=g)``):
+        ``acc`` then holds only the residual and the step begins with ``acc += grad`` (same
+        dtype, the bits of ``acc.add_(grad)``), fused with the first selection; ``grad`` is
+        read in full before ``out`` is written (``out`` may be ``grad``'s memory)."""
+
+    @staticmethod
+    def select_topk(acc: torch.Tensor, k: int, grad: torch.Tensor | None, clear: bool,
+                    num_blocks: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(values, indices)`` of the top-``k`` of ``acc`` (per block with ``num_blocks``),
+        after adding ``grad`` into ``acc`` when given (fused); ``clear`` then sets the selected
+        entries of ``acc`` to zero (they leave the residual)."""
+        if grad is not None:
+            return ops.topk_accum_(acc, grad, k, num_blocks=num_blocks, clear=clear)
+        values, indices = ops.topk(acc, k) if num_blocks == 1 else ops.block_topk(acc, num_blocks, k)
+        if clear:
+            acc.index_fill_(0, indices, 0)
+        return values, indices
 
     @contextmanager
     def timed(self, phase: str) -> Iterator[None]:

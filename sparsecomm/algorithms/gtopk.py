@@ -58,18 +58,21 @@ class GlobalTopk(Algorithm):
         check_codec_options(self.name, self.options)
         self.codec = CooCodec(self.options)
 
-    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
+    fuses_add = True
+
+    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor, grad: torch.Tensor | None = None) -> None:
         comm, n, codec = self.comm, acc.numel(), self.codec
         k = min(k, n)
         if n == 0 or k == 0:
+            if grad is not None:
+                acc.add_(grad)
             out.zero_()
             self.last_nnz = 0
             return
         itype = index_dtype_for(n)
         with self.timed("select"):
-            values, indices = ops.topk(acc, k)
+            values, indices = self.select_topk(acc, k, grad, clear=True)
         with self.timed("residual"):
-            acc.index_fill_(0, indices, 0)
             cur = (indices.to(itype), values.clone())
         size, rank = comm.size, comm.rank
         nbytes = codec.fixed_nbytes(k, n, acc.dtype)

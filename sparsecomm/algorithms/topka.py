@@ -43,15 +43,16 @@ class TopkAllgather(Algorithm):
         self.codec = CooCodec(self.options)
         self.lossless = self.codec.lossless
 
-    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
+    fuses_add = True
+
+    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor, grad: torch.Tensor | None = None) -> None:
         comm, n, codec = self.comm, acc.numel(), self.codec
         with self.timed("select"):
-            values, indices = ops.topk(acc, k)
+            # lossless: the selection leaves acc at once (what was not selected is the residual)
+            values, indices = self.select_topk(acc, k, grad, clear=codec.lossless)
             message, sent = codec.encode(indices, values, n, comm.rank)
         with self.timed("residual"):
-            if codec.lossless:
-                acc.index_fill_(0, indices, 0)  # what was not selected stays as the residual
-            else:
+            if not codec.lossless:
                 acc.index_copy_(0, indices, values - sent)  # and what the codec did not carry
         nbytes = codec.fixed_nbytes(indices.numel(), n, acc.dtype)
         if nbytes is not None:
