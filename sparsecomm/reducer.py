@@ -285,8 +285,8 @@ class SparseAllreduce:
         after_check = self.comm.stats.snapshot()
         # acc = g + e, accumulated in the working dtype: here, or by the algorithm fused with
         # its first selection (one pass over e and g instead of two; CPU, full-precision grads)
-        fuse = (not nonfinite and n > 0 and self.algorithm.fuses_add and flat.dtype == work_dtype
-                and acc.device.type == "cpu")
+        fuse = (not nonfinite and n > 0 and flat.dtype == work_dtype and acc.device.type == "cpu"
+                and self.algorithm.takes_grad())
         add_start = time.perf_counter()
         if not nonfinite and not fuse:
             acc.add_(flat)

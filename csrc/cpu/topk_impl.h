@@ -319,18 +319,50 @@ static inline BITS FN(add_bits)(BITS a, BITS b) {
   return a;
 }
 
-/* x[i] += g[i] for i < n, as FT (memcpy keeps it free of aliasing assumptions;
- * the compiler turns it into vector loads, adds and stores). */
-static inline void FN(add_run)(BITS* x, const BITS* g, int64_t n) {
-  enum { W = 16 };
-  int64_t i = 0;
-  for (; i + W <= n; i += W) {
-    FT a[W], b[W];
-    memcpy(a, x + i, sizeof(a));
-    memcpy(b, g + i, sizeof(b));
-    for (int j = 0; j < W; j++) a[j] += b[j];
-    memcpy(x + i, a, sizeof(a));
+/* x[0..16) += g[0..16) in FT with 16-byte vectors (memcpy: unaligned, no aliasing
+ * assumptions; compiles to movups / addps / movups). */
+typedef FT FN(v16f) __attribute__((vector_size(16)));
+static inline void FN(add16)(BITS* x, const BITS* g) {
+  enum { L = 16 / sizeof(FT), NV = 16 / L };
+  for (int c = 0; c < NV; c++) {
+    FN(v16f) a, b;
+    memcpy(&a, x + c * L, 16);
+    memcpy(&b, g + c * L, 16);
+    a += b;
+    memcpy(x + c * L, &a, 16);
   }
+}
+
+/* add16, then mask16 of the sums, without reading them back (SSE2, float32); else
+ * the two steps. */
+static inline unsigned FN(add_mask16)(BITS* x, const BITS* g, BITS tm1) {
+#if defined(__SSE2__)
+  if (sizeof(FT) == 4) {
+    const __m128i t = _mm_set1_epi32((int)(uint32_t)tm1), m = _mm_set1_epi32(0x7FFFFFFF);
+    __m128i d[4];
+    for (int c = 0; c < 4; c++) {
+      __m128 a = _mm_loadu_ps((const float*)(const void*)(x + 4 * c));
+      __m128 b = _mm_loadu_ps((const float*)(const void*)(g + 4 * c));
+      a = _mm_add_ps(a, b);
+      _mm_storeu_ps((float*)(void*)(x + 4 * c), a);
+      d[c] = _mm_sub_epi32(t, _mm_and_si128(_mm_castps_si128(a), m));
+    }
+    /* one sign test for the 16 (the common case: no candidate), the bits only if any */
+    __m128i any = _mm_or_si128(_mm_or_si128(d[0], d[1]), _mm_or_si128(d[2], d[3]));
+    if (!_mm_movemask_ps(_mm_castsi128_ps(any))) return 0;
+    unsigned r = 0;
+    for (int c = 0; c < 4; c++) r |= (unsigned)_mm_movemask_ps(_mm_castsi128_ps(d[c])) << (4 * c);
+    return r;
+  }
+#endif
+  FN(add16)(x, g);
+  return FN(mask16)(x, tm1);
+}
+
+/* x[i] += g[i] for i < n, as FT. */
+static inline void FN(add_run)(BITS* x, const BITS* g, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) FN(add16)(x + i, g + i);
   for (; i < n; i++) x[i] = FN(add_bits)(x[i], g[i]);
 }
 #endif
@@ -421,10 +453,14 @@ static int FN(topk_fast)(BITS* x, const BITS* gadd, int* added, int64_t base, in
     (void)summed;
     BITS mx = 0;
     for (; i + 16 <= hi; i += 16) {
+      unsigned msk;
 #ifdef FT
-      if (gadd) { FN(add_run)(x + i, gadd + i, 16); summed = i + 16; }
+      if (gadd) {
+        msk = FN(add_mask16)(x + i, gadd + i, tm1);
+        summed = i + 16;
+      } else
 #endif
-      unsigned msk = FN(mask16)(x + i, tm1);
+        msk = FN(mask16)(x + i, tm1);
       if (!msk) continue; /* common case: no candidate among these 16 */
       if (cb->n + 16 > cb->cap) {
         if (cb->n > cap || !FN(cbuf_grow)(cb, hint)) { fail = 1; break; }

@@ -108,6 +108,17 @@ class Algorithm(ABC):
         dtype, the bits of ``acc.add_(grad)``), fused with the first selection; ``grad`` is
         read in full before ``out`` is written (``out`` may be ``grad``'s memory)."""
 
+    def takes_grad(self) -> bool:
+        """Whether :meth:`reduce` takes ``grad=`` on this instance: :attr:`fuses_add` is set
+        (an instance may turn it off) and the class that defines ``reduce`` set it itself, so a
+        subclass that overrides ``reduce`` without opting in gets ``acc`` with the gradient added."""
+        if not self.fuses_add:
+            return False
+        for klass in type(self).__mro__:
+            if "reduce" in vars(klass):
+                return bool(vars(klass).get("fuses_add", False))
+        return False
+
     @staticmethod
     def select_topk(acc: torch.Tensor, k: int, grad: torch.Tensor | None, clear: bool,
                     num_blocks: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
