@@ -107,20 +107,6 @@ void topk_accum_cpu(Tensor& acc, const Tensor& g, int64_t num_blocks, int64_t k_
   if (st) raise_status(st, op, e, {names, 6});
 }
 
-// Which of NaN, +Inf, -Inf x holds: a 0-dim uint8 tensor of SC_NONFINITE_* bits.
-Tensor nonfinite_flags_cpu(const Tensor& x) {
-  const char* op = "sparsecomm.nonfinite_flags";
-  check_vector(x, op, "x");
-  sc_dtype dt = value_dtype(x, op, "x");
-  Tensor xc = x.contiguous();
-  int flags = 0;
-  sc_error_info e{0, 0, 0};
-  int st = sc_nonfinite_flags(dt, xc.data_ptr(), xc.numel(), threads(), &flags, &e);
-  const std::string names[] = {"x"};
-  if (st) raise_status(st, op, e, {names, 1});
-  return at::full({}, flags, xc.options().dtype(at::kByte));
-}
-
 int64_t release_caches() { return (int64_t)sc_topk_release_cache(); }
 
 // ------------------------------------------------------------------ COO
@@ -232,8 +218,6 @@ TORCH_LIBRARY(sparsecomm, m) {
   m.def("merge_add_many(Tensor[] indices, Tensor[] values, int n=-1) -> (Tensor indices, Tensor values)");
   m.def("scatter_add_(Tensor(a!) dense, Tensor idx, Tensor val) -> ()");
   m.def("gather(Tensor dense, Tensor idx) -> Tensor");
-  // which of NaN (1), +Inf (2), -Inf (4) x holds, in one read (NaN alone when present)
-  m.def("nonfinite_flags(Tensor x) -> Tensor");
   // frees the top-k candidate cache; returns the bytes released
   m.def("release_caches() -> int", &release_caches);
 }
@@ -243,7 +227,6 @@ TORCH_LIBRARY_IMPL(sparsecomm, CPU, m) {
   m.impl("topk_radix", &topk_radix_cpu);
   m.impl("block_topk", &block_topk_cpu);
   m.impl("topk_accum_", &topk_accum_cpu);
-  m.impl("nonfinite_flags", &nonfinite_flags_cpu);
   m.impl("merge_add", &merge_add_cpu);
   m.impl("merge_add_many", &merge_add_many_cpu);
   m.impl("scatter_add_", &scatter_add_cpu);

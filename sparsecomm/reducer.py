@@ -12,9 +12,8 @@ the result is rounded once to the gradient's dtype (or handed back in float32 wh
 is float32, so a caller can scale it before rounding, as the DDP hook does).
 
 Non-finite gradients (NaN, +Inf, -Inf) follow one policy for every algorithm, the option
-``nonfinite``. Before the algorithm runs, each rank checks its gradient in one read
-(CPU: ``sparsecomm.ops.nonfinite_flags`` on the bits; elsewhere ``torch.aminmax``: NaN propagates
-to both ends, an Inf shows as an end) and the ranks
+``nonfinite``. Before the algorithm runs, each rank checks its gradient in one fused pass
+(``torch.aminmax``: NaN propagates to both ends, an Inf shows as an end) and the ranks
 all-gather a one-byte flag (``allgather_small``, counted in ``last_stats``). If every rank is
 finite the algorithm runs; otherwise no algorithm runs and no residual changes:
 
@@ -99,14 +98,10 @@ def _version() -> str:
 
 def _nonfinite_flag(flat: torch.Tensor) -> int:
     """0 if every element is finite, else the bits of what the tensor holds: one fused
-    pass (CPU: ``ops.nonfinite_flags``; elsewhere ``aminmax``, which propagates NaN to both ends
-    and shows an Inf as an end), one sync.
+    pass (``aminmax`` propagates NaN to both ends and shows an Inf as an end), one sync.
     With a NaN present the Infs are not told apart (the NaN bit alone is set)."""
     if flat.numel() == 0:
         return 0
-    if flat.device.type == "cpu":  # one read of the gradient's bits (sparsecomm.ops.nonfinite_flags)
-        from . import ops
-        return int(ops.nonfinite_flags(flat))
     low, high = torch.stack(torch.aminmax(flat)).tolist()
     if math.isnan(low) or math.isnan(high):
         return _NAN

@@ -36,7 +36,6 @@ def _samples():
         ("topk", (x, 10)),
         ("topk_radix", (x, 10)),
         ("block_topk", (x, 4, 5)),
-        ("nonfinite_flags", (torch.tensor([1.0, float("-inf"), 2.0]),)),
         ("topk_accum_", (x.clone(), torch.randn(1000, generator=g), 3, 4, True, torch.empty(12),
                          torch.empty(12, dtype=torch.int64))),
         ("merge_add", (_i(1, 4, 9), _f(1, 2, 3), _i(4, 5), _f(10, 20), 10)),

@@ -131,14 +131,6 @@ def test_topk_accum(n, blocks, k, pattern, dtype, clear):
     _check(lambda: (call, (e.clone(), g)))
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("n,pattern", [(0, "random"), (1000, "random"), (1000, "inf"), (1000, "nan"),
-                                       (LARGE, "random"), (LARGE, "inf"), (LARGE, "nan"), (LARGE, "ties")])
-def test_nonfinite_flags(n, pattern, dtype):
-    x = _vector(pattern, n, dtype, seed=n)
-    _check(lambda: (ops.nonfinite_flags, (x,)))
-
-
 @pytest.mark.parametrize("bad", ["half", "overlap", "length", "2d", "blocks"])
 def test_topk_accum_errors(bad):
     acc = torch.randn(100)

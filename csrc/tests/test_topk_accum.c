@@ -2,7 +2,7 @@
  * written here element by element, then sc_block_topk of the sums (whose own tests compare
  * it with a sort), and the cleared positions set here. Serial and parallel paths, the
  * sampled fast path and its fallbacks (ties everywhere, a full candidate buffer), NaN,
- * overlap and argument errors; and sc_nonfinite_flags, the reducer's one-read check. */
+ * overlap and argument errors. */
 #include <math.h>
 #include <string.h>
 
@@ -113,53 +113,11 @@ static void test_arguments(void) {
   CHECK(sc_block_topk_accum(SC_F32, a, a + 40, 0, 1, 4, 1, 1, v, ix, NULL) == SC_OK);
 }
 
-/* sc_nonfinite_flags against flags computed here element by element (isnan / isinf /
- * signbit), every format, serial and parallel sizes, the special value at the start, the
- * middle and the end. */
-static void test_nonfinite_flags(void) {
-  const int64_t sizes[] = {0, 1, 17, 300001};
-  const float specials[] = {NAN, INFINITY, -INFINITY, 1.0f};
-  for (size_t s = 0; s < 4; s++) {
-    int64_t n = sizes[s];
-    float* x = xmalloc((size_t)(n ? n : 1) * sizeof(float));
-    double* d = xmalloc((size_t)(n ? n : 1) * sizeof(double));
-    uint16_t* h = xmalloc((size_t)(n ? n : 1) * sizeof(uint16_t));
-    for (int a = 0; a < 4; a++)
-      for (int b = 0; b < 4; b++) {
-        for (int64_t i = 0; i < n; i++) { x[i] = (float)(rnd_unit() - 0.5); d[i] = x[i]; h[i] = 0x3C00; }
-        if (n) { x[n / 2] = specials[a]; d[n / 2] = specials[a]; }
-        if (n) { x[n - 1] = specials[b]; d[n - 1] = specials[b]; }
-        int want = 0;
-        for (int64_t i = 0; i < n; i++) {
-          if (isnan(x[i])) want |= 1;
-          else if (isinf(x[i])) want |= signbit(x[i]) ? 4 : 2;
-        }
-        if (want & 1) want = 1;
-        int got = -1;
-        for (int nt = 1; nt <= 4; nt *= 4) {
-          CHECK(sc_nonfinite_flags(SC_F32, x, n, nt, &got, NULL) == SC_OK && got == want);
-          CHECK(sc_nonfinite_flags(SC_F64, d, n, nt, &got, NULL) == SC_OK && got == want);
-        }
-        /* half formats: 1.0 everywhere, the specials by their bit patterns */
-        const uint16_t f16[] = {0x7E00, 0x7C00, 0xFC00, 0x3C00}, bf16[] = {0x7FC0, 0x7F80, 0xFF80, 0x3F80};
-        if (n) { h[n / 2] = f16[a]; h[n - 1] = f16[b]; }
-        CHECK(sc_nonfinite_flags(SC_F16, h, n, 4, &got, NULL) == SC_OK && got == want);
-        if (n) { h[n / 2] = bf16[a]; h[n - 1] = bf16[b]; }
-        CHECK(sc_nonfinite_flags(SC_BF16, h, n, 4, &got, NULL) == SC_OK && got == want);
-      }
-    free(x); free(d); free(h);
-  }
-  int got;
-  CHECK(sc_nonfinite_flags(SC_U8, NULL, 0, 1, &got, NULL) == SC_ERR_ARG);
-  CHECK(sc_nonfinite_flags(SC_F32, NULL, -1, 1, &got, NULL) == SC_ERR_ARG);
-}
-
 int main(void) {
   RUN(test_matches_add_then_select);
   RUN(test_double);
   RUN(test_nan_keeps_the_sums);
   RUN(test_arguments);
-  RUN(test_nonfinite_flags);
   printf("%ld checks, %ld failed\n", g_checks, g_failed);
   return g_failed != 0;
 }

@@ -12,7 +12,7 @@ import torch
 
 from ._errors import translating
 
-__all__ = ["topk", "topk_radix", "block_topk", "topk_accum_", "block_topk_count", "nonfinite_flags", "merge_add", "merge_add_many", "scatter_add_",
+__all__ = ["topk", "topk_radix", "block_topk", "topk_accum_", "block_topk_count", "merge_add", "merge_add_many", "scatter_add_",
            "gather", "release_caches"]
 
 _ops = torch.ops.sparsecomm
@@ -94,15 +94,6 @@ def topk_accum_(acc: torch.Tensor, g: torch.Tensor, k: int, *, num_blocks: int =
     indices = torch.empty(m, dtype=torch.int64, device=acc.device)
     _ops.topk_accum_(acc, g, num_blocks, k, clear, values, indices)
     return values, indices
-
-
-@translating
-def nonfinite_flags(x: torch.Tensor) -> torch.Tensor:
-    """Which non-finite values the 1-D float tensor ``x`` holds, in one read: a 0-dim uint8
-    tensor on ``x``'s device, 1 if any NaN (the Infs are then not told apart), else 2 for
-    +Inf | 4 for -Inf present, 0 if every element is finite. The reducer's check before an
-    algorithm runs (one pass instead of ``torch.aminmax``'s heavier one)."""
-    return _ops.nonfinite_flags(x)
 
 
 @translating

@@ -40,11 +40,6 @@ def _topk_accum_(acc, g, num_blocks, k_per_block, clear, values, indices):
     return None
 
 
-@torch.library.register_fake("sparsecomm::nonfinite_flags")
-def _nonfinite_flags(x):
-    return x.new_empty((), dtype=torch.uint8)
-
-
 def _union(idx_like: torch.Tensor, val_like: torch.Tensor):
     m = torch.library.get_ctx().new_dynamic_size()
     return idx_like.new_empty(m), val_like.new_empty(m)

@@ -24,7 +24,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["topk", "block_topk", "topk_accum_", "nonfinite_flags", "merge_add", "merge_add_many", "scatter_add_", "gather", "stream_add_dd_",
+__all__ = ["topk", "block_topk", "topk_accum_", "merge_add", "merge_add_many", "scatter_add_", "gather", "stream_add_dd_",
            "stream_concat", "qsgd_quantize", "qsgd_dequantize", "sketch_build_coo_", "sketch_build_",
            "sketch_estimate_at", "sketch_estimate", "densestream_encode_coo", "densestream_encode_dense",
            "densestream_add", "densestream_slice", "densestream_add_into_", "densestream_to_coo", "impls",
@@ -195,20 +195,6 @@ def topk_accum_(acc: torch.Tensor, g: torch.Tensor, num_blocks: int, k_per_block
     indices.copy_(i)
     if clear:
         acc.index_fill_(0, i, 0)
-
-
-def nonfinite_flags(x: torch.Tensor) -> torch.Tensor:
-    """1 if x holds a NaN, else 2 (+Inf) | 4 (-Inf), 0 if finite (sc_nonfinite_flags)."""
-    op = "sparsecomm.nonfinite_flags"
-    _vector(x, op, "x")
-    _values(x, op, "x")
-    if x.numel() == 0:
-        return torch.zeros((), dtype=torch.uint8, device=x.device)
-    nan = torch.isnan(x).any()
-    pos = (x == float("inf")).any()
-    neg = (x == float("-inf")).any()
-    flags = torch.where(nan, 1, pos.to(torch.int64) * 2 + neg.to(torch.int64) * 4)
-    return flags.to(torch.uint8)
 
 
 # ------------------------------------------------------------ COO
@@ -668,7 +654,7 @@ def impls() -> Dict[str, Callable]:
     """Op name -> torch implementation, with the op schemas' signatures."""
     return {
         "topk": topk, "topk_radix": topk_radix, "block_topk": block_topk,
-        "topk_accum_": _no_return(topk_accum_), "nonfinite_flags": nonfinite_flags, "merge_add": merge_add,
+        "topk_accum_": _no_return(topk_accum_), "merge_add": merge_add,
         "merge_add_many": lambda i, v, n=-1: merge_add_many(i, v, None if n < 0 else n),
         "scatter_add_": _no_return(scatter_add_), "gather": gather,
         "stream_add_dd_": _no_return(stream_add_dd_), "stream_concat": stream_concat,
@@ -683,7 +669,7 @@ def impls() -> Dict[str, Callable]:
 
 #: ops that csrc/cuda has no kernel for: with the CUDA kernels built, CUDA tensors still run
 #: these torch implementations (docs/kernels.md, "GPU")
-CUDA_GAPS = ("topk_accum_", "nonfinite_flags")
+CUDA_GAPS = ("topk_accum_",)
 
 
 def register(device: str = "cuda", names: Optional[Sequence[str]] = None) -> None:

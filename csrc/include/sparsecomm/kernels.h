@@ -73,16 +73,6 @@ int sc_block_topk_accum(sc_dtype dtype, void* acc, const void* g, int64_t n, int
                         int64_t k_per_block, int clear, int nthreads, void* out_vals,
                         int64_t* out_idx, sc_error_info* err);
 
-/*
- * Which non-finite values x[0..n) holds, in one read: *flags = SC_NONFINITE_NAN
- * if any NaN (the Infs are then not told apart), else SC_NONFINITE_POS_INF |
- * SC_NONFINITE_NEG_INF for the infinities present, 0 if all are finite.
- * float32, float64, float16, bfloat16 (raw bits; SC_ERR_ARG otherwise).
- */
-enum { SC_NONFINITE_NAN = 1, SC_NONFINITE_POS_INF = 2, SC_NONFINITE_NEG_INF = 4 };
-int sc_nonfinite_flags(sc_dtype dtype, const void* x, int64_t n, int nthreads, int* flags,
-                       sc_error_info* err);
-
 /* ---------------------------------------------------------------- COO */
 
 /*
