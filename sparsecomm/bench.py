@@ -1,4 +1,4 @@
-"""Benchmark CLI: ``python -m sparsecomm.bench collectives ...`` and ``... kernels ...``.
+"""Benchmark CLI: ``python -m sparsecomm.bench collectives ...``, ``... kernels ...`` and ``... accuracy ...``.
 
 ``collectives`` is meant to run under the launcher (:mod:`sparsecomm.launch`), e.g. on the
 emulated 1 Gbit/s cluster::
@@ -43,6 +43,9 @@ consistency across ranks and, for fp16, closeness to the mean, for PowerSGD cons
 with its error feedback.
 
 Results travel between ranks only as plain tensors (``all_gather``), never pickled.
+
+``accuracy`` is the time-to-accuracy benchmark (:mod:`sparsecomm.bench_accuracy`): every
+method trains a task from the same weights, interleaved, to a target accuracy.
 
 ``kernels`` forwards its arguments to :func:`sparsecomm.bench_kernels.main` (the CPU kernel
 benchmark, part of the package so that it runs from an installed wheel too); ``phases`` to
@@ -515,11 +518,16 @@ def _phases(argv) -> int:
     return phases_main(list(argv))
 
 
+def _accuracy(argv) -> int:
+    from .bench_accuracy import main as accuracy_main  # imports the tasks' data only when asked
+    return accuracy_main(list(argv))
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"collectives": _collectives, "kernels": _kernels, "phases": _phases}
+    commands = {"collectives": _collectives, "kernels": _kernels, "accuracy": _accuracy, "phases": _phases}
     if not argv or argv[0] not in commands:
-        print(__doc__.split("\n")[0] + "\n\nusage: python -m sparsecomm.bench {collectives,kernels,phases} [options]"
+        print(__doc__.split("\n")[0] + "\n\nusage: python -m sparsecomm.bench {collectives,kernels,accuracy,phases} [options]"
               "\n(add --help after the command for its options)", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     return commands[argv[0]](argv[1:])

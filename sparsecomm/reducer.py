@@ -54,6 +54,7 @@ from . import algorithms
 from .comm.base import Comm
 from .errors import AgreedValueError
 from .formats.header import DTYPE_CODES, FORMAT_VERSION, MAGIC
+from .schedule import DensitySchedule, as_schedule
 
 __all__ = ["SparseAllreduce", "k_for"]
 
@@ -156,6 +157,9 @@ class SparseAllreduce:
             default torch.distributed process group.
         nonfinite: ``"propagate"`` (default) or ``"raise"``: what happens when any rank's
             gradient holds NaN or Inf (see the module docstring); part of the handshake.
+        density_schedule: a :class:`~sparsecomm.DensitySchedule` (warm-up densities of the
+            first steps; ``density`` after it), part of the handshake. A call's step is its
+            ``step=`` argument, else the number of calls before it (in ``state_dict()``).
         **options: the algorithm's own options (validated by it).
 
     ``reducer(grad, out=buf)`` writes the result into ``buf`` (same shape, ``grad``'s dtype or
@@ -168,7 +172,7 @@ class SparseAllreduce:
     """
 
     def __init__(self, algorithm: str, density: float, comm: Comm | None = None, nonfinite: str = "propagate",
-                 **options: Any):
+                 density_schedule: DensitySchedule | None = None, **options: Any):
         if isinstance(density, bool) or not isinstance(density, (int, float)) or not (0.0 < density <= 1.0):
             raise ValueError(f"density must be a number in (0, 1], got {density!r}")
         if nonfinite not in NONFINITE_POLICIES:
@@ -182,6 +186,8 @@ class SparseAllreduce:
         self.algorithm_name = algorithm
         self.density = float(density)
         self.nonfinite = nonfinite
+        self.density_schedule = as_schedule(density_schedule)
+        self.calls = 0  # calls made: the step of the next call when the caller gives none
         self.comm = comm
         self.algorithm = cls(comm, **options)
         self._scope = comm.new_scope(f"SparseAllreduce({algorithm}, density {self.density:g})")
@@ -203,6 +209,12 @@ class SparseAllreduce:
     def k_for(self, n: int) -> int:
         return k_for(self.density, n)
 
+    def density_at(self, step: int) -> float:
+        """The density of call ``step`` (the schedule's, or ``density`` without one)."""
+        if self.density_schedule is None:
+            return self.density
+        return self.density_schedule.density_at(step, self.density)
+
     def reset(self) -> None:
         """Forget the residual (e.g. before reusing the reducer for another tensor)."""
         self._residual = None
@@ -217,6 +229,7 @@ class SparseAllreduce:
             "density": self.density,
             "residual": None if self.residual is None else self.residual.detach().clone(),
             "algorithm_state": self.algorithm.state_dict(),
+            "calls": self.calls,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -226,6 +239,7 @@ class SparseAllreduce:
         check_state_version(state)
         self.reset()
         self._pending_residual = state.get("residual")
+        self.calls = int(state.get("calls", 0))
         self.algorithm.load_state_dict(state.get("algorithm_state", {}))
 
     # -- the call --------------------------------------------------------------------------
@@ -235,7 +249,8 @@ class SparseAllreduce:
     # are custom ops with fake kernels, so the same local compute traces in a user's
     # own compiled code (tests/test_op_contracts.py).
     @torch.compiler.disable
-    def __call__(self, grad: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, grad: torch.Tensor, out: torch.Tensor | None = None, *, step: int | None = None) -> torch.Tensor:
+        """Reduce ``grad``; ``step`` picks the density schedule's step (default: calls so far)."""
         self.comm.check_usable()
         # The caller's arguments are checked before the call scope, so nothing of this call
         # is in flight; but the peers are (or soon will be) in this call waiting for messages
@@ -254,7 +269,9 @@ class SparseAllreduce:
         # No variable-size message of a call is larger than 16 bytes per element + headers.
         with self.comm.call_scope(self._scope, max_message_bytes=16 * grad.numel() + 65536,
                                   agreed=lambda exc: isinstance(exc, AgreedValueError)):
-            return self._call(grad, out)
+            result = self._call(grad, out, self.calls if step is None else step)
+        self.calls += 1
+        return result
 
     def _check_arguments(self, grad: torch.Tensor, out: torch.Tensor | None) -> None:
         if not isinstance(grad, torch.Tensor) or not grad.is_floating_point():
@@ -271,7 +288,7 @@ class SparseAllreduce:
                              f"{self._agreed[2]}) and now gets N={key[0]} ({work_dtype}, {grad.device}): "
                              "use one SparseAllreduce per tensor, or call reset() first")
 
-    def _call(self, grad: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def _call(self, grad: torch.Tensor, out: torch.Tensor | None, step: int) -> torch.Tensor:
         work_dtype = torch.float32 if grad.dtype in _HALF_TYPES else grad.dtype
         start = time.perf_counter()
         flat = grad.detach().reshape(-1)
@@ -291,7 +308,8 @@ class SparseAllreduce:
         if not nonfinite and not fuse:
             acc.add_(flat)
         add_s = time.perf_counter() - add_start
-        k = self.k_for(n)
+        # the handshake agreed on the schedule and the callers on the step: the same k everywhere
+        k = k_for(self.density_at(step), n)
         if out is not None and out.dtype == work_dtype and out.is_contiguous():
             result = out
             # safe even if out aliases grad: grad was read into acc above, or (fused) is read
@@ -408,6 +426,8 @@ class SparseAllreduce:
         """The options as the handshake compares and the mismatch error shows them: the
         algorithm's options and ``nonfinite``, sorted ``key=value`` (values by ``repr``)."""
         merged = {**self.algorithm.options, "nonfinite": self.nonfinite}
+        if self.density_schedule is not None:  # a schedule is a value: its canonical text is compared
+            merged["density_schedule"] = self.density_schedule.spec_text()
         return ", ".join(f"{key}={merged[key]!r}" for key in sorted(merged))
 
     def _words(self, texts: dict[str, str], differing: list[int], table: torch.Tensor) -> dict[str, list[str]]:

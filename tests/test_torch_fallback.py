@@ -392,7 +392,7 @@ def test_sketch_errors(case):
 #: defaults; a new algorithm joins this matrix by registering)
 EXTRA_OPTIONS = {
     "topkdsa": [{"quantize_bits": 4, "bucket_size": 64}, {"quantize_bits": 8}],
-    "gssgd": [{"heavymix": "random"}],
+    "gssgd": [{"heavymix": "random"}, {"estimate": "full", "allreduce": "tree", "p1": None}],
     "spardl": [{"teams": 2}],
 }
 MATRIX = [(name, options) for name in algorithms.names()
