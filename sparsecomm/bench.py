@@ -1,4 +1,4 @@
-"""Benchmark CLI: ``python -m sparsecomm.bench collectives ...``, ``... kernels ...`` and ``... scale ...``.
+"""Benchmark CLI: ``python -m sparsecomm.bench collectives ...``, ``... kernels ...``, ``... accuracy ...``, ``... phases ...`` and ``... scale ...``.
 
 ``collectives`` is meant to run under the launcher (:mod:`sparsecomm.launch`), e.g. on the
 emulated 1 Gbit/s cluster::
@@ -44,8 +44,12 @@ with its error feedback.
 
 Results travel between ranks only as plain tensors (``all_gather``), never pickled.
 
+``accuracy`` is the time-to-accuracy benchmark (:mod:`sparsecomm.bench_accuracy`): every
+method trains a task from the same weights, interleaved, to a target accuracy.
+
 ``kernels`` forwards its arguments to :func:`sparsecomm.bench_kernels.main` (the CPU kernel
-benchmark, part of the package so that it runs from an installed wheel too).
+benchmark, part of the package so that it runs from an installed wheel too); ``phases`` to
+:func:`sparsecomm.bench_phases.main` (a call's local compute by phase, in residual-add passes).
 """
 from __future__ import annotations
 
@@ -515,12 +519,23 @@ def _kernels(argv) -> int:
     return 0
 
 
+def _phases(argv) -> int:
+    from .bench_phases import main as phases_main
+    return phases_main(list(argv))
+
+
+def _accuracy(argv) -> int:
+    from .bench_accuracy import main as accuracy_main  # imports the tasks' data only when asked
+    return accuracy_main(list(argv))
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from .bench_scale import main as scale_main   # the schedule-only scale study (docs/scale.md)
-    commands = {"collectives": _collectives, "kernels": _kernels, "scale": scale_main}
+    commands = {"collectives": _collectives, "kernels": _kernels, "accuracy": _accuracy, "phases": _phases,
+                "scale": scale_main}
     if not argv or argv[0] not in commands:
-        print(__doc__.split("\n")[0] + "\n\nusage: python -m sparsecomm.bench {collectives,kernels,scale} [options]"
+        print(__doc__.split("\n")[0] + "\n\nusage: python -m sparsecomm.bench {collectives,kernels,accuracy,phases,scale} [options]"
               "\n(add --help after the command for its options)", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     return commands[argv[0]](argv[1:])

@@ -60,10 +60,11 @@ def bounds(n: int, p: int) -> list[int]:
     return [j * n // p for j in range(p + 1)]
 
 
-def _select(alg: Algorithm, acc: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _select(alg: Algorithm, acc: torch.Tensor, k: int, grad: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The local top-k (after ``acc += grad``, fused, when given); what was not selected
+    stays in ``acc`` as the residual."""
     with alg.timed("select"):
-        values, indices = ops.topk(acc, k)
-        acc.index_fill_(0, indices, 0)  # what was not selected stays as the residual
+        values, indices = alg.select_topk(acc, k, grad, clear=True)
     return indices, values
 
 
@@ -71,15 +72,16 @@ def _select(alg: Algorithm, acc: torch.Tensor, k: int) -> tuple[torch.Tensor, to
 class SparcmlRecursiveDouble(Algorithm):
     name = "sparcml_recursive_double"
     lossless = True
+    fuses_add = True
 
-    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
+    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor, grad: torch.Tensor | None = None) -> None:
         comm, n = self.comm, acc.numel()
         rank, size = comm.rank, comm.size
-        indices, values = _select(self, acc, k)
+        indices, values = _select(self, acc, k, grad)
         stream = SparseStream.sparse(indices, values, n)
         if size > 1:
             stream = self._allreduce(stream, n, acc.dtype)
-        with self.timed("merge"):
+        with self.timed("scatter"):
             stream.write_into(out)
         self.last_nnz = stream.count if not stream.is_dense else None
 
@@ -156,15 +158,16 @@ def _split_phase(alg: Algorithm, indices: torch.Tensor, values: torch.Tensor, n:
 class SparcmlSplitAllgather(Algorithm):
     name = "sparcml_split_allgather"
     lossless = True
+    fuses_add = True
 
-    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
+    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor, grad: torch.Tensor | None = None) -> None:
         comm, n, rank, size = self.comm, acc.numel(), self.comm.rank, self.comm.size
-        indices, values = _select(self, acc, k)
+        indices, values = _select(self, acc, k, grad)
         mine = _split_phase(self, indices, values, n, acc.dtype)
         blocks = bruck_allgather_var(comm, encode_stream(mine, rank)) if size > 1 else [None]
         b = bounds(n, size)
         total, dense = 0, False
-        with self.timed("merge"):
+        with self.timed("scatter"):
             for j in range(size):  # disjoint ranges: each written into its slice of out
                 s = mine if j == rank else decode_sparse_stream(blocks[j], n=b[j + 1] - b[j], offset=b[j],
                                                                 value_dtype=acc.dtype, receiver=rank, sender=j)
@@ -181,6 +184,7 @@ _MAX_BUCKET = 2**31 - 1
 class TopkDSA(Algorithm):
     name = "topkdsa"
     lossless = True  # the instance says False when quantize_bits is set (see module docstring)
+    fuses_add = True
     option_defaults = {"quantize_bits": None, "bucket_size": 512, "seed": 0}
 
     def __init__(self, comm, **options: Any):
@@ -198,10 +202,10 @@ class TopkDSA(Algorithm):
         self.lossless = bits is None  # quantized: unbiased, error kept in the residual, not exact
         self._step = 0
 
-    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
+    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor, grad: torch.Tensor | None = None) -> None:
         comm, n, rank, size = self.comm, acc.numel(), self.comm.rank, self.comm.size
         bits, bucket = self.options["quantize_bits"], self.options["bucket_size"]
-        indices, values = _select(self, acc, k)
+        indices, values = _select(self, acc, k, grad)
         b = bounds(n, size)
         lo, hi = b[rank], b[rank + 1]
         # the owner reduces its range straight into the dense message it will send
@@ -220,7 +224,7 @@ class TopkDSA(Algorithm):
             sizes = [_qsgd.qsgd_nbytes(b[j + 1] - b[j], bits, bucket) for j in range(size)]
         self._step += 1
         blocks = bruck_allgather(comm, block, sizes)
-        with self.timed("merge"):
+        with self.timed("scatter"):
             for j in range(size):
                 m = b[j + 1] - b[j]
                 if bits is None and j == rank:
@@ -267,6 +271,7 @@ def choose(n: int, k: int, size: int, observed_k: int | None, value_dtype: torch
 class Sparcml(Algorithm):
     name = "sparcml"
     lossless = True
+    fuses_add = True
     option_defaults = {"alpha": 50e-6, "beta": 8e-9}
 
     def __init__(self, comm, **options: Any):
@@ -282,7 +287,7 @@ class Sparcml(Algorithm):
         self.observed_k: int | None = None
         self.last_choice: str | None = None
 
-    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
+    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor, grad: torch.Tensor | None = None) -> None:
         size = self.comm.size
         choice = choose(acc.numel(), k, size, self.observed_k, acc.dtype, self.options["alpha"],
                         self.options["beta"])
@@ -290,7 +295,7 @@ class Sparcml(Algorithm):
         if alg is None:
             alg = self._algs[choice] = get(choice)(self.comm)
         alg.times = self.times  # phases accumulate into this object's timings
-        alg.reduce(acc, k, out)
+        alg.reduce(acc, k, out, grad=grad)
         self.last_choice = choice
         # observed fill-in: the support of the (identical) output
         self.observed_k = alg.last_nnz if alg.last_nnz is not None else int(torch.count_nonzero(out))
