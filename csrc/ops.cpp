@@ -72,6 +72,41 @@ std::tuple<Tensor, Tensor> block_topk_cpu(const Tensor& x, int64_t num_blocks,
   return {vals, idx};
 }
 
+// The residual add fused with the (block) top-k: acc += g, then the selection of
+// the sums into the caller's values / indices (sc_block_topk_accum).
+void topk_accum_cpu(Tensor& acc, const Tensor& g, int64_t num_blocks, int64_t k_per_block,
+                    bool clear, Tensor& values, Tensor& indices) {
+  const char* op = "sparsecomm.topk_accum_";
+  check_vector(acc, op, "acc");
+  check_vector(g, op, "g");
+  check_vector(values, op, "values");
+  check_vector(indices, op, "indices");
+  check_contiguous(acc, op, "acc");
+  check_contiguous(values, op, "values");
+  check_contiguous(indices, op, "indices");
+  TORCH_CHECK_VALUE(num_blocks >= 1, op, ": num_blocks must be >= 1, got ", num_blocks);
+  check_nonnegative(k_per_block, op, "k_per_block");
+  sc_dtype dt = value_dtype(acc, op, "acc", Floats::Full);
+  check_same_dtype(acc, g, op, "acc", "g");
+  check_same_dtype(acc, values, op, "acc", "values");
+  TORCH_CHECK_TYPE(indices.scalar_type() == at::kLong, op, ": indices must be int64, got ",
+                   indices.scalar_type());
+  check_same_length(acc, g, op, "acc", "g");
+  int64_t n = acc.numel();
+  int64_t m = sc_block_topk_count(n, num_blocks, k_per_block);
+  TORCH_CHECK_VALUE(values.numel() == m && indices.numel() == m, op,
+                    ": values and indices must hold ", m, " entries (the block top-k count of N=",
+                    n, ", num_blocks=", num_blocks, ", k_per_block=", k_per_block, "), got ",
+                    values.numel(), " and ", indices.numel());
+  Tensor gc = g.contiguous();
+  sc_error_info e{0, 0, 0};
+  int st = sc_block_topk_accum(dt, acc.data_ptr(), gc.data_ptr(), n, num_blocks, k_per_block,
+                               clear ? 1 : 0, threads(), values.data_ptr(),
+                               indices.data_ptr<int64_t>(), &e);
+  const std::string names[] = {"acc", "g", "num_blocks", "k_per_block", "values", "indices"};
+  if (st) raise_status(st, op, e, {names, 6});
+}
+
 int64_t release_caches() { return (int64_t)sc_topk_release_cache(); }
 
 // ------------------------------------------------------------------ COO
@@ -176,6 +211,9 @@ TORCH_LIBRARY(sparsecomm, m) {
   // same contract as topk, always through the exact radix path (tests, benchmarks)
   m.def("topk_radix(Tensor x, int k) -> (Tensor values, Tensor indices)");
   m.def("block_topk(Tensor x, int num_blocks, int k_per_block) -> (Tensor values, Tensor indices)");
+  // acc += g fused with block_topk of the sums (num_blocks = 1: topk); clear zeroes the selection in acc
+  m.def("topk_accum_(Tensor(a!) acc, Tensor g, int num_blocks, int k_per_block, bool clear, "
+        "Tensor(b!) values, Tensor(c!) indices) -> ()");
   m.def("merge_add(Tensor idx_a, Tensor val_a, Tensor idx_b, Tensor val_b, int n=-1) -> (Tensor indices, Tensor values)");
   m.def("merge_add_many(Tensor[] indices, Tensor[] values, int n=-1) -> (Tensor indices, Tensor values)");
   m.def("scatter_add_(Tensor(a!) dense, Tensor idx, Tensor val) -> ()");
@@ -188,11 +226,33 @@ TORCH_LIBRARY_IMPL(sparsecomm, CPU, m) {
   m.impl("topk", &topk_cpu);
   m.impl("topk_radix", &topk_radix_cpu);
   m.impl("block_topk", &block_topk_cpu);
+  m.impl("topk_accum_", &topk_accum_cpu);
   m.impl("merge_add", &merge_add_cpu);
   m.impl("merge_add_many", &merge_add_many_cpu);
   m.impl("scatter_add_", &scatter_add_cpu);
   m.impl("gather", &gather_cpu);
 }
+
+// _C.advise_huge(address, nbytes): transparent huge pages for a fresh CPU buffer
+// before its first touch (the reducer's result when the caller passes no out=).
+static PyObject* py_advise_huge(PyObject*, PyObject* args) {
+  unsigned long long addr = 0, nbytes = 0;
+  if (!PyArg_ParseTuple(args, "KK", &addr, &nbytes)) return nullptr;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  const uintptr_t huge = (uintptr_t)2 << 20;
+  if (nbytes >= 2 * huge) {
+    uintptr_t lo = ((uintptr_t)addr + huge - 1) & ~(huge - 1);
+    uintptr_t hi = ((uintptr_t)addr + nbytes) & ~(huge - 1);
+    if (hi > lo) (void)madvise((void*)lo, hi - lo, MADV_HUGEPAGE);
+  }
+#endif
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef kModuleMethods[] = {
+    {"advise_huge", py_advise_huge, METH_VARARGS,
+     "advise_huge(address, nbytes): ask for transparent huge pages on a fresh buffer"},
+    {nullptr, nullptr, 0, nullptr}};
 
 // `import sparsecomm._C` loads this library, which registers the operators
 // above with the dispatcher (torch.ops.sparsecomm.*). The module itself is
@@ -201,7 +261,7 @@ extern "C" PyObject* PyInit__C(void) {
   static struct PyModuleDef module_def = {
       PyModuleDef_HEAD_INIT, "_C",
       "sparsecomm kernels; use torch.ops.sparsecomm.* or sparsecomm.ops", -1,
-      nullptr, nullptr, nullptr, nullptr, nullptr};
+      kModuleMethods, nullptr, nullptr, nullptr, nullptr};
   PyObject* m = PyModule_Create(&module_def);
   // whether csrc/cuda's kernels are registered for CUDA tensors (sparsecomm.ops.CUDA_KERNELS)
 #ifdef SPARSECOMM_CUDA_KERNELS

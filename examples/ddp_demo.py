@@ -1,23 +1,27 @@
-"""The README's demo: every algorithm against dense DDP on 4 ranks of an emulated 1 Gbit/s cluster.
+"""The README's demo: time to accuracy of every algorithm against dense DDP, 4 ranks, emulated 1 Gbit/s.
 
-    python examples/ddp_demo.py                           # 4 ranks, 1 Gbit/s links, every algorithm
+    python examples/ddp_demo.py                           # 4 ranks, 1 Gbit/s links, every method (~5 min)
     python examples/ddp_demo.py --bandwidth 50mbit        # links scaled down 20x: a GPU-like ratio
     python examples/ddp_demo.py --bandwidth none          # plain loopback
-    python examples/ddp_demo.py --nproc 2 --algorithms dense topka spardl --steps 20
+    python examples/ddp_demo.py --nproc 2 --algorithms dense topka spardl --steps 40
     python -m sparsecomm.launch --nproc 4 --bandwidth 1gbit -- python examples/ddp_demo.py
 
-Model: the MLP of SparCML's MNIST experiment, 784-4096-4096-10 (20.0 M parameters, an 80 MB
-float32 gradient per step), so that communication matters. Data: GENERATED, not downloaded --
-784-input (MNIST-shaped), 10-class samples, each a fixed random class prototype scaled by 0.2
-plus unit noise; every rank trains on its own shard, accuracy is measured on held-out samples.
+Model: the MLP of SparCML's MNIST experiment at hidden width 2048 (784-2048-2048-10, 5.8 M
+parameters, a 23 MB float32 gradient per step; ``--hidden 4096`` is the paper's 20 M), so
+that communication matters. Data: GENERATED, not downloaded -- 784-input (MNIST-shaped),
+10-class samples, each a fixed random class prototype scaled by 0.2 plus unit noise; every
+rank trains on its own shard, accuracy is measured on held-out samples.
 
-Algorithms (``--algorithms``, default ``all``): ``dense`` (the backend's own allreduce, through
-the hook, as plain DDP does it), every
-sparsecomm algorithm at ``--density`` (1%), and PyTorch's ``fp16_compress_hook`` and
-``powerSGD_hook`` (rank 4) as ``torch_fp16`` / ``torch_powersgd`` -- what a user would pick
-instead. Each runs ``--steps`` updates from the same initial weights; the table gives the
-per-update time (median over updates 4..N, slowest rank), the speedup over dense, the bytes
-each rank sends per update and the test accuracy reached; ``--out`` gets a PNG plot and a JSON.
+Methods (``--algorithms``, default ``all``): ``dense`` (the backend's own allreduce, through
+the hook), every registered sparsecomm algorithm at ``--density`` (1%), and PyTorch's
+``fp16_compress_hook`` and ``powerSGD_hook`` (rank 4) as ``torch_fp16`` / ``torch_powersgd``.
+This is ``python -m sparsecomm.bench accuracy --task mlp`` (sparsecomm/bench_accuracy.py):
+every method trains from the same initial weights and data order for ``--steps`` (80) updates,
+interleaved (turns of 4 updates, then an evaluation), and the table gives the training wall
+time until the test accuracy first reaches the target (99% of dense's best in the same run),
+the speedup over dense in that time, the final accuracy and the bytes each rank sends per
+update; ``--out`` gets ``demo.json`` and ``demo.png`` (accuracy against wall time and against
+updates).
 
 Compute-to-communication ratio: before the runs every rank times its forward + backward +
 step alone (no communication, all ranks at once, as in the runs). The demo prints that, the
@@ -40,6 +44,7 @@ import re
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -48,25 +53,18 @@ import torch.nn as nn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 from models import MLP  # noqa: E402
-from sparsecomm.launch import describe_link, parse_rate  # noqa: E402
+from sparsecomm import bench_accuracy  # noqa: E402
+from sparsecomm.bench_tasks import prototype_data  # noqa: E402
+from sparsecomm.launch import describe_link  # noqa: E402
 
 INPUTS, CLASSES = 784, 10
 
 
 def make_data(stream: int, samples: int, seed: int = 0, separation: float = 0.2
               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``samples`` generated inputs of data stream ``stream`` and their labels.
-
-    Each of the 10 classes has a fixed random 784-pixel prototype (the same on every rank);
-    a sample is ``separation`` times its class's prototype plus unit Gaussian noise, so the
-    classes overlap enough that 20 updates of dense SGD do not reach 100%.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    prototypes = torch.randn(CLASSES, INPUTS, generator=gen)
-    gen.manual_seed(seed + 1000 + stream)
-    y = torch.randint(0, CLASSES, (samples,), generator=gen)
-    x = separation * prototypes[y] + torch.randn(samples, INPUTS, generator=gen)
-    return x, y
+    """``samples`` generated inputs of data stream ``stream`` and their labels (the task's data,
+    :func:`sparsecomm.bench_tasks.prototype_data`)."""
+    return prototype_data(samples, stream, INPUTS, CLASSES, separation, seed)
 
 
 def compute_only_step_s(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, steps: int = 6) -> float:
@@ -93,26 +91,17 @@ def compute_only_step_s(args: argparse.Namespace, x: torch.Tensor, y: torch.Tens
     return median.item()
 
 
-def run_rank(rank: int, world: int, args: argparse.Namespace) -> list[dict]:
+def run_rank(rank: int, world: int, args: argparse.Namespace) -> dict | None:
     torch.set_num_threads(max(1, args.threads))
-    x, y = make_data(rank, args.batch * args.steps)
-    test_x, test_y = make_data(10_000 + rank, args.test_samples // world)
+    x, y = make_data(rank, args.batch * 6)
     compute_s = compute_only_step_s(args, x, y)
-    rows = []
-    for algorithm in args.algorithms:
-        torch.manual_seed(args.seed)
-        ddp, state = _common.make_ddp(MLP(INPUTS, args.hidden, CLASSES), algorithm, args.density)
-        optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
-        run = _common.train(ddp, state, optimizer, x, y, args, rank, desc=algorithm)
-        acc = _common.accuracy(ddp.module, test_x, test_y)
-        label = getattr(state, "label", algorithm)
-        rows.append({"algorithm": label, "density": state.density, **_common.summarize(run, acc)})
-        if rank == 0 and not args.no_progress:
-            print(f"{label}: {1000 * rows[-1]['step_s']:.0f} ms per update, accuracy {100 * acc:.1f}%", flush=True)
-        del ddp, state, optimizer
+    cfg = {"task": "mlp", "methods": args.algorithms, "density": args.density, "steps": args.steps,
+           "eval_every": args.eval_every, "target": args.target, "target_fraction": 0.99, "stop_at_target": False,
+           "hidden": args.hidden, "seed": args.seed, "threads": args.threads, "quiet": args.no_progress}
+    report = bench_accuracy.run_rank(rank, world, cfg)
     if rank == 0:
-        _report(rows, compute_s, world, args)
-    return rows
+        _report(report, compute_s, world, args)
+    return report
 
 
 def _suggested_rate(rate: str, factor: float) -> str:
@@ -140,15 +129,14 @@ def _ratio_advice(ratio: float, rate: str | None) -> str:
     return f"That is about the ratio of a GPU cluster (10-50x faster compute) on links 10-50x faster than {rate}."
 
 
-def _report(rows: list[dict], compute_s: float, world: int, args: argparse.Namespace) -> None:
-    where, rate = describe_link()
-    params = sum(p.numel() for p in MLP(INPUTS, args.hidden, CLASSES).parameters())
-    dense = next((r for r in rows if r["algorithm"] == "dense"), None)
-    print(f"\nsparsecomm demo: {world} ranks on {where}; MLP {INPUTS}-{args.hidden}-{args.hidden}-{CLASSES} "
-          f"({params / 1e6:.1f} M parameters, {4 * params / 1e6:.0f} MB gradient), {args.steps} updates of "
-          f"batch {args.batch} per rank, density {args.density:g}; GENERATED data (noisy class prototypes, MNIST-shaped)")
-    print("per-update time: median over updates 4..N, slowest rank; bytes: sent per rank per update\n")
-    _common.print_comparison(rows)
+def _report(report: dict, compute_s: float, world: int, args: argparse.Namespace) -> None:
+    rate = describe_link()[1]
+    print(f"\nsparsecomm demo: {world} ranks on {report['where']}; MLP {INPUTS}-{args.hidden}-{args.hidden}-{CLASSES} "
+          f"({report['params'] / 1e6:.1f} M parameters, {4 * report['params'] / 1e6:.0f} MB gradient), "
+          f"{report['steps']} updates of batch {report['batch']} per rank, density {args.density:g}; "
+          "GENERATED data (noisy class prototypes, MNIST-shaped)")
+    bench_accuracy.print_report(report)
+    dense = next((m for m in report["methods"] if m["method"] == "dense"), None)
     ratio = None
     if dense:
         comm_s = max(0.0, dense["step_s"] - compute_s)
@@ -157,46 +145,14 @@ def _report(rows: list[dict], compute_s: float, world: int, args: argparse.Names
               f"update ({world} ranks sharing this machine's {os.cpu_count()} cores); dense spends "
               f"{1000 * comm_s:.0f} ms more communicating: communication = {ratio:.1f}x compute.")
         print(_ratio_advice(ratio, rate))
-    result = {"world": world, "where": where, "rate": rate, "params": params, "steps": args.steps,
-              "batch": args.batch, "density": args.density, "compute_s": compute_s,
-              "comm_over_compute": ratio, "rows": rows}
+    result = {**report, "rate": rate, "compute_s": compute_s, "comm_over_compute": ratio}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "demo.json"), "w") as f:
         json.dump(result, f, indent=1)
     print(f"\nwrote {os.path.join(args.out, 'demo.json')}")
-    _plot(result, os.path.join(args.out, "demo.png"))
+    if bench_accuracy.plot(result, Path(args.out) / "demo.png"):
+        print(f"wrote {os.path.join(args.out, 'demo.png')}")
     sys.stdout.flush()
-
-
-def _plot(result: dict, path: str) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot (pip install matplotlib)")
-        return
-    rows = result["rows"]
-    names = [r["algorithm"] for r in rows]
-    colors = ["tab:gray" if n == "dense" else "tab:orange" if n.startswith("torch_") else "tab:blue" for n in names]
-    fig, axes = plt.subplots(1, 3, figsize=(16, 5.5))
-    panels = [([1000 * r["step_s"] for r in rows], "per-update time (ms)"),
-              ([r["bytes"] / 1e6 for r in rows], "MB sent per rank per update (log)"),
-              ([100 * r["accuracy"] for r in rows], f"test accuracy after {result['steps']} updates (%)")]
-    for ax, (values, title) in zip(axes, panels):
-        ax.bar(names, values, color=colors)
-        ax.set_title(title)
-        plt.setp(ax.get_xticklabels(), rotation=50, ha="right", rotation_mode="anchor")
-    axes[0].axhline(1000 * result["compute_s"], color="black", linestyle="--", linewidth=1,
-                    label="compute alone")
-    axes[0].legend()
-    axes[1].set_yscale("log")
-    fig.suptitle(f"{result['world']} ranks, {result['where']}: MLP with {result['params'] / 1e6:.1f} M parameters, "
-                 f"density {result['density']:g} (blue: sparsecomm, orange: PyTorch hooks)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    print(f"wrote {path}")
 
 
 def _spawned(rank: int, world: int, args: argparse.Namespace) -> list[dict]:
@@ -205,18 +161,27 @@ def _spawned(rank: int, world: int, args: argparse.Namespace) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _common.add_common_args(parser, steps=20, epochs=1, batch=32, lr=0.05, bandwidth="1gbit")
+    _common.add_common_args(parser, steps=80, epochs=1, batch=32, lr=0.05, bandwidth="1gbit")
     parser.set_defaults(nproc=4)
     parser.add_argument("--algorithms", nargs="+", default=["all"],
                         help=f"'all' (dense, every algorithm, the PyTorch hooks) or names from: "
                              f"{', '.join(_common.algorithm_names())}")
-    parser.add_argument("--hidden", type=int, default=4096, help="width of the two hidden layers")
-    parser.add_argument("--test-samples", type=int, default=4000)
+    parser.add_argument("--hidden", type=int, default=2048, help="width of the two hidden layers")
+    parser.add_argument("--eval-every", type=int, default=4, help="updates between evaluations")
+    parser.add_argument("--target", type=float, default=None,
+                        help="absolute target test accuracy (default: 99%% of dense's best in the same run)")
     parser.add_argument("--out", default="demo_results", help="folder for demo.json and demo.png")
     args = parser.parse_args(argv)
-    args.algorithms = _common.expand_algorithms(args.algorithms, "dense")
+    args.algorithms = bench_accuracy.expand_methods(args.algorithms)
+    for name in args.algorithms:
+        try:
+            _common.check_algorithm(name)
+        except ValueError as exc:
+            parser.error(str(exc))
     if args.steps is None or args.steps < 4:
-        parser.error("--steps must be >= 4 (the first 3 updates are warm-up and not timed)")
+        parser.error("--steps must be >= 4")
+    if args.target is None and "dense" not in args.algorithms:
+        parser.error("without --target, dense must be among --algorithms (the target is 99% of its accuracy)")
     _common.start(__file__, argv, args, _spawned)
 
 

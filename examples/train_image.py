@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import pickle
 import sys
 
-import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -36,62 +34,8 @@ import _common  # noqa: E402
 import models  # noqa: E402
 from sparsecomm.launch import describe_link  # noqa: E402
 
-MEAN = torch.tensor([0.4914, 0.4822, 0.4465]).view(1, 3, 1, 1)
-STD = torch.tensor([0.2470, 0.2435, 0.2616]).view(1, 3, 1, 1)
-
-
-class _NumpyOnly(pickle.Unpickler):
-    """Admits the globals a CIFAR python batch needs (numpy array reconstruction) and no other."""
-
-    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-               ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
-               ("numpy._core.multiarray", "scalar"), ("_codecs", "encode")}
-
-    def find_class(self, module: str, name: str):
-        if (module, name) not in self.ALLOWED:
-            raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a CIFAR batch")
-        return super().find_class(module, name)
-
-
-def _read_python_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
-    with open(path, "rb") as f:
-        batch = _NumpyOnly(f, encoding="bytes").load()
-    labels = batch.get(b"labels", batch.get(b"fine_labels"))
-    return np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32), np.asarray(labels, dtype=np.int64)
-
-
-def _read_binary_batch(path: str, label_bytes: int) -> tuple[np.ndarray, np.ndarray]:
-    raw = np.fromfile(path, dtype=np.uint8).reshape(-1, label_bytes + 3072)
-    return raw[:, label_bytes:].reshape(-1, 3, 32, 32), raw[:, label_bytes - 1].astype(np.int64)  # fine label last
-
-
-def find_cifar(data_dir: str | None) -> tuple[str, list[str], list[str], object] | None:
-    """(description, train files, test files, reader) for what ``data_dir`` holds, or None."""
-    if not data_dir or not os.path.isdir(data_dir):
-        return None
-    p = lambda *names: [os.path.join(data_dir, n) for n in names]  # noqa: E731
-    exists = lambda files: all(os.path.isfile(f) for f in files)  # noqa: E731
-    options = [
-        ("CIFAR-10 (python batches)", p(*[f"data_batch_{i}" for i in range(1, 6)]), p("test_batch"), _read_python_batch),
-        ("CIFAR-100 (python batches)", p("train"), p("test"), _read_python_batch),
-        ("CIFAR-10 (binary)", p(*[f"data_batch_{i}.bin" for i in range(1, 6)]), p("test_batch.bin"),
-         lambda f: _read_binary_batch(f, 1)),
-        ("CIFAR-100 (binary)", p("train.bin"), p("test.bin"), lambda f: _read_binary_batch(f, 2)),
-    ]
-    for name, train, test, reader in options:
-        if exists(train) and exists(test):
-            return name, train, test, reader
-    return None
-
-
-def load_cifar(found) -> tuple[torch.Tensor, ...]:
-    _, train_files, test_files, reader = found
-    parts = [[reader(f) for f in files] for files in (train_files, test_files)]
-    out = []
-    for batches in parts:
-        x = torch.from_numpy(np.concatenate([b[0] for b in batches])).float().div_(255.0)
-        out += [(x - MEAN) / STD, torch.from_numpy(np.concatenate([b[1] for b in batches]))]
-    return tuple(out)
+# the CIFAR readers are the time-to-accuracy benchmark's (one copy, in the package)
+from sparsecomm.bench_tasks import find_cifar, load_cifar  # noqa: E402,F401
 
 
 def generated(n_train: int, n_test: int, seed: int = 0) -> tuple[torch.Tensor, ...]:

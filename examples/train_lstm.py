@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
-from collections import Counter
 
 import torch
 
@@ -28,35 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 from models import LSTMClassifier  # noqa: E402
 
-_SPLITS = [("train", "pos"), ("train", "neg"), ("test", "pos"), ("test", "neg")]
-
-
-def has_imdb(data_dir: str | None) -> bool:
-    return bool(data_dir) and all(os.path.isdir(os.path.join(data_dir, s, c)) for s, c in _SPLITS)
-
-
-def tokenize(text: str) -> list[str]:
-    return re.sub(r"[^a-z0-9']+", " ", text.lower().replace("<br />", " ")).split()
-
-
-def load_imdb(data_dir: str, vocab: int, seq_len: int) -> tuple[torch.Tensor, ...]:
-    texts: dict[str, list[tuple[list[str], int]]] = {"train": [], "test": []}
-    for split, cls in _SPLITS:
-        folder = os.path.join(data_dir, split, cls)
-        for name in sorted(os.listdir(folder)):
-            if name.endswith(".txt"):
-                with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as f:
-                    texts[split].append((tokenize(f.read()), int(cls == "pos")))
-    counts = Counter(w for words, _ in texts["train"] for w in words)
-    index = {w: i + 2 for i, (w, _) in enumerate(counts.most_common(vocab - 2))}
-    out = []
-    for split in ("train", "test"):
-        x = torch.zeros(len(texts[split]), seq_len, dtype=torch.long)
-        for row, (words, _) in enumerate(texts[split]):
-            ids = [index.get(w, 1) for w in words[:seq_len]]
-            x[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
-        out += [x, torch.tensor([label for _, label in texts[split]], dtype=torch.long)]
-    return tuple(out)
+# the IMDB reader is the time-to-accuracy benchmark's (one copy, in the package)
+from sparsecomm.bench_tasks import has_imdb, load_imdb, tokenize  # noqa: E402,F401
 
 
 def generated(n_train: int, n_test: int, vocab: int, seq_len: int, seed: int = 0) -> tuple[torch.Tensor, ...]:

@@ -17,11 +17,12 @@ from types import ModuleType
 from . import algorithms, comm, formats, ops
 from .hook import DDPHookState, ddp_hook
 from .reducer import SparseAllreduce, k_for
+from .schedule import DensitySchedule
 
 from ._version import __version__
 
 __all__ = ["algorithms", "baselines", "comm", "formats", "ops", "SparseAllreduce", "k_for", "DDPHookState", "ddp_hook",
-           "__version__"]
+           "DensitySchedule", "__version__"]
 
 
 def __getattr__(name: str) -> ModuleType:

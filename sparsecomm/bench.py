@@ -1,4 +1,4 @@
-"""Benchmark CLI: ``python -m sparsecomm.bench collectives ...`` and ``... kernels ...``.
+"""Benchmark CLI: ``python -m sparsecomm.bench collectives ...``, ``... kernels ...``, ``... accuracy ...``, ``... phases ...`` and ``... scale ...``.
 
 ``collectives`` is meant to run under the launcher (:mod:`sparsecomm.launch`), e.g. on the
 emulated 1 Gbit/s cluster::
@@ -44,8 +44,12 @@ with its error feedback.
 
 Results travel between ranks only as plain tensors (``all_gather``), never pickled.
 
+``accuracy`` is the time-to-accuracy benchmark (:mod:`sparsecomm.bench_accuracy`): every
+method trains a task from the same weights, interleaved, to a target accuracy.
+
 ``kernels`` forwards its arguments to :func:`sparsecomm.bench_kernels.main` (the CPU kernel
-benchmark, part of the package so that it runs from an installed wheel too).
+benchmark, part of the package so that it runs from an installed wheel too); ``phases`` to
+:func:`sparsecomm.bench_phases.main` (a call's local compute by phase, in residual-add passes).
 """
 from __future__ import annotations
 
@@ -293,12 +297,17 @@ def _worker(rank: int, size: int, cfg: dict) -> dict | None:
     grads = [bench_gradient(rank, step, n) for step in range(2)]
     out = torch.empty(n)
     data = torch.zeros(len(algos), len(dens), cfg["repeats"], len(_FIELDS), dtype=torch.float64)
+    chosen: dict = {}
     for di, d in enumerate(dens):
         reducers = [_BaselineRunner(a, n) if is_baseline(a) else _reducer(a, d, comm)
                     for a in algos]
-        for red in reducers:                            # warm-up: handshake, plans, buffers
+        for ai, red in enumerate(reducers):             # warm-up: handshake, plans, buffers
             for _ in range(getattr(red, "warmup_calls", 1)):
                 red(grads[0], out=out)
+            if "auto_choice" in red.last_stats:         # auto: which algorithm it runs (same on every rank)
+                chosen[(algos[ai], d)] = red.last_stats["auto_choice"]
+                say(f"{algos[ai]} at density {d:g} chose {chosen[(algos[ai], d)]} (predicted "
+                    f"{red.last_stats['auto_predicted_s'] * 1e3:.1f} ms)", flush=True)
         for rep in range(cfg["repeats"]):
             for ai, red in enumerate(reducers):
                 dist.barrier()
@@ -327,7 +336,8 @@ def _worker(rank: int, size: int, cfg: dict) -> dict | None:
                          "time_s": m["wall_s"], "comm_s": m["comm_s"],
                          "bytes_sent": int(m["bytes_sent"]), "rounds": int(m["rounds"]),
                          "speedup_vs_dense": dense_t / m["wall_s"] if dense_t else None,
-                         "bound_s": bound, "bound_over_measured": bound / m["comm_s"] if m["comm_s"] > 0 else None})
+                         "bound_s": bound, "bound_over_measured": bound / m["comm_s"] if m["comm_s"] > 0 else None,
+                         **({"chose": chosen[(a, d)]} if (a, d) in chosen else {})})
     return {"P": size, "N": n, "densities": dens, "repeats": cfg["repeats"], "alpha_s": alpha,
             "beta_s_per_byte": beta, "pingpong": {"bytes": sizes, "half_rtt_s": halves},
             "checks": checks, "rows": rows, "where": cfg["where"]}
@@ -509,11 +519,23 @@ def _kernels(argv) -> int:
     return 0
 
 
+def _phases(argv) -> int:
+    from .bench_phases import main as phases_main
+    return phases_main(list(argv))
+
+
+def _accuracy(argv) -> int:
+    from .bench_accuracy import main as accuracy_main  # imports the tasks' data only when asked
+    return accuracy_main(list(argv))
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"collectives": _collectives, "kernels": _kernels}
+    from .bench_scale import main as scale_main   # the schedule-only scale study (docs/scale.md)
+    commands = {"collectives": _collectives, "kernels": _kernels, "accuracy": _accuracy, "phases": _phases,
+                "scale": scale_main}
     if not argv or argv[0] not in commands:
-        print(__doc__.split("\n")[0] + "\n\nusage: python -m sparsecomm.bench {collectives,kernels} [options]"
+        print(__doc__.split("\n")[0] + "\n\nusage: python -m sparsecomm.bench {collectives,kernels,accuracy,phases,scale} [options]"
               "\n(add --help after the command for its options)", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     return commands[argv[0]](argv[1:])

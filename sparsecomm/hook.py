@@ -89,6 +89,7 @@ from ._bucket_worker import BucketWorker, fail_future
 from .comm.base import Comm
 from .formats.header import FORMAT_VERSION
 from .reducer import NONFINITE_POLICIES, SparseAllreduce, check_state_version
+from .schedule import DensitySchedule, as_schedule
 
 __all__ = ["DDPHookState", "ddp_hook"]
 
@@ -162,11 +163,18 @@ class DDPHookState:
             runs them inside the hook.
         nonfinite: ``"propagate"`` (default: what mixed precision's GradScaler needs) or
             ``"raise"``: what a bucket holding NaN or Inf on any rank does.
+        density_schedule: a :class:`~sparsecomm.DensitySchedule`: denser steps first (gs-SGD's
+            per-epoch list, DGC's exponential warm-up), ``density`` after it. Counted in the
+            hook's steps (iterations, including ``warmup_steps``); compared by the signature
+            handshake and kept in ``state_dict()``. Default None: ``density`` from step 0 --
+            measured, a warm-up cost spardl and gtopk at 1% time to accuracy on the demo's
+            MLP and gave no consistent gain on digits (docs/benchmarks.md, "Density warm-up").
         **options: options of the algorithm, validated here.
     """
 
     def __init__(self, algorithm: str, density: float, process_group: Any = None, warmup_steps: int = 0,
-                 comm: Comm | None = None, async_comm: bool = True, nonfinite: str = "propagate", **options: Any):
+                 comm: Comm | None = None, async_comm: bool = True, nonfinite: str = "propagate",
+                 density_schedule: DensitySchedule | None = None, **options: Any):
         if isinstance(density, bool) or not isinstance(density, (int, float)) or not (0.0 < density <= 1.0):
             raise ValueError(f"density must be a number in (0, 1], got {density!r}")
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
@@ -176,6 +184,7 @@ class DDPHookState:
         if nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"nonfinite must be one of {', '.join(map(repr, NONFINITE_POLICIES))}, got {nonfinite!r}")
         self.nonfinite = nonfinite
+        self.density_schedule = as_schedule(density_schedule)
         # validates the options now, not at the first bucket; those that depend on the number
         # of ranks (spardl's teams) too when it is known already, else in `comm` below
         self._options_checked = algorithms.get(algorithm)(None, **options)  # comm-less: checks only
@@ -213,6 +222,13 @@ class DDPHookState:
         #: DDP buckets that were not a bucket of the plan and went through its gather buffers
         #: (each costs one copy of its gradients in and one of the result out)
         self.regrouped_buckets = 0
+
+    def density_at(self, step: int | None = None) -> float:
+        """The density of hook step ``step`` (default: the next step); 1.0 during ``warmup_steps``."""
+        step = self.step if step is None else step
+        if step < self.warmup_steps:
+            return 1.0
+        return self.density if self.density_schedule is None else self.density_schedule.density_at(step, self.density)
 
     # -- plumbing -------------------------------------------------------------------------
     @property
@@ -307,7 +323,7 @@ class DDPHookState:
             return reducer
         planned = self._plan[j]
         reducer = SparseAllreduce(self.algorithm, self.density, comm=self.comm, nonfinite=self.nonfinite,
-                                  **self.options)
+                                  density_schedule=self.density_schedule, **self.options)
         algorithm_state = self._loose_algorithm_states.pop(j, {})
         pieces = [(entry, self._loose_residuals.pop(entry[0], None)) for entry in planned.entries]
         if algorithm_state or any(piece is not None for _, piece in pieces):
@@ -454,6 +470,7 @@ class DDPHookState:
         to the DDP buckets in ``scatter``; on the worker, or now when not async."""
         comm = self.comm
         reducer = None if it.step < self.warmup_steps else self._reducer(j)
+        step = it.step  # the schedule's step, decided here on DDP's thread like everything else
 
         def job() -> torch.Tensor:
             if reducer is None:  # DDP's own allreduce_hook: divide first, then sum
@@ -461,10 +478,11 @@ class DDPHookState:
                 comm.allreduce_dense(target)
             elif target.dtype in (torch.float16, torch.bfloat16):
                 # the float32 sum, divided before the one rounding to the bucket's dtype
-                total = reducer(target, out=torch.empty(target.shape, dtype=torch.float32, device=target.device))
+                total = reducer(target, out=torch.empty(target.shape, dtype=torch.float32, device=target.device),
+                                step=step)
                 target.copy_(total.div_(comm.size))
             else:
-                reducer(target, out=target)  # the reducer reads the gradient before writing the sum
+                reducer(target, out=target, step=step)  # the reducer reads the gradient before writing the sum
                 target.div_(comm.size)
             if reducer is not None:
                 self.last_stats[j] = reducer.last_stats
@@ -488,6 +506,7 @@ class DDPHookState:
                             **{j: reducer.algorithm.state_dict() for j, reducer in self._reducers.items()}}
         return {"format_version": FORMAT_VERSION, "algorithm": self.algorithm, "density": self.density,
                 "options": dict(self.options), "nonfinite": self.nonfinite, "warmup_steps": self.warmup_steps,
+                "density_schedule": None if self.density_schedule is None else self.density_schedule.to_state(),
                 "step": self.step,
                 "layout": [planned.to_state() for planned in self._plan] if self._plan_complete else None,
                 "layout_final": self._plan_final,
@@ -500,6 +519,10 @@ class DDPHookState:
             if state.get(key) != getattr(self, key):
                 raise ValueError(f"state_dict has {key}={state.get(key)!r}, this hook state has "
                                  f"{getattr(self, key)!r}")
+        saved_schedule = as_schedule(state.get("density_schedule"))
+        if saved_schedule != self.density_schedule:
+            raise ValueError(f"state_dict has density_schedule={saved_schedule!r}, this hook state has "
+                             f"{self.density_schedule!r}: build the state with the checkpoint's schedule")
         check_state_version(state)
         self._drain()
         self.step = int(state["step"])
@@ -530,7 +553,8 @@ class DDPHookState:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["algorithm"], state["density"], process_group=None,
                       warmup_steps=state["warmup_steps"], async_comm=state.get("async_comm", True),
-                      nonfinite=state.get("nonfinite", "propagate"), **state["options"])
+                      nonfinite=state.get("nonfinite", "propagate"),
+                      density_schedule=state.get("density_schedule"), **state["options"])
         self.load_state_dict(state)
 
     def close(self) -> None:

@@ -54,6 +54,7 @@ from . import algorithms
 from .comm.base import Comm
 from .errors import AgreedValueError
 from .formats.header import DTYPE_CODES, FORMAT_VERSION, MAGIC
+from .schedule import DensitySchedule, as_schedule
 
 __all__ = ["SparseAllreduce", "k_for"]
 
@@ -108,6 +109,23 @@ def _nonfinite_flag(flat: torch.Tensor) -> int:
     return (_POS_INF if high == math.inf else 0) | (_NEG_INF if low == -math.inf else 0)
 
 
+#: fresh CPU results from this size on get transparent huge pages (see _fresh_result)
+_HUGE_RESULT_BYTES = 4 << 20
+
+
+def _fresh_result(grad: torch.Tensor) -> torch.Tensor:
+    """A new tensor for the result when the caller passes no ``out=``. On CPU a large one is
+    advised transparent huge pages before its first touch: in 4 KiB pages, faulting in 60 MB
+    costs ~4 residual-add passes per call (one fault and one zeroing per page), in 2 MiB pages
+    ~0.5 (docs/benchmarks.md, "Local compute per call"); passing ``out=`` saves even that."""
+    result = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
+    nbytes = result.numel() * result.element_size()
+    if result.device.type == "cpu" and nbytes >= _HUGE_RESULT_BYTES:
+        from . import _C
+        _C.advise_huge(result.data_ptr(), nbytes)
+    return result
+
+
 def _flag_words(flag: int) -> str:
     return " and ".join(word for bit, word in ((_NAN, "NaN"), (_POS_INF, "+Inf"), (_NEG_INF, "-Inf")) if flag & bit)
 
@@ -139,11 +157,22 @@ class SparseAllreduce:
             default torch.distributed process group.
         nonfinite: ``"propagate"`` (default) or ``"raise"``: what happens when any rank's
             gradient holds NaN or Inf (see the module docstring); part of the handshake.
+        density_schedule: a :class:`~sparsecomm.DensitySchedule` (warm-up densities of the
+            first steps; ``density`` after it), part of the handshake. A call's step is its
+            ``step=`` argument, else the number of calls before it (in ``state_dict()``).
         **options: the algorithm's own options (validated by it).
+
+    ``reducer(grad, out=buf)`` writes the result into ``buf`` (same shape, ``grad``'s dtype or
+    float32 for half gradients; it may be ``grad`` itself) and returns it. In a loop, pass the
+    same ``out=`` every call: without it each call allocates a fresh result of N elements, and
+    the first touch of fresh memory costs page faults and zeroing -- at N = 15M float32 about
+    0.3-0.5 residual-add passes with the transparent huge pages the reducer asks for on CPU
+    (about 4.5 passes, ~20 ms, where huge pages are off), on top of the 3-4 passes of the call
+    itself (docs/benchmarks.md, "Local compute per call"). The DDP hook always writes in place.
     """
 
     def __init__(self, algorithm: str, density: float, comm: Comm | None = None, nonfinite: str = "propagate",
-                 **options: Any):
+                 density_schedule: DensitySchedule | None = None, **options: Any):
         if isinstance(density, bool) or not isinstance(density, (int, float)) or not (0.0 < density <= 1.0):
             raise ValueError(f"density must be a number in (0, 1], got {density!r}")
         if nonfinite not in NONFINITE_POLICIES:
@@ -157,6 +186,8 @@ class SparseAllreduce:
         self.algorithm_name = algorithm
         self.density = float(density)
         self.nonfinite = nonfinite
+        self.density_schedule = as_schedule(density_schedule)
+        self.calls = 0  # calls made: the step of the next call when the caller gives none
         self.comm = comm
         self.algorithm = cls(comm, **options)
         self._scope = comm.new_scope(f"SparseAllreduce({algorithm}, density {self.density:g})")
@@ -178,6 +209,12 @@ class SparseAllreduce:
     def k_for(self, n: int) -> int:
         return k_for(self.density, n)
 
+    def density_at(self, step: int) -> float:
+        """The density of call ``step`` (the schedule's, or ``density`` without one)."""
+        if self.density_schedule is None:
+            return self.density
+        return self.density_schedule.density_at(step, self.density)
+
     def reset(self) -> None:
         """Forget the residual (e.g. before reusing the reducer for another tensor)."""
         self._residual = None
@@ -192,6 +229,7 @@ class SparseAllreduce:
             "density": self.density,
             "residual": None if self.residual is None else self.residual.detach().clone(),
             "algorithm_state": self.algorithm.state_dict(),
+            "calls": self.calls,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -201,6 +239,7 @@ class SparseAllreduce:
         check_state_version(state)
         self.reset()
         self._pending_residual = state.get("residual")
+        self.calls = int(state.get("calls", 0))
         self.algorithm.load_state_dict(state.get("algorithm_state", {}))
 
     # -- the call --------------------------------------------------------------------------
@@ -210,7 +249,8 @@ class SparseAllreduce:
     # are custom ops with fake kernels, so the same local compute traces in a user's
     # own compiled code (tests/test_op_contracts.py).
     @torch.compiler.disable
-    def __call__(self, grad: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, grad: torch.Tensor, out: torch.Tensor | None = None, *, step: int | None = None) -> torch.Tensor:
+        """Reduce ``grad``; ``step`` picks the density schedule's step (default: calls so far)."""
         self.comm.check_usable()
         # The caller's arguments are checked before the call scope, so nothing of this call
         # is in flight; but the peers are (or soon will be) in this call waiting for messages
@@ -229,7 +269,9 @@ class SparseAllreduce:
         # No variable-size message of a call is larger than 16 bytes per element + headers.
         with self.comm.call_scope(self._scope, max_message_bytes=16 * grad.numel() + 65536,
                                   agreed=lambda exc: isinstance(exc, AgreedValueError)):
-            return self._call(grad, out)
+            result = self._call(grad, out, self.calls if step is None else step)
+        self.calls += 1
+        return result
 
     def _check_arguments(self, grad: torch.Tensor, out: torch.Tensor | None) -> None:
         if not isinstance(grad, torch.Tensor) or not grad.is_floating_point():
@@ -246,7 +288,7 @@ class SparseAllreduce:
                              f"{self._agreed[2]}) and now gets N={key[0]} ({work_dtype}, {grad.device}): "
                              "use one SparseAllreduce per tensor, or call reset() first")
 
-    def _call(self, grad: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def _call(self, grad: torch.Tensor, out: torch.Tensor | None, step: int) -> torch.Tensor:
         work_dtype = torch.float32 if grad.dtype in _HALF_TYPES else grad.dtype
         start = time.perf_counter()
         flat = grad.detach().reshape(-1)
@@ -258,14 +300,23 @@ class SparseAllreduce:
         nonfinite = self._nonfinite_ranks(flat)  # the same list on every rank; raises under "raise"
         check_s = time.perf_counter() - check_start
         after_check = self.comm.stats.snapshot()
-        if not nonfinite:
-            acc.add_(flat)  # acc = g + e, accumulated in the working dtype
-        k = self.k_for(n)
+        # acc = g + e, accumulated in the working dtype: here, or by the algorithm fused with
+        # its first selection (one pass over e and g instead of two; CPU, full-precision grads)
+        fuse = (not nonfinite and n > 0 and flat.dtype == work_dtype and acc.device.type == "cpu"
+                and self.algorithm.takes_grad())
+        add_start = time.perf_counter()
+        if not nonfinite and not fuse:
+            acc.add_(flat)
+        add_s = time.perf_counter() - add_start
+        # the handshake agreed on the schedule and the callers on the step: the same k everywhere
+        k = k_for(self.density_at(step), n)
         if out is not None and out.dtype == work_dtype and out.is_contiguous():
             result = out
-            work_out = out.view(-1)  # safe even if out aliases grad: grad was read into acc above
+            # safe even if out aliases grad: grad was read into acc above, or (fused) is read
+            # by the algorithm before it writes out (Algorithm.reduce)
+            work_out = out.view(-1)
         else:
-            result = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device) if out is None else out
+            result = _fresh_result(grad) if out is None else out
             work_out = result.view(-1) if grad.dtype == work_dtype and result.is_contiguous() else \
                 torch.empty(n, dtype=work_dtype, device=grad.device)
         self.algorithm.times = {}
@@ -273,6 +324,8 @@ class SparseAllreduce:
         if nonfinite:  # "propagate": the dense allreduce of the raw gradients, residuals untouched
             work_out.copy_(flat)
             self.comm.allreduce_dense(work_out)
+        elif fuse:
+            self.algorithm.reduce(acc, k, work_out, grad=flat)
         elif n:
             self.algorithm.reduce(acc, k, work_out)
         if work_out.data_ptr() != result.data_ptr() or work_out.dtype != result.dtype:
@@ -287,12 +340,19 @@ class SparseAllreduce:
             "bytes_sent": spent.bytes_sent, "bytes_recv": spent.bytes_recv, "rounds": spent.rounds,
             "nnz_out": self.algorithm.last_nnz if self.algorithm.last_nnz is not None
             else int(torch.count_nonzero(work_out)),
-            "select_s": times.get("select", 0.0), "merge_s": times.get("merge", 0.0),
+            "select_s": times.get("select", 0.0) + times.get("residual", 0.0),
+            "merge_s": times.get("merge", 0.0) + times.get("scatter", 0.0),
+            # local compute by phase (sparsecomm.bench_phases): the residual add, then the
+            # algorithm's select / residual / merge / scatter
+            "phases_s": {"add": add_s, **times},
             "comm_s": spent.comm_s, "total_s": time.perf_counter() - start,
             "handshake_bytes": handshake_spent.bytes_sent, "handshake_rounds": handshake_spent.rounds,
             "check_bytes": check_spent.bytes_sent, "check_rounds": check_spent.rounds, "check_s": check_s,
             "nonfinite_ranks": nonfinite,
         }
+        extra = getattr(self.algorithm, "stats_extra", None)
+        if extra is not None:   # e.g. auto: its choice, predicted and measured time
+            self.last_stats.update(extra(self.last_stats["total_s"]))
         return result
 
     def _nonfinite_ranks(self, flat: torch.Tensor) -> list[int]:
@@ -315,6 +375,9 @@ class SparseAllreduce:
         with the other ranks first if new."""
         key = (n, work_dtype, grad.device)
         if self._agreed is None:
+            prepare = getattr(self.algorithm, "prepare", None)
+            if prepare is not None:   # e.g. auto decides here, so the handshake covers its choice
+                prepare(n, self.k_for(n), work_dtype)
             self._handshake(n, grad.dtype)
             self._agreed = key
             pending, self._pending_residual = self._pending_residual, None
@@ -369,6 +432,8 @@ class SparseAllreduce:
         """The options as the handshake compares and the mismatch error shows them: the
         algorithm's options and ``nonfinite``, sorted ``key=value`` (values by ``repr``)."""
         merged = {**self.algorithm.options, "nonfinite": self.nonfinite}
+        if self.density_schedule is not None:  # a schedule is a value: its canonical text is compared
+            merged["density_schedule"] = self.density_schedule.spec_text()
         return ", ".join(f"{key}={merged[key]!r}" for key in sorted(merged))
 
     def _words(self, texts: dict[str, str], differing: list[int], table: torch.Tensor) -> dict[str, list[str]]:

@@ -42,7 +42,8 @@ from _reference import make_gradients
 P, N, DENSITY = 4, 20_000, 0.01
 WATCH_N, WATCH_DENSITY = 100_000, 0.02  # k = 2000: k values (8 KB) exceed HOST_BYTES
 HOST_BYTES = 4096 + 64 * P
-EXTRA_OPTIONS = {"topkdsa": [{"quantize_bits": 4, "bucket_size": 64}], "gssgd": [{"heavymix": "random"}]}
+EXTRA_OPTIONS = {"topkdsa": [{"quantize_bits": 4, "bucket_size": 64}], "gssgd": [{"heavymix": "random"},
+                                                                                 {"estimate": "full", "allreduce": "tree", "p1": None}]}
 MATRIX = [(name, options) for name in algorithms.names() for options in [{}] + EXTRA_OPTIONS.get(name, [])]
 PATHS = {"c": contextlib.nullcontext, "torch": ops.use_torch_ops}
 

@@ -71,13 +71,13 @@ def _expected_flags(where: dict[int, dict[int, float]]) -> dict[int, str]:
     return flags
 
 
-def _run(algorithm: str, size: int, policy: str, where: dict, dtype=torch.float32):
+def _run(algorithm: str, size: int, policy: str, where: dict, dtype=torch.float32, options: dict | None = None):
     """Per rank: (step 1 result, residual before the bad step, outcome of the bad step,
     residual after it, step 3 result and residual), and a clean run of steps 1 and 3 only."""
     def fn(comm):
         runs = []
         for with_bad_step in (True, False):
-            reducer = sc.SparseAllreduce(algorithm, DENSITY, comm=comm, nonfinite=policy)
+            reducer = sc.SparseAllreduce(algorithm, DENSITY, comm=comm, nonfinite=policy, **(options or {}))
             reducer(_grad(N, comm.rank, 1, dtype))
             before = reducer.residual.clone()
             outcome = None
@@ -114,9 +114,26 @@ def _same_as_dense(out: torch.Tensor, ref: torch.Tensor) -> bool:
 @pytest.mark.parametrize("policy", ["propagate", "raise"])
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_nonfinite_policy_simulated(algorithm, policy, size):
+    _check_policy(algorithm, policy, size, {})
+
+
+#: option sets whose own code paths a NaN could slip through (gssgd's heavymix="random" fill
+#: compares estimates with a threshold, false for NaN; the untruncated sketch; the tree)
+VARIANTS = [("gssgd", {"heavymix": "random"}), ("gssgd", {"heavymix": "random", "p1": None}),
+            ("gssgd", {"allreduce": "tree", "p2": 1})]
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+@pytest.mark.parametrize("policy", ["propagate", "raise"])
+@pytest.mark.parametrize("algorithm,options", VARIANTS)
+def test_nonfinite_policy_option_variants(algorithm, options, policy, size):
+    _check_policy(algorithm, policy, size, options)
+
+
+def _check_policy(algorithm: str, policy: str, size: int, options: dict) -> None:
     for case, make in CASES:
         where = {rank % size: values for rank, values in make(size).items()}
-        results = _run(algorithm, size, policy, where)
+        results = _run(algorithm, size, policy, where, options=options)
         ref = _dense_reference(size, where, torch.float32)
         bad_ranks = sorted(where)
         messages = set()

@@ -36,6 +36,8 @@ def _samples():
         ("topk", (x, 10)),
         ("topk_radix", (x, 10)),
         ("block_topk", (x, 4, 5)),
+        ("topk_accum_", (x.clone(), torch.randn(1000, generator=g), 3, 4, True, torch.empty(12),
+                         torch.empty(12, dtype=torch.int64))),
         ("merge_add", (_i(1, 4, 9), _f(1, 2, 3), _i(4, 5), _f(10, 20), 10)),
         ("merge_add_many", ([_i(1, 4), _i(0, 4), _i(7)], [_f(1, 2), _f(3, 4), _f(5)], -1)),
         ("scatter_add_", (torch.zeros(10), _i(1, 1, 3), _f(1, 2, 3))),
@@ -85,7 +87,7 @@ def test_opcheck(name, args):
     torch.library.opcheck(getattr(torch.ops.sparsecomm, name).default, args)
 
 
-@pytest.mark.parametrize("name", ["scatter_add_", "stream_add_dd_", "sketch_build_", "sketch_build_coo_",
+@pytest.mark.parametrize("name", ["scatter_add_", "topk_accum_", "stream_add_dd_", "sketch_build_", "sketch_build_coo_",
                                   "densestream_add_into_"])
 def test_mutating_ops_return_nothing(name):
     schema = getattr(torch.ops.sparsecomm, name).default._schema

@@ -65,7 +65,7 @@ BAD = [
     ("gssgd", {"rows": 7.0}, r"rows must be .*got 7\.0"),
     ("gssgd", {"rows": True}, r"rows must be .*got True"),
     ("gssgd", {"rows": None}, r"rows must be .*got None"),
-    ("gssgd", {"columns": 0}, r"columns must be None \(auto: max\(256, 10 k\)\) or an int in 1\.\.4294967295, got 0"),
+    ("gssgd", {"columns": 0}, r"columns must be None \(auto: ceil\(sketch_size k / rows\)\) or an int in 1\.\.4294967295, got 0"),
     ("gssgd", {"columns": -256}, r"columns must be .*got -256"),
     ("gssgd", {"columns": 2**32}, r"columns must be .*in 1\.\.4294967295, got 4294967296"),
     ("gssgd", {"columns": 256.0}, r"columns must be .*got 256\.0"),
@@ -76,6 +76,25 @@ BAD = [
     ("gssgd", {"seed": None}, r"seed must be an int, got None"),
     ("gssgd", {"heavymix": "TOPK"}, r"heavymix must be 'topk' or 'random', got 'TOPK'"),
     ("gssgd", {"heavymix": None}, r"heavymix must be .*got None"),
+    ("gssgd", {"sketch_size": 0}, r"sketch_size \(sketch cells per selected entry\) must be a finite number > 0, got 0"),
+    ("gssgd", {"sketch_size": -1.5}, r"sketch_size .*got -1\.5"),
+    ("gssgd", {"sketch_size": NAN}, r"sketch_size .*got nan"),
+    ("gssgd", {"sketch_size": INF}, r"sketch_size .*got inf"),
+    ("gssgd", {"sketch_size": "10"}, r"sketch_size .*got '10'"),
+    ("gssgd", {"sketch_size": True}, r"sketch_size .*got True"),
+    ("gssgd", {"p1": 0.5}, r"p1 \(each rank sketches its local top-p1\*k\) must be None \(sketch all of acc\) or a "
+                           r"finite number >= 1, got 0\.5"),
+    ("gssgd", {"p1": NAN}, r"p1 .*got nan"),
+    ("gssgd", {"p1": INF}, r"p1 .*got inf"),
+    ("gssgd", {"p1": "1"}, r"p1 .*got '1'"),
+    ("gssgd", {"p2": 0.99}, r"p2 \(p2\*k candidates in the exact round\) must be a finite number >= 1, got 0\.99"),
+    ("gssgd", {"p2": None}, r"p2 .*got None"),
+    ("gssgd", {"p2": NAN}, r"p2 .*got nan"),
+    ("gssgd", {"p2": -INF}, r"p2 .*got -inf"),
+    ("gssgd", {"allreduce": "ring"}, r"allreduce must be 'scatter' or 'tree', got 'ring'"),
+    ("gssgd", {"allreduce": None}, r"allreduce must be .*got None"),
+    ("gssgd", {"estimate": "part"}, r"estimate must be 'sliced' or 'full', got 'part'"),
+    ("gssgd", {"estimate": None}, r"estimate must be .*got None"),
     # oktopk
     ("oktopk", {"tau": 0}, r"tau must be an integer number of steps in \[1, 2\^31 - 1\], got 0"),
     ("oktopk", {"tau": 1.5}, r"tau must be .* got 1\.5"),
@@ -119,6 +138,21 @@ BAD += [(name, options, message) for name in algorithms.names() for options, mes
         if set(options) <= set(algorithms.get(name).option_defaults)]
 BAD += [("skcompress", {"topology": "ring"}, r"topology must be 'allgather' or 'ps', got 'ring'"),
         ("skcompress", {"topology": None}, r"topology must be .*got None")]
+BAD += [  # auto: the alpha-beta constants (both or neither), the candidates, the compute table
+    ("auto", {"alpha": -1e-6, "beta": 1e-9}, r"option alpha must be None .* got -1e-06"),
+    ("auto", {"alpha": NAN, "beta": 1e-9}, r"option alpha must be .* got nan"),
+    ("auto", {"alpha": 1e-4, "beta": INF}, r"option beta must be .* got inf"),
+    ("auto", {"alpha": True, "beta": 1e-9}, r"option alpha must be .* got True"),
+    ("auto", {"alpha": 1e-4}, r"give both alpha and beta, or neither"),
+    ("auto", {"beta": 1e-9}, r"give both alpha and beta, or neither"),
+    ("auto", {"candidates": "topka"}, r"candidates must be a non-empty tuple .* got 'topka'"),
+    ("auto", {"candidates": ()}, r"candidates must be a non-empty tuple"),
+    ("auto", {"candidates": ("auto",)}, r"candidates \['auto'\] cannot be chosen"),
+    ("auto", {"candidates": ("nosuch", "topka")}, r"candidates \['nosuch'\] cannot be chosen"),
+    ("auto", {"compute": {"topka": -1.0}}, r"compute must be None or a dict"),
+    ("auto", {"compute": {"topka": NAN}}, r"compute must be None or a dict"),
+    ("auto", {"compute": [1.0]}, r"compute must be None or a dict"),
+]
 
 # values at the edges that are valid and must be accepted
 GOOD = [
@@ -131,6 +165,8 @@ GOOD = [
     ("gssgd", {"rows": 1, "columns": 1}), ("gssgd", {"rows": 64, "columns": 2**32 - 1}),
     ("gssgd", {"columns": None}), ("gssgd", {"seed": -1}), ("gssgd", {"seed": 2**64}),
     ("gssgd", {"heavymix": "random"}),
+    ("gssgd", {"p1": None, "p2": 1, "sketch_size": 1e-9}), ("gssgd", {"p1": 1, "p2": 1.0}),
+    ("gssgd", {"allreduce": "tree"}), ("gssgd", {"estimate": "full"}),
     ("topka", {"index_codec": "delta_binary", "value_codec": "skcompress", "q": 2, "s": 16, "t": 64, "r": 1,
                "m": 16, "prefix": "huffman"}),
     ("gtopk", {"q": 4096, "r": 255, "t": 1e-9, "m": "auto", "prefix": "fixed"}),

@@ -33,8 +33,10 @@ ranks fail together: an error on one rank raises on every rank         test_fail
 naming it within 2 s; a killed peer is a CommError, a stopped one      argument error and reorder on gloo,
 a CommTimeoutError; own process group and per-call tags                mpirun and simulated; SIGKILL and SIGSTOP;
 (find_unused_parameters)                                               find_unused_parameters), test_comm_mpi.py
-a hook checkpoint resumes bit-identically in fresh processes           test_resume.py (every algorithm x 8 DDP
-                                                                       configurations x P = 2, 3; warm-up)
+a hook checkpoint resumes bit-identically in fresh processes           test_resume.py (every algorithm x 10 DDP
+                                                                       configurations x P = 2, 3; warm-up;
+                                                                       density schedule)
+"Measured": the time-to-accuracy tables are the committed runs'       test_readme_time_to_accuracy_tables_are_the_committed_runs
 =====================================================================  ==========================================
 """
 
@@ -63,7 +65,7 @@ def test_the_algorithm_lists_cover_the_registry():
     """The tables below are written by hand; a new algorithm must be placed in them."""
     assert set(ALGORITHMS) == {"dense", "topka", "spardl", "sparcml", "sparcml_recursive_double",
                                "sparcml_split_allgather", "topkdsa", "gtopk", "gssgd", "oktopk", "densestream",
-                               "skcompress"}
+                               "skcompress", "auto"}
 
 
 def _grad(n: int, rank: int, step: int, pattern: str = "random", dtype=torch.float64) -> torch.Tensor:
@@ -505,3 +507,29 @@ def test_nothing_a_peer_sends_is_unpickled():
         assert during_run == [], (rank, during_run)
         assert probe == "trapped", (rank, probe)
         assert sums == runs[0][2], rank
+
+
+# -- the measured time-to-accuracy tables are the committed runs' ----------------------------
+#: README table -> the JSON written by the run it shows (examples/ddp_demo.py --out ...)
+TIME_TO_ACCURACY_RUNS = ["docs/results/demo.json", "docs/results/demo_50mbit.json", "docs/results/demo_P6.json"]
+
+
+@pytest.mark.parametrize("path", TIME_TO_ACCURACY_RUNS)
+def test_readme_time_to_accuracy_tables_are_the_committed_runs(path):
+    """Every row of a time-to-accuracy table in the README is the row the benchmark prints from
+    that run's JSON (so a re-run updates both or the test fails), and every method of the run
+    either reached the target or says it did not."""
+    import json
+    import os
+
+    from sparsecomm.bench_accuracy import format_table, time_to_target
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, path)) as f:
+        report = json.load(f)
+    with open(os.path.join(root, "README.md")) as f:
+        readme = f.read()
+    for m in report["methods"]:  # the stored time to target is the curve's
+        assert (m["time_to_target_s"], m["updates_to_target"]) == time_to_target(m["curve"], report["target"])
+    for line in format_table(report).splitlines()[2:]:
+        assert line in readme, f"README lacks this row of {path}: {line}"

@@ -74,9 +74,11 @@ def test_k_rule_decimal_density_whose_float_product_overshoots(density, n, k):
      r"q=256, r=8, s=2, sag='auto', t=0\.2, teams=None, value_codec='none'\}; "
      r"ranks \[1\] have \{index_codec='none', m='auto', nonfinite='propagate', prefix='auto', q=256, r=8, s=2, "
      r"sag='recursive', t=0\.2, teams=None, value_codec='none'\}"),
-    ("options", lambda rank: {"algorithm": "gssgd", "options": {"rows": 5, "heavymix": "random"} if rank == 0 else {}},
-     r"options: ranks \[0\] have \{columns=None, heavymix='random', nonfinite='propagate', rows=5, seed=24301\}; "
-     r"ranks \[1, 2, 3\] have \{columns=None, heavymix='topk', nonfinite='propagate', rows=7, seed=24301\}"),
+    ("options", lambda rank: {"algorithm": "gssgd", "options": {"rows": 7, "heavymix": "random"} if rank == 0 else {}},
+     r"options: ranks \[0\] have \{allreduce='scatter', columns=None, estimate='sliced', heavymix='random', nonfinite='propagate', "
+     r"p1=1\.0, p2=8\.0, rows=7, seed=24301, sketch_size=10\.0\}; "
+     r"ranks \[1, 2, 3\] have \{allreduce='scatter', columns=None, estimate='sliced', heavymix='topk', nonfinite='propagate', "
+     r"p1=1\.0, p2=8\.0, rows=5, seed=24301, sketch_size=10\.0\}"),
     ("density", lambda rank: {"density": 0.1 if rank == 3 else 0.2},
      r"density: ranks \[0, 1, 2\] have 0\.2; ranks \[3\] have 0\.1"),
 ])

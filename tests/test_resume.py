@@ -44,9 +44,14 @@ CONFIGS = {
     "find_unused_parameters": ({"bucket_cap_mb": 0.02, "find_unused_parameters": True}, torch.float32, 1),
     # the hook's own option: collectives inside the hook, the regrouping without the worker
     "async_comm=False": ({"bucket_cap_mb": 0.02}, torch.float32, 1),
+    # density warm-up: another density at every checkpoint (0.5, 0.25, 0.1, then 0.05)
+    "density_schedule": ({"bucket_cap_mb": 0.02}, torch.float32, 1),
 }
-#: DDPHookState options of a configuration (beyond the algorithm's)
-HOOK_OPTIONS = {"async_comm=False": {"async_comm": False}}
+#: DDPHookState options of a configuration (beyond the algorithm's); the schedule as its
+#: to_state() dict, which DDPHookState accepts like the DensitySchedule it describes
+HOOK_OPTIONS = {"async_comm=False": {"async_comm": False},
+                "density_schedule": {"density_schedule": {"kind": "per_step", "densities": [0.5, 0.25, 0.1],
+                                                          "every": 1}}}
 
 
 def _algorithms(world_size: int, only: list[str] | None = None) -> dict[str, tuple[str, dict]]:
@@ -190,6 +195,17 @@ def test_resume_inside_and_after_warmup_is_bit_exact():
     it): the warm-up's dense allreduce also runs on the plan's buckets (gloo's ring sums are
     position dependent for P >= 3), P = 3, small buckets, three algorithms."""
     diffs, regrouped = _run_matrix(3, ["bucket_cap_mb=0.01"], warmup=2, only=["topka", "spardl", "gssgd"])
+    assert regrouped > 0, "no resumed run met buckets other than its plan's: the test exercised nothing"
+    inexact = {key: diff for key, diff in diffs.items() if diff != 0.0}
+    assert not inexact, f"{len(inexact)} of {len(diffs)} resumes differ: {inexact}"
+
+
+@pytest.mark.distributed
+def test_resume_inside_and_after_a_density_schedule_is_bit_exact():
+    """A density warm-up (0.5, 0.25, 0.1 for steps 0-2, then 0.05) with checkpoints after steps
+    1, 2 and 3: the resumed hook must use the density of the step it resumes at, P = 3, three
+    algorithms (one with adaptive state: oktopk's thresholds)."""
+    diffs, regrouped = _run_matrix(3, ["density_schedule"], only=["topka", "spardl", "oktopk"])
     assert regrouped > 0, "no resumed run met buckets other than its plan's: the test exercised nothing"
     inexact = {key: diff for key, diff in diffs.items() if diff != 0.0}
     assert not inexact, f"{len(inexact)} of {len(diffs)} resumes differ: {inexact}"

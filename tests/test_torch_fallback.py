@@ -115,6 +115,31 @@ def test_block_topk(blocks, k, pattern, dtype):
     _check(lambda: (ops.block_topk, (x, blocks, k)))
 
 
+ACCUM_CASES = [(n, blocks, k, p) for n in (0, 1000) for blocks in (1, 3) for k in (0, 1, 37, 1005)
+               for p in ("random", "ties")] + [(LARGE, 1, 3000, "random"), (LARGE, 1, 3000, "ties"),
+                                              (LARGE, 7, 400, "random"), (1000, 1, 5, "nan"), (LARGE, 1, 5, "nan")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("n,blocks,k,pattern", ACCUM_CASES)
+@pytest.mark.parametrize("clear", [False, True])
+def test_topk_accum(n, blocks, k, pattern, dtype, clear):
+    e, g = _vector("random", n, dtype, seed=n + k), _vector(pattern, n, dtype, seed=k)
+
+    def call(acc, grad):
+        return ops.topk_accum_(acc, grad, k, num_blocks=blocks, clear=clear)
+    _check(lambda: (call, (e.clone(), g)))
+
+
+@pytest.mark.parametrize("bad", ["half", "overlap", "length", "2d", "blocks"])
+def test_topk_accum_errors(bad):
+    acc = torch.randn(100)
+    g = {"half": torch.randn(100).half(), "overlap": acc, "length": torch.randn(99), "2d": torch.randn(100, 1),
+         "blocks": torch.randn(100)}[bad]
+    blocks = 0 if bad == "blocks" else 1
+    _check(lambda: (lambda a, b: ops.topk_accum_(a, b, 5, num_blocks=blocks), (acc.clone() if bad != "overlap" else acc, g)))
+
+
 @pytest.mark.parametrize("args", [
     lambda: (torch.randn(3, 4), 2), lambda: (torch.arange(10), 2), lambda: (torch.randn(10), -1),
     lambda: (_vector("nan", 10, torch.float32), 2)], ids=["2d", "int", "negative-k", "nan"])
@@ -367,7 +392,7 @@ def test_sketch_errors(case):
 #: defaults; a new algorithm joins this matrix by registering)
 EXTRA_OPTIONS = {
     "topkdsa": [{"quantize_bits": 4, "bucket_size": 64}, {"quantize_bits": 8}],
-    "gssgd": [{"heavymix": "random"}],
+    "gssgd": [{"heavymix": "random"}, {"estimate": "full", "allreduce": "tree", "p1": None}],
     "spardl": [{"teams": 2}],
 }
 MATRIX = [(name, options) for name in algorithms.names()

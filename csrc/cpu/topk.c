@@ -74,24 +74,28 @@ size_t sc_topk_cache_bytes(void) {
 }
 
 #define SFX u32
+#define FT float
 #define BITS uint32_t
 #define SIGNREP 0x8000000080000000ull
 #define KEYBITS 31
 #define KMASK 0x7FFFFFFFu
 #include "topk_impl.h"
 #undef SFX
+#undef FT
 #undef BITS
 #undef SIGNREP
 #undef KEYBITS
 #undef KMASK
 
 #define SFX u64
+#define FT double
 #define BITS uint64_t
 #define SIGNREP 0x8000000000000000ull
 #define KEYBITS 63
 #define KMASK 0x7FFFFFFFFFFFFFFFull
 #include "topk_impl.h"
 #undef SFX
+#undef FT
 #undef BITS
 #undef SIGNREP
 #undef KEYBITS
@@ -104,6 +108,7 @@ size_t sc_topk_cache_bytes(void) {
 #define KMASK 0x7FFFu
 #include "topk_impl.h"
 #undef SFX
+#undef FT
 #undef BITS
 #undef SIGNREP
 #undef KEYBITS
@@ -187,23 +192,63 @@ int sc_block_topk(sc_dtype dtype, const void* x, int64_t n, int64_t num_blocks,
   int st;
   switch (dtype) {
     case SC_F32:
-      st = block_topk_u32((const uint32_t*)x, n, num_blocks, k_per_block, 0x7F800000u, nt,
+      st = block_topk_u32((uint32_t*)x, NULL, n, num_blocks, k_per_block, 0x7F800000u, nt,
                           (uint32_t*)out_vals, out_idx);
       break;
     case SC_F64:
-      st = block_topk_u64((const uint64_t*)x, n, num_blocks, k_per_block,
+      st = block_topk_u64((uint64_t*)x, NULL, n, num_blocks, k_per_block,
                           0x7FF0000000000000ull, nt, (uint64_t*)out_vals, out_idx);
       break;
     case SC_F16:
-      st = block_topk_u16((const uint16_t*)x, n, num_blocks, k_per_block, 0x7C00u, nt,
+      st = block_topk_u16((uint16_t*)x, NULL, n, num_blocks, k_per_block, 0x7C00u, nt,
                           (uint16_t*)out_vals, out_idx);
       break;
     case SC_BF16:
-      st = block_topk_u16((const uint16_t*)x, n, num_blocks, k_per_block, 0x7F80u, nt,
+      st = block_topk_u16((uint16_t*)x, NULL, n, num_blocks, k_per_block, 0x7F80u, nt,
                           (uint16_t*)out_vals, out_idx);
       break;
     default:
       return sc_fail(err, SC_ERR_ARG, 0, 0, dtype);
   }
   return st ? topk_fail(st, dtype, x, n, err) : SC_OK;
+}
+
+/* [a, a + an) and [b, b + bn) share a byte */
+static int topk_overlaps(const void* a, size_t an, const void* b, size_t bn) {
+  const char *x = (const char*)a, *y = (const char*)b;
+  return an && bn && x < y + bn && y < x + an;
+}
+
+int sc_block_topk_accum(sc_dtype dtype, void* acc, const void* g, int64_t n, int64_t num_blocks,
+                        int64_t k_per_block, int clear, int nthreads, void* out_vals,
+                        int64_t* out_idx, sc_error_info* err) {
+  if (n < 0) return sc_fail(err, SC_ERR_ARG, 0, 0, n);
+  if (num_blocks < 1) return sc_fail(err, SC_ERR_ARG, 2, 0, num_blocks);
+  if (k_per_block < 0) return sc_fail(err, SC_ERR_ARG, 3, 0, k_per_block);
+  if (dtype != SC_F32 && dtype != SC_F64) return sc_fail(err, SC_ERR_ARG, 0, 0, dtype);
+  const size_t w = sc_dtype_size(dtype);
+  const int64_t m = sc_block_topk_count(n, num_blocks, k_per_block);
+  /* acc is written while g is read and the outputs are written: no shared bytes */
+  if (topk_overlaps(acc, (size_t)n * w, g, (size_t)n * w)) return sc_fail(err, SC_ERR_OVERLAP, 1, 0, 0);
+  if (topk_overlaps(acc, (size_t)n * w, out_vals, (size_t)m * w))
+    return sc_fail(err, SC_ERR_OVERLAP, 4, 0, 0);
+  if (topk_overlaps(acc, (size_t)n * w, out_idx, (size_t)m * sizeof(int64_t)))
+    return sc_fail(err, SC_ERR_OVERLAP, 5, 0, 0);
+  if (n == 0) return SC_OK;
+  const int nt = sc_clamp_threads(nthreads);
+  int st;
+  if (dtype == SC_F32)
+    st = block_topk_u32((uint32_t*)acc, (const uint32_t*)g, n, num_blocks, k_per_block,
+                        0x7F800000u, nt, (uint32_t*)out_vals, out_idx);
+  else
+    st = block_topk_u64((uint64_t*)acc, (const uint64_t*)g, n, num_blocks, k_per_block,
+                        0x7FF0000000000000ull, nt, (uint64_t*)out_vals, out_idx);
+  if (st) return topk_fail(st, dtype, acc, n, err);
+  if (clear) { /* what was selected leaves the residual: +0.0 at the selected positions */
+    if (dtype == SC_F32)
+      for (int64_t j = 0; j < m; j++) ((uint32_t*)acc)[out_idx[j]] = 0;
+    else
+      for (int64_t j = 0; j < m; j++) ((uint64_t*)acc)[out_idx[j]] = 0;
+  }
+  return SC_OK;
 }

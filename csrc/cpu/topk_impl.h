@@ -3,7 +3,8 @@
  *
  * Required macros: SFX (name suffix), BITS (unsigned raw type), KEYBITS
  * (number of magnitude bits), KMASK, SIGNREP (sign bit of every BITS lane
- * of a uint64_t).
+ * of a uint64_t). Optional: FT, the floating type of BITS (float, double):
+ * defines the fused residual add (`gadd` of topk_fast, topk_accum_core).
  *
  * A value's key is bits & KMASK (sign dropped): for IEEE formats the integer
  * order of keys is the order of magnitudes, +0 and -0 share key 0, Inf has key
@@ -307,6 +308,65 @@ static int FN(cbuf_grow)(FN(cbuf) * c, int64_t hint) {
   return 1;
 }
 
+#ifdef FT
+/* The sum of two values given as bits, in FT (round to nearest, as torch's add). */
+static inline BITS FN(add_bits)(BITS a, BITS b) {
+  FT fa, fb;
+  memcpy(&fa, &a, sizeof(FT));
+  memcpy(&fb, &b, sizeof(FT));
+  fa += fb;
+  memcpy(&a, &fa, sizeof(FT));
+  return a;
+}
+
+/* x[0..16) += g[0..16) in FT with 16-byte vectors (memcpy: unaligned, no aliasing
+ * assumptions; compiles to movups / addps / movups). */
+typedef FT FN(v16f) __attribute__((vector_size(16)));
+static inline void FN(add16)(BITS* x, const BITS* g) {
+  enum { L = 16 / sizeof(FT), NV = 16 / L };
+  for (int c = 0; c < NV; c++) {
+    FN(v16f) a, b;
+    memcpy(&a, x + c * L, 16);
+    memcpy(&b, g + c * L, 16);
+    a += b;
+    memcpy(x + c * L, &a, 16);
+  }
+}
+
+/* add16, then mask16 of the sums, without reading them back (SSE2, float32); else
+ * the two steps. */
+static inline unsigned FN(add_mask16)(BITS* x, const BITS* g, BITS tm1) {
+#if defined(__SSE2__)
+  if (sizeof(FT) == 4) {
+    const __m128i t = _mm_set1_epi32((int)(uint32_t)tm1), m = _mm_set1_epi32(0x7FFFFFFF);
+    __m128i d[4];
+    for (int c = 0; c < 4; c++) {
+      __m128 a = _mm_loadu_ps((const float*)(const void*)(x + 4 * c));
+      __m128 b = _mm_loadu_ps((const float*)(const void*)(g + 4 * c));
+      a = _mm_add_ps(a, b);
+      _mm_storeu_ps((float*)(void*)(x + 4 * c), a);
+      d[c] = _mm_sub_epi32(t, _mm_and_si128(_mm_castps_si128(a), m));
+    }
+    /* one sign test for the 16 (the common case: no candidate), the bits only if any */
+    __m128i any = _mm_or_si128(_mm_or_si128(d[0], d[1]), _mm_or_si128(d[2], d[3]));
+    if (!_mm_movemask_ps(_mm_castsi128_ps(any))) return 0;
+    unsigned r = 0;
+    for (int c = 0; c < 4; c++) r |= (unsigned)_mm_movemask_ps(_mm_castsi128_ps(d[c])) << (4 * c);
+    return r;
+  }
+#endif
+  FN(add16)(x, g);
+  return FN(mask16)(x, tm1);
+}
+
+/* x[i] += g[i] for i < n, as FT. */
+static inline void FN(add_run)(BITS* x, const BITS* g, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) FN(add16)(x + i, g + i);
+  for (; i < n; i++) x[i] = FN(add_bits)(x[i], g[i]);
+}
+#endif
+
 /*
  * Sample-threshold fast path. Returns SC_OK when it produced the result,
  * SC_ERR_NAN, SC_ERR_NOMEM, or -1 when the caller must use the exact path
@@ -314,8 +374,16 @@ static int FN(cbuf_grow)(FN(cbuf) * c, int64_t hint) {
  * Correctness never depends on the sample: the selection is exact among all
  * elements with key >= tlo, and it is used only if there are >= k of them.
  */
-static int FN(topk_fast)(const BITS* x, int64_t base, int64_t n, int64_t k,
-                         BITS inf, int nt, BITS* ov, int64_t* oi) {
+/*
+ * With `gadd` (fused residual add, FT instances only) x is written: the pass
+ * that filters the candidates first adds gadd into x, 16 elements at a time,
+ * and filters the sums; the sample is taken from the sums too. *added says
+ * whether x == x + gadd everywhere on return (0 when it returned before the
+ * pass: the caller then adds); the result is the top-k of the sums.
+ */
+static int FN(topk_fast)(BITS* x, const BITS* gadd, int* added, int64_t base, int64_t n,
+                         int64_t k, BITS inf, int nt, BITS* ov, int64_t* oi) {
+  *added = 0;
   const int64_t nch = 256;
   int64_t s = n / 128;
   if (s < 4096) s = 4096;
@@ -335,7 +403,14 @@ static int FN(topk_fast)(const BITS* x, int64_t base, int64_t n, int64_t k,
   uint64_t rng = 0xD1B54A32D192ED03ull ^ ((uint64_t)n * 31u + (uint64_t)k);
   for (int64_t c = 0; c < nch; c++) {
     int64_t start = c * stride + (int64_t)(sc_rand(&rng) % (uint64_t)(stride - L + 1));
-    for (int64_t j = 0; j < L; j++) smp[c * L + j] = (BITS)(x[start + j] & KMASK);
+    if (gadd) {
+#ifdef FT
+      for (int64_t j = 0; j < L; j++)
+        smp[c * L + j] = (BITS)(FN(add_bits)(x[start + j], gadd[start + j]) & KMASK);
+#endif
+    } else {
+      for (int64_t j = 0; j < L; j++) smp[c * L + j] = (BITS)(x[start + j] & KMASK);
+    }
   }
   BITS tlo = FN(qselect_desc)(smp, s, r);
   BITS smax = 0;
@@ -374,10 +449,18 @@ static int FN(topk_fast)(const BITS* x, int64_t base, int64_t n, int64_t k,
   for (t = 0; t < nt; t++) {
     FN(cbuf)* cb = &bufs[t];
     int64_t lo = n * t / nt, hi = n * (t + 1) / nt;
-    int64_t i = lo;
+    int64_t i = lo, summed = lo; /* gadd: x[lo, summed) holds the sums */
+    (void)summed;
     BITS mx = 0;
     for (; i + 16 <= hi; i += 16) {
-      unsigned msk = FN(mask16)(x + i, tm1);
+      unsigned msk;
+#ifdef FT
+      if (gadd) {
+        msk = FN(add_mask16)(x + i, gadd + i, tm1);
+        summed = i + 16;
+      } else
+#endif
+        msk = FN(mask16)(x + i, tm1);
       if (!msk) continue; /* common case: no candidate among these 16 */
       if (cb->n + 16 > cb->cap) {
         if (cb->n > cap || !FN(cbuf_grow)(cb, hint)) { fail = 1; break; }
@@ -399,6 +482,9 @@ static int FN(topk_fast)(const BITS* x, int64_t base, int64_t n, int64_t k,
     }
     if (!fail) {
       for (; i < hi; i++) {
+#ifdef FT
+        if (gadd) { x[i] = FN(add_bits)(x[i], gadd[i]); summed = i + 1; }
+#endif
         BITS key = (BITS)(x[i] & KMASK);
         if (key >= tlo) {
           if (cb->n + 1 > cb->cap && !FN(cbuf_grow)(cb, hint)) { fail = 1; break; }
@@ -409,8 +495,13 @@ static int FN(topk_fast)(const BITS* x, int64_t base, int64_t n, int64_t k,
         }
       }
     }
+#ifdef FT
+    /* a full candidate buffer stopped the filter: the sums are still owed */
+    if (gadd && summed < hi) FN(add_run)(x + summed, gadd + summed, hi - summed);
+#endif
     if (mx > inf) nan = 1;
   }
+  *added = gadd != NULL;
   int64_t C = 0;
   for (int u = 0; u < nt; u++) C += bufs[u].n;
   int st = -1;
@@ -505,15 +596,54 @@ static int FN(topk_core)(const BITS* x, int64_t base, int64_t n, int64_t k,
   }
   if (radix) return FN(topk_exact)(x, NULL, base, n, k, inf, nt, 1, ov, oi);
   if (n <= SC_SMALL_N) return FN(topk_small)(x, NULL, base, n, k, inf, ov, oi);
-  int st = FN(topk_fast)(x, base, n, k, inf, nt, ov, oi);
+  int added;
+  int st = FN(topk_fast)((BITS*)x, NULL, &added, base, n, k, inf, nt, ov, oi);
   if (st != -1) return st;
   return FN(topk_exact)(x, NULL, base, n, k, inf, nt, 0, ov, oi);
 }
 
-static int FN(block_topk)(const BITS* x, int64_t n, int64_t B, int64_t kpb,
+#ifdef FT
+/* x[0..n) += g[0..n), nt threads over chunks (the residual add when no fused
+ * filter pass runs). */
+static void FN(add_all)(BITS* x, const BITS* g, int64_t n, int nt) {
+  const int64_t chunk = 65536, nchunks = (n + chunk - 1) / chunk;
+  int64_t c;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && n > 262144)
+  for (c = 0; c < nchunks; c++) {
+    int64_t lo = c * chunk, len = n - lo < chunk ? n - lo : chunk;
+    FN(add_run)(x + lo, g + lo, len);
+  }
+}
+#endif
+
+/*
+ * Top-k of x[0..n) (g == NULL), or of the sums x + g, which are written into x
+ * first (g != NULL, FT instances only): the sampled fast path adds while it
+ * filters (one pass over x and g); any other path adds first, then selects.
+ * Either way the result is topk_core's on the sums.
+ */
+static int FN(topk_maybe_add)(BITS* x, const BITS* g, int64_t base, int64_t n, int64_t k,
+                              BITS inf, int nt, BITS* ov, int64_t* oi) {
+#ifdef FT
+  if (g) {
+    int added = 0, st = -1;
+    if (k > 0 && k < n && n > SC_SMALL_N)
+      st = FN(topk_fast)(x, g, &added, base, n, k, inf, nt, ov, oi);
+    if (!added) FN(add_all)(x, g, n, nt);
+    if (st != -1) return st;
+  }
+#endif
+  return FN(topk_core)(x, base, n, k, inf, nt, 0, ov, oi);
+}
+
+/* Block top-k of x, or of x + g (written into x first, see topk_maybe_add). */
+static int FN(block_topk)(BITS* x, const BITS* g, int64_t n, int64_t B, int64_t kpb,
                           BITS inf, int nt, BITS* ov, int64_t* oi) {
   /* out offsets: block b starts at sum_{j<b} min(kpb, len_j) */
-  if (B == 1) return FN(topk_core)(x, 0, n, kpb, inf, nt, 0, ov, oi);
+  if (B == 1) return FN(topk_maybe_add)(x, g, 0, n, kpb, inf, nt, ov, oi);
+#ifdef FT
+  if (g && B >= n) FN(add_all)(x, g, n, nt);
+#endif
   if (B >= n) {
     /* every block holds at most one element (len_b = floor or ceil of n/B <= 1),
        so each non-empty block contributes its element when kpb >= 1: no per-block
@@ -533,9 +663,16 @@ static int FN(block_topk)(const BITS* x, int64_t n, int64_t B, int64_t kpb,
   }
   int err = SC_OK;
   if (nt == 1 || n / B >= ((int64_t)1 << 20)) {
-    for (int64_t b = 0; b < B && !err; b++) {
+    for (int64_t b = 0; b < B && (!err || g); b++) {
       int64_t lo = sc_block_end(n, B, b - 1), hi = sc_block_end(n, B, b);
-      err = FN(topk_core)(x + lo, lo, hi - lo, kpb, inf, nt, 0, ov + off[b], oi + off[b]);
+#ifdef FT
+      if (err) { /* a failed block ends the selection; the sums are still owed */
+        FN(add_all)(x + lo, g + lo, hi - lo, nt);
+        continue;
+      }
+#endif
+      err = FN(topk_maybe_add)(x + lo, g ? g + lo : NULL, lo, hi - lo, kpb, inf, nt, ov + off[b],
+                               oi + off[b]);
     }
   } else {
     int64_t b;
@@ -545,7 +682,8 @@ static int FN(block_topk)(const BITS* x, int64_t n, int64_t B, int64_t kpb,
 #pragma omp parallel for num_threads(nt) schedule(dynamic, chunk) reduction(| : e_nan, e_mem)
     for (b = 0; b < B; b++) {
       int64_t lo = sc_block_end(n, B, b - 1), hi = sc_block_end(n, B, b);
-      int st = FN(topk_core)(x + lo, lo, hi - lo, kpb, inf, 1, 0, ov + off[b], oi + off[b]);
+      int st = FN(topk_maybe_add)(x + lo, g ? g + lo : NULL, lo, hi - lo, kpb, inf, 1,
+                                  ov + off[b], oi + off[b]);
       if (st == SC_ERR_NAN) e_nan = 1;
       else if (st) e_mem = 1;
     }

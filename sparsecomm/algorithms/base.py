@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Iterator
 
 import torch
 
+from .. import ops
 from ..comm.base import Comm
 
 __all__ = ["Algorithm", "register", "names", "get"]
@@ -73,6 +74,11 @@ class Algorithm(ABC):
     propagates_nonfinite: ClassVar[bool] = False
     #: the keyword options the constructor accepts, with their defaults
     option_defaults: ClassVar[dict[str, Any]] = {}
+    #: True when :meth:`reduce` takes ``grad=``: the reducer then hands over ``acc`` without
+    #: the gradient and the algorithm adds it itself, fused with its first selection
+    #: (:func:`sparsecomm.ops.topk_accum_`: one pass over the residual and the gradient
+    #: instead of an add pass and a selection pass)
+    fuses_add: ClassVar[bool] = False
 
     def __init__(self, comm: Comm, **options: Any):
         unknown = sorted(set(options) - set(self.option_defaults))
@@ -95,11 +101,43 @@ class Algorithm(ABC):
 
     @abstractmethod
     def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
-        """One step: write the reduced result into ``out`` and leave the residual in ``acc``."""
+        """One step: write the reduced result into ``out`` and leave the residual in ``acc``.
+
+        Algorithms with :attr:`fuses_add` take ``grad=`` too (``reduce(acc, k, out, grad=g)``):
+        ``acc`` then holds only the residual and the step begins with ``acc += grad`` (same
+        dtype, the bits of ``acc.add_(grad)``), fused with the first selection; ``grad`` is
+        read in full before ``out`` is written (``out`` may be ``grad``'s memory)."""
+
+    def takes_grad(self) -> bool:
+        """Whether :meth:`reduce` takes ``grad=`` on this instance: :attr:`fuses_add` is set
+        (an instance may turn it off) and the class that defines ``reduce`` set it itself, so a
+        subclass that overrides ``reduce`` without opting in gets ``acc`` with the gradient added."""
+        if not self.fuses_add:
+            return False
+        for klass in type(self).__mro__:
+            if "reduce" in vars(klass):
+                return bool(vars(klass).get("fuses_add", False))
+        return False
+
+    @staticmethod
+    def select_topk(acc: torch.Tensor, k: int, grad: torch.Tensor | None, clear: bool,
+                    num_blocks: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(values, indices)`` of the top-``k`` of ``acc`` (per block with ``num_blocks``),
+        after adding ``grad`` into ``acc`` when given (fused); ``clear`` then sets the selected
+        entries of ``acc`` to zero (they leave the residual)."""
+        if grad is not None:
+            return ops.topk_accum_(acc, grad, k, num_blocks=num_blocks, clear=clear)
+        values, indices = ops.topk(acc, k) if num_blocks == 1 else ops.block_topk(acc, num_blocks, k)
+        if clear:
+            acc.index_fill_(0, indices, 0)
+        return values, indices
 
     @contextmanager
     def timed(self, phase: str) -> Iterator[None]:
-        """Accumulate wall time of a local phase (``select``, ``merge``) into :attr:`times`."""
+        """Accumulate wall time of a local phase into :attr:`times`: ``select`` (choosing
+        entries), ``residual`` (removing them from ``acc``), ``merge`` (combining received
+        vectors) and ``scatter`` (writing the result into ``out``); the phase benchmark
+        (:mod:`sparsecomm.bench_phases`) reports them apart."""
         start = time.perf_counter()
         try:
             yield

@@ -58,17 +58,21 @@ class GlobalTopk(Algorithm):
         check_codec_options(self.name, self.options)
         self.codec = CooCodec(self.options)
 
-    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
+    fuses_add = True
+
+    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor, grad: torch.Tensor | None = None) -> None:
         comm, n, codec = self.comm, acc.numel(), self.codec
         k = min(k, n)
         if n == 0 or k == 0:
+            if grad is not None:
+                acc.add_(grad)
             out.zero_()
             self.last_nnz = 0
             return
         itype = index_dtype_for(n)
         with self.timed("select"):
-            values, indices = ops.topk(acc, k)
-            acc.index_fill_(0, indices, 0)
+            values, indices = self.select_topk(acc, k, grad, clear=True)
+        with self.timed("residual"):
             cur = (indices.to(itype), values.clone())
         size, rank = comm.size, comm.rank
         nbytes = codec.fixed_nbytes(k, n, acc.dtype)
@@ -136,7 +140,7 @@ class GlobalTopk(Algorithm):
             final = cur
             if fold.partner is not None:
                 send_payload(fold.partner, codec.readdress(payload, rank))
-        with self.timed("merge"):
+        with self.timed("scatter"):
             out.zero_()
             ops.scatter_add_(out, final[0], final[1])
         self.last_nnz = k

@@ -79,10 +79,11 @@ def _send(alg: Algorithm, stream: SparseStream, acc: torch.Tensor, keep_error: b
     return message, sent
 
 
-def _select(alg: Algorithm, acc: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _select(alg: Algorithm, acc: torch.Tensor, k: int, grad: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The local top-k (after ``acc += grad``, fused, when given); what was not selected
+    stays in ``acc`` as the residual."""
     with alg.timed("select"):
-        values, indices = ops.topk(acc, k)
-        acc.index_fill_(0, indices, 0)  # what was not selected stays as the residual
+        values, indices = alg.select_topk(acc, k, grad, clear=True)
     return indices, values
 
 
@@ -90,6 +91,7 @@ def _select(alg: Algorithm, acc: torch.Tensor, k: int) -> tuple[torch.Tensor, to
 class SparcmlRecursiveDouble(Algorithm):
     name = "sparcml_recursive_double"
     lossless = True
+    fuses_add = True
     option_defaults = dict(CODEC_OPTION_DEFAULTS)
 
     def __init__(self, comm, **options: Any):
@@ -98,14 +100,14 @@ class SparcmlRecursiveDouble(Algorithm):
         # the result's way back to a folded rank: keys coded, values exact (module docstring)
         self._back_codec = CooCodec({**self.options, "value_codec": "none"})
 
-    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
+    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor, grad: torch.Tensor | None = None) -> None:
         comm, n = self.comm, acc.numel()
         rank, size = comm.rank, comm.size
-        indices, values = _select(self, acc, k)
+        indices, values = _select(self, acc, k, grad)
         stream = SparseStream.sparse(indices, values, n)
         if size > 1:
             stream = self._allreduce(stream, acc)
-        with self.timed("merge"):
+        with self.timed("scatter"):
             stream.write_into(out)
         self.last_nnz = stream.count if not stream.is_dense else None
 
@@ -188,15 +190,16 @@ def _split_phase(alg: Algorithm, indices: torch.Tensor, values: torch.Tensor, ac
 class SparcmlSplitAllgather(Algorithm):
     name = "sparcml_split_allgather"
     lossless = True
+    fuses_add = True
     option_defaults = dict(CODEC_OPTION_DEFAULTS)
 
     def __init__(self, comm, **options: Any):
         super().__init__(comm, **options)
         self.codec = _init_codec(self)
 
-    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
+    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor, grad: torch.Tensor | None = None) -> None:
         comm, n, rank, size = self.comm, acc.numel(), self.comm.rank, self.comm.size
-        indices, values = _select(self, acc, k)
+        indices, values = _select(self, acc, k, grad)
         mine = _split_phase(self, indices, values, acc)
         if size > 1:  # the owner alone holds its reduced range: it keeps a lossy codec's error of it
             message, mine = _send(self, mine, acc)
@@ -205,7 +208,7 @@ class SparcmlSplitAllgather(Algorithm):
             blocks = [None]
         b = bounds(n, size)
         total, dense = 0, False
-        with self.timed("merge"):
+        with self.timed("scatter"):
             for j in range(size):  # disjoint ranges: each written into its slice of out
                 s = mine if j == rank else decode_sparse_stream(blocks[j], n=b[j + 1] - b[j], offset=b[j],
                                                                 value_dtype=acc.dtype, receiver=rank, sender=j,
@@ -223,6 +226,7 @@ _MAX_BUCKET = 2**31 - 1
 class TopkDSA(Algorithm):
     name = "topkdsa"
     lossless = True  # the instance says False when quantize_bits is set (see module docstring)
+    fuses_add = True
     option_defaults = {"quantize_bits": None, "bucket_size": 512, "seed": 0, **CODEC_OPTION_DEFAULTS}
 
     def __init__(self, comm, **options: Any):
@@ -241,10 +245,10 @@ class TopkDSA(Algorithm):
         self.codec = _init_codec(self)  # the split phase's sparse pieces only; the ranges go dense
         self._step = 0
 
-    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
+    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor, grad: torch.Tensor | None = None) -> None:
         comm, n, rank, size = self.comm, acc.numel(), self.comm.rank, self.comm.size
         bits, bucket = self.options["quantize_bits"], self.options["bucket_size"]
-        indices, values = _select(self, acc, k)
+        indices, values = _select(self, acc, k, grad)
         b = bounds(n, size)
         lo, hi = b[rank], b[rank + 1]
         # the owner reduces its range straight into the dense message it will send
@@ -263,7 +267,7 @@ class TopkDSA(Algorithm):
             sizes = [_qsgd.qsgd_nbytes(b[j + 1] - b[j], bits, bucket) for j in range(size)]
         self._step += 1
         blocks = bruck_allgather(comm, block, sizes)
-        with self.timed("merge"):
+        with self.timed("scatter"):
             for j in range(size):
                 m = b[j + 1] - b[j]
                 if bits is None and j == rank:
@@ -310,6 +314,7 @@ def choose(n: int, k: int, size: int, observed_k: int | None, value_dtype: torch
 class Sparcml(Algorithm):
     name = "sparcml"
     lossless = True
+    fuses_add = True
     option_defaults = {"alpha": 50e-6, "beta": 8e-9, **CODEC_OPTION_DEFAULTS}
 
     def __init__(self, comm, **options: Any):
@@ -328,7 +333,7 @@ class Sparcml(Algorithm):
         self.observed_k: int | None = None
         self.last_choice: str | None = None
 
-    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
+    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor, grad: torch.Tensor | None = None) -> None:
         size = self.comm.size
         choice = choose(acc.numel(), k, size, self.observed_k, acc.dtype, self.options["alpha"],
                         self.options["beta"])
@@ -336,7 +341,7 @@ class Sparcml(Algorithm):
         if alg is None:
             alg = self._algs[choice] = get(choice)(self.comm, **self._codec_options)
         alg.times = self.times  # phases accumulate into this object's timings
-        alg.reduce(acc, k, out)
+        alg.reduce(acc, k, out, grad=grad)
         self.last_choice = choice
         # observed fill-in: the support of the (identical) output
         self.observed_k = alg.last_nnz if alg.last_nnz is not None else int(torch.count_nonzero(out))

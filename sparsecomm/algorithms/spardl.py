@@ -316,7 +316,9 @@ class SparDL(Algorithm):
                                  sender=sender, count=count)
 
     # -- the call -------------------------------------------------------------------------
-    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
+    fuses_add = True
+
+    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor, grad: torch.Tensor | None = None) -> None:
         comm = self.comm
         if self._teams is None:
             self._resolve(comm.size)
@@ -328,12 +330,16 @@ class SparDL(Algorithm):
         idx_dtype = index_dtype_for(n)
         journal: list[tuple[torch.Tensor, torch.Tensor]] = []   # (indices, values before the change)
 
-        # 1. Spar-Reduce-Scatter inside the team
+        # 1. Spar-Reduce-Scatter inside the team. The gradient (grad=, fused) is added into
+        # the blocks of the first selection by that selection, into the others right after
+        # it, before anything received is added (acc = (e + g) + received, as unfused)
         for step in plan.steps:
             with self.timed("select"):
-                sel_idx, sel_val = _select_runs(acc, plan, step.send_runs, plan.quota)
+                sel_idx, sel_val = _select_runs(acc, plan, step.send_runs, plan.quota, grad)
+                if grad is not None:
+                    _add_outside(acc, grad, plan, step.send_runs)
+                    grad = None
                 journal.append((sel_idx, sel_val))
-                acc.index_fill_(0, sel_idx, 0)
                 message, _ = self._encode(acc, sel_idx, sel_val, journal)
             incoming = self._swap(step.dest, message, step.source, step.recv_count, acc)
             with self.timed("merge"):
@@ -348,9 +354,10 @@ class SparDL(Algorithm):
         if self._mode == "bruck":
             final_quota = self._bsag_h(plan)
         with self.timed("select"):
-            f_idx, f_val = _select_runs(acc, plan, [(plan.pos, 1)], final_quota)
+            f_idx, f_val = _select_runs(acc, plan, [(plan.pos, 1)], final_quota, grad)
+            if grad is not None:   # no SRS step (one rank per team): this was the first selection
+                _add_outside(acc, grad, plan, [(plan.pos, 1)])
             journal.append((f_idx, f_val))
-            acc.index_fill_(0, f_idx, 0)
             f_idx = f_idx.to(idx_dtype)
 
         # 2. Spar-All-Gather between teams
@@ -370,8 +377,10 @@ class SparDL(Algorithm):
                 all_val = torch.cat([p[1] for p in parts])
             else:
                 all_idx, all_val = f_idx.to(torch.int64), f_val
+        with self.timed("scatter"):
             out.zero_()
             out.index_copy_(0, all_idx, all_val)   # blocks are disjoint: no sums, identical everywhere
+        with self.timed("residual"):
             # global residual collection: xi at the result's indices, the original elsewhere
             xi = acc.index_select(0, all_idx)
             for j_idx, j_val in reversed(journal):
@@ -444,11 +453,23 @@ def _runs(start: int, lo: int, hi: int, q: int) -> list[tuple[int, int]]:
     return [(0, first + count - q), (first, q - first)]
 
 
-def _select_runs(x: torch.Tensor, plan: _Plan, runs, quota: int):
+def _add_outside(x: torch.Tensor, grad: torch.Tensor, plan: _Plan, runs) -> None:
+    """``x += grad`` outside the blocks of ``runs`` (inside them the fused selection added it)."""
+    covered = sorted((plan.bounds[b0], plan.bounds[b0 + nb]) for b0, nb in runs)
+    at = 0
+    for lo, hi in covered + [(plan.n, plan.n)]:
+        if lo > at:
+            x[at:lo].add_(grad[at:lo])
+        at = max(at, hi)
+
+
+def _select_runs(x: torch.Tensor, plan: _Plan, runs, quota: int, grad: torch.Tensor | None = None):
     """Top-quota entries (by |x|, ties to the lower index) of every block in ``runs``; global
-    int64 indices, ascending. One block_topk call per contiguous run when the run's own equal
-    division matches the plan's block boundaries (always when Q divides N), else one topk
-    call per block of the run."""
+    int64 indices, ascending; the selected entries of ``x`` are then set to zero (they leave
+    the residual). With ``grad`` (fused) each block first gets ``x += grad`` by the selection
+    itself. One block_topk call per contiguous run when the run's own equal division matches
+    the plan's block boundaries (always when Q divides N), else one topk call per block of the
+    run."""
     bounds = plan.bounds
     idx_parts, val_parts = [], []
     for b0, nb in runs:
@@ -458,14 +479,16 @@ def _select_runs(x: torch.Tensor, plan: _Plan, runs, quota: int):
         seg = x[lo:hi]
         width = hi - lo
         if nb == 1 or all(bounds[b0 + j] - lo == j * width // nb for j in range(1, nb)):
-            v, i = ops.block_topk(seg, nb, quota) if nb > 1 else ops.topk(seg, quota)
+            v, i = Algorithm.select_topk(seg, quota, None if grad is None else grad[lo:hi], clear=True,
+                                         num_blocks=nb)
             idx_parts.append(i + lo)
             val_parts.append(v)
         else:
             for b in range(b0, b0 + nb):
                 blo, bhi = bounds[b], bounds[b + 1]
                 if bhi > blo:
-                    v, i = ops.topk(x[blo:bhi], quota)
+                    v, i = Algorithm.select_topk(x[blo:bhi], quota, None if grad is None else grad[blo:bhi],
+                                                 clear=True)
                     idx_parts.append(i + blo)
                     val_parts.append(v)
     if not idx_parts:

@@ -43,14 +43,16 @@ class TopkAllgather(Algorithm):
         self.codec = CooCodec(self.options)
         self.lossless = self.codec.lossless
 
-    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
+    fuses_add = True
+
+    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor, grad: torch.Tensor | None = None) -> None:
         comm, n, codec = self.comm, acc.numel(), self.codec
         with self.timed("select"):
-            values, indices = ops.topk(acc, k)
+            # lossless: the selection leaves acc at once (what was not selected is the residual)
+            values, indices = self.select_topk(acc, k, grad, clear=codec.lossless)
             message, sent = codec.encode(indices, values, n, comm.rank)
-            if codec.lossless:
-                acc.index_fill_(0, indices, 0)  # what was not selected stays as the residual
-            else:
+        with self.timed("residual"):
+            if not codec.lossless:
                 acc.index_copy_(0, indices, values - sent)  # and what the codec did not carry
         nbytes = codec.fixed_nbytes(indices.numel(), n, acc.dtype)
         if nbytes is not None:
@@ -62,6 +64,7 @@ class TopkAllgather(Algorithm):
             decoded = [codec.decode(block, n=n, value_dtype=acc.dtype, receiver=comm.rank, sender=source, count=count)
                        for source, block in enumerate(blocks)]
             merged_indices, merged_values = ops.merge_add_many([d[0] for d in decoded], [d[1] for d in decoded])
+        with self.timed("scatter"):
             out.zero_()
             ops.scatter_add_(out, merged_indices, merged_values)
         self.last_nnz = merged_indices.numel()

@@ -2,7 +2,9 @@
 
 Each step is written once here and reused (SparDL's final all-gather, TopkA, the small
 handshakes of the reducer all use :func:`bruck_allgather`; gs-SGD sums its sketches and
-exact values with :func:`halving_allreduce_`).
+exact values with :func:`reduce_scatter_allgather_`, the transpose of the Bruck all-gather
+followed by the all-gather itself; :func:`halving_allreduce_` is the paper's tree, kept as an
+option).
 
 The functions take the :class:`~sparsecomm.comm.base.Comm` they run on as an argument and
 only call its methods, so this module needs ``Comm`` for type hints alone: ``base`` imports
@@ -20,7 +22,9 @@ from ..formats.header import HEADER_NBYTES, Kind, check_header, pack_header
 if TYPE_CHECKING:
     from .base import Comm
 
-__all__ = ["bruck_allgather", "bruck_allgather_var", "allgather_int64", "halving_tree", "halving_allreduce_"]
+__all__ = ["bruck_allgather", "bruck_allgather_var", "allgather_int64", "halving_tree", "halving_allreduce_",
+           "block_bounds", "bruck_reduce_scatter_", "reduce_scatter_allgather_", "reduce_scatter_allgather_traffic",
+           "halving_allreduce_traffic", "bruck_allgather_traffic"]
 
 
 def bruck_allgather(comm: Comm, block: torch.Tensor, block_nbytes: Sequence[int]) -> list[torch.Tensor]:
@@ -157,3 +161,138 @@ def halving_allreduce_(comm: Comm, tensor: torch.Tensor, n: int) -> torch.Tensor
             elif rank == sender:
                 tensor.copy_(receive(receiver))
     return tensor
+
+
+def _bruck_distances(size: int) -> list[int]:
+    """The distances 1, 2, 4, ... < size of the Bruck all-gather's rounds."""
+    distances, d = [], 1
+    while d < size:
+        distances.append(d)
+        d *= 2
+    return distances
+
+
+def block_bounds(length: int, size: int) -> list[int]:
+    """The P + 1 boundaries of a length-``length`` vector cut into ``size`` contiguous slices
+    whose lengths differ by at most one: slice q is ``[bounds[q], bounds[q + 1])``."""
+    return [q * length // size for q in range(size + 1)]
+
+
+def bruck_reduce_scatter_(comm: Comm, tensor: torch.Tensor, n: int) -> torch.Tensor:
+    """Reduce-scatter (SUM) of a 1-D float tensor, in place, for any P without folding: the
+    transpose of :func:`bruck_allgather` (SparDL section 2, Figure 2b, run backwards).
+
+    The tensor is cut into P slices (:func:`block_bounds`); rank q ends with the sum over all
+    ranks of slice q, in place (the rest of its tensor holds partial sums). Rounds run the
+    all-gather's distances from the largest down to 1; at distance d with count
+    c = min(d, P - d) rank r sends its partial sums of slices r + d .. r + d + c - 1 (mod P) to
+    rank r + d and adds the ones rank r - d sends for slices r .. r + c - 1. Before that round
+    rank r holds partial sums for slices r .. r + d + c - 1, after it for r .. r + d - 1: each
+    slice's contributions reach its owner along exactly one path, as each block reaches each
+    rank exactly once in the all-gather. So every rank sends every other rank's slice exactly
+    once: (P - 1)/P of the tensor in ceil(log2 P) rounds, the reduce-scatter optimum, with no
+    root and no folding step for P not a power of two. The additions follow the schedule, so
+    the summation order of a slice is fixed: the result does not depend on timing.
+
+    Messages: ``[header: Kind.DENSE, value dtype, N = n, count][count values]`` (the round's
+    slices, concatenated in order); the receiver checks the header. Returns the rank's own
+    slice, a view of ``tensor``.
+    """
+    rank, size = comm.rank, comm.size
+    bounds = block_bounds(tensor.numel(), size)
+
+    def slices(first: int, count: int) -> list[tuple[int, int]]:
+        return [(bounds[q], bounds[q + 1]) for q in ((first + i) % size for i in range(count))]
+
+    for distance in reversed(_bruck_distances(size)):
+        count = min(distance, size - distance)
+        dest, source = (rank + distance) % size, (rank - distance) % size
+        outgoing = slices(dest, count)
+        incoming = slices(rank, count)
+        out_count = sum(b - a for a, b in outgoing)
+        in_count = sum(b - a for a, b in incoming)
+        message = torch.empty(HEADER_NBYTES + out_count * tensor.element_size(), dtype=torch.uint8,
+                              device=tensor.device)
+        message[:HEADER_NBYTES].copy_(torch.from_numpy(pack_header(Kind.DENSE, rank, n, out_count, tensor.dtype)))
+        body = message[HEADER_NBYTES:].view(tensor.dtype)
+        at = 0
+        for a, b in outgoing:
+            body[at:at + b - a].copy_(tensor[a:b])
+            at += b - a
+        buf = torch.empty(HEADER_NBYTES + in_count * tensor.element_size(), dtype=torch.uint8, device=tensor.device)
+        comm.exchange([(dest, message)], [(source, buf)])
+        check_header(buf, receiver=rank, sender=source, kind=Kind.DENSE, n=n, value_dtype=tensor.dtype,
+                     count=in_count)
+        got = buf[HEADER_NBYTES:].view(tensor.dtype)
+        at = 0
+        for a, b in incoming:
+            tensor[a:b].add_(got[at:at + b - a])
+            at += b - a
+    return tensor[bounds[rank]:bounds[rank + 1]]
+
+
+def reduce_scatter_allgather_(comm: Comm, tensor: torch.Tensor, n: int) -> torch.Tensor:
+    """In-place SUM of a 1-D float tensor over ranks without a root: :func:`bruck_reduce_scatter_`
+    then :func:`bruck_allgather` of the summed slices (each slice as its own headed message,
+    ``[header: Kind.DENSE, value dtype, N = n, count = slice length][values]``, checked on
+    receipt: sender = the slice's owner). 2 ceil(log2 P) rounds; every rank sends about
+    2 (P - 1)/P of the tensor (exactly: :func:`reduce_scatter_allgather_traffic`). Every rank
+    ends with the owners' bytes, so the result is bit-identical everywhere.
+    """
+    rank, size = comm.rank, comm.size
+    if size == 1:
+        return tensor
+    mine = bruck_reduce_scatter_(comm, tensor, n)
+    bounds = block_bounds(tensor.numel(), size)
+    isize = tensor.element_size()
+    block_nbytes = [HEADER_NBYTES + (bounds[q + 1] - bounds[q]) * isize for q in range(size)]
+    block = torch.empty(block_nbytes[rank], dtype=torch.uint8, device=tensor.device)
+    block[:HEADER_NBYTES].copy_(torch.from_numpy(pack_header(Kind.DENSE, rank, n, mine.numel(), tensor.dtype)))
+    block[HEADER_NBYTES:].view(tensor.dtype).copy_(mine)
+    for owner, got in enumerate(bruck_allgather(comm, block, block_nbytes)):
+        if owner == rank:
+            continue
+        count = bounds[owner + 1] - bounds[owner]
+        # the header names the slice's owner (the sender field of a forwarded block is its origin)
+        check_header(got, receiver=rank, sender=owner, kind=Kind.DENSE, n=n, value_dtype=tensor.dtype, count=count)
+        tensor[bounds[owner]:bounds[owner + 1]].copy_(got[HEADER_NBYTES:].view(tensor.dtype))
+    return tensor
+
+
+def reduce_scatter_allgather_traffic(size: int, rank: int, count: int, itemsize: int) -> tuple[int, int]:
+    """(bytes sent, rounds) of ``rank`` in :func:`reduce_scatter_allgather_` of ``count``
+    values of ``itemsize`` bytes among ``size`` ranks, headers included; written from the
+    schedule, not measured."""
+    if size == 1:
+        return 0, 0
+    bounds = block_bounds(count, size)
+    length = [bounds[q + 1] - bounds[q] for q in range(size)]
+    sent, distances = 0, _bruck_distances(size)
+    for d in distances:
+        c = min(d, size - d)
+        # reduce-scatter: one headed message of slices rank + d .. rank + d + c - 1
+        sent += HEADER_NBYTES + itemsize * sum(length[(rank + d + i) % size] for i in range(c))
+        # all-gather: the first c blocks held, slices rank .. rank + c - 1, each with its header
+        sent += sum(HEADER_NBYTES + itemsize * length[(rank + i) % size] for i in range(c))
+    return sent, 2 * len(distances)
+
+
+def bruck_allgather_traffic(rank: int, block_nbytes: Sequence[int]) -> tuple[int, int]:
+    """(bytes sent, rounds) of ``rank`` in :func:`bruck_allgather` of blocks of the given sizes:
+    at distance d it sends the blocks of ranks rank .. rank + min(d, P - d) - 1."""
+    size = len(block_nbytes)
+    distances = _bruck_distances(size)
+    sent = sum(block_nbytes[(rank + i) % size] for d in distances for i in range(min(d, size - d)))
+    return sent, len(distances)
+
+
+def halving_allreduce_traffic(size: int, rank: int, count: int, itemsize: int) -> tuple[int, int]:
+    """(bytes sent, rounds) of ``rank`` in :func:`halving_allreduce_` of ``count`` values:
+    one full message per edge of the :func:`halving_tree` it is on, up and down."""
+    sent = rounds = 0
+    for pairs in halving_tree(size):
+        for sender, receiver in pairs:
+            if rank in (sender, receiver):
+                sent += HEADER_NBYTES + count * itemsize
+                rounds += 2
+    return sent, rounds

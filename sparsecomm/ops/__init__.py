@@ -38,7 +38,8 @@ from ._coo import __all__ as _coo_all
 from ._densestream import __all__ as _densestream_all
 from ._densestream import (densestream_add, densestream_add_into_, densestream_encode_coo, densestream_encode_dense,
                            densestream_slice, densestream_to_coo)
-from ._coo import block_topk, gather, merge_add, merge_add_many, release_caches, scatter_add_, topk, topk_radix
+from ._coo import (block_topk, block_topk_count, gather, merge_add, merge_add_many, release_caches, scatter_add_,
+                   topk, topk_accum_, topk_radix)
 from ._sketch import __all__ as _sketch_all
 from ._sketch import (MAX_ROWS, RUN, sketch_build_, sketch_build_coo_, sketch_estimate, sketch_estimate_at,
                       sketch_heavy_hitters, sketch_l2sq, sketch_merge_, sketch_new)
@@ -58,4 +59,6 @@ __all__ = [*_coo_all, *_stream_all, *_sketch_all, *_densestream_all, *_skcompres
 CUDA_KERNELS: bool = bool(getattr(_C, "CUDA_KERNELS", 0))
 if not CUDA_KERNELS:
     _torch_impl.register("cuda")
+else:
+    _torch_impl.register("cuda", _torch_impl.CUDA_GAPS)
 _apply_environment()

@@ -12,7 +12,7 @@ import torch
 
 from ._errors import translating
 
-__all__ = ["topk", "topk_radix", "block_topk", "merge_add", "merge_add_many", "scatter_add_",
+__all__ = ["topk", "topk_radix", "block_topk", "topk_accum_", "block_topk_count", "merge_add", "merge_add_many", "scatter_add_",
            "gather", "release_caches"]
 
 _ops = torch.ops.sparsecomm
@@ -62,6 +62,38 @@ def block_topk(x: torch.Tensor, num_blocks: int, k_per_block: int) -> Tuple[torc
     or NaN.
     """
     return _ops.block_topk(x, num_blocks, k_per_block)
+
+
+def block_topk_count(n: int, num_blocks: int, k_per_block: int) -> int:
+    """Entries :func:`block_topk` returns: sum over the blocks of min(k_per_block, len_b)."""
+    if n <= 0 or num_blocks < 1 or k_per_block <= 0:
+        return 0
+    q, r = divmod(n, num_blocks)
+    return r * min(k_per_block, q + 1) + (num_blocks - r) * min(k_per_block, q)
+
+
+@translating
+def topk_accum_(acc: torch.Tensor, g: torch.Tensor, k: int, *, num_blocks: int = 1,
+                clear: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The residual add fused with the selection: ``acc += g``, then the top-``k`` of the
+    sums (``num_blocks > 1``: the top-``k`` of every block, as :func:`block_topk`).
+
+    Returns ``(values, indices)`` exactly as ``topk(acc, k)`` (or ``block_topk(acc,
+    num_blocks, k)``) would after ``acc.add_(g)`` -- the same bits, the same tie rule -- but
+    on CPU the sampled fast path adds while it filters the candidates, so ``acc`` and ``g``
+    are read once and ``acc`` written once instead of an add pass followed by a selection
+    pass. With ``clear=True`` the selected positions of ``acc`` are then set to ``+0.0``
+    (what was selected leaves the residual; ``acc.index_fill_(0, indices, 0)``).
+
+    ``acc``: 1-D contiguous float32/float64, written in place; ``g``: the same dtype and
+    length. ``acc`` must not share memory with ``g`` (``ValueError``). A NaN among the sums
+    raises ``ValueError`` after ``acc`` received them (nothing is cleared then).
+    """
+    m = block_topk_count(acc.numel(), num_blocks, k) if acc.dim() == 1 else 0
+    values = acc.new_empty(m)
+    indices = torch.empty(m, dtype=torch.int64, device=acc.device)
+    _ops.topk_accum_(acc, g, num_blocks, k, clear, values, indices)
+    return values, indices
 
 
 @translating

@@ -35,6 +35,11 @@ def _block_topk(x, num_blocks, k_per_block):
     return _pair(x, m)
 
 
+@torch.library.register_fake("sparsecomm::topk_accum_")
+def _topk_accum_(acc, g, num_blocks, k_per_block, clear, values, indices):
+    return None
+
+
 def _union(idx_like: torch.Tensor, val_like: torch.Tensor):
     m = torch.library.get_ctx().new_dynamic_size()
     return idx_like.new_empty(m), val_like.new_empty(m)

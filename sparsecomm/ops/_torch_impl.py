@@ -24,7 +24,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["topk", "block_topk", "merge_add", "merge_add_many", "scatter_add_", "gather", "stream_add_dd_",
+__all__ = ["topk", "block_topk", "topk_accum_", "merge_add", "merge_add_many", "scatter_add_", "gather", "stream_add_dd_",
            "stream_concat", "qsgd_quantize", "qsgd_dequantize", "sketch_build_coo_", "sketch_build_",
            "sketch_estimate_at", "sketch_estimate", "densestream_encode_coo", "densestream_encode_dense",
            "densestream_add", "densestream_slice", "densestream_add_into_", "densestream_to_coo", "impls",
@@ -157,6 +157,44 @@ def block_topk(x: torch.Tensor, num_blocks: int, k_per_block: int) -> Tuple[torc
     keep = order[(pos - first) < k_per_block]
     idx = keep.sort().values
     return x[idx], idx
+
+
+def topk_accum_(acc: torch.Tensor, g: torch.Tensor, num_blocks: int, k_per_block: int, clear: bool,
+                values: torch.Tensor, indices: torch.Tensor) -> None:
+    """acc += g, then (block) top-k of the sums into values / indices; clear zeroes them in acc
+    (the contract of sc_block_topk_accum: the same checks, the same bits)."""
+    op = "sparsecomm.topk_accum_"
+    for t, name in ((acc, "acc"), (g, "g"), (values, "values"), (indices, "indices")):
+        _vector(t, op, name)
+    for t, name in ((acc, "acc"), (values, "values"), (indices, "indices")):
+        _contiguous(t, op, name)
+    if num_blocks < 1:
+        raise ValueError(f"{op}: num_blocks must be >= 1, got {num_blocks}")
+    _nonnegative(k_per_block, op, "k_per_block")
+    _values(acc, op, "acc", full=True)
+    _same_dtype(acc, g, op, "acc", "g")
+    _same_dtype(acc, values, op, "acc", "values")
+    if indices.dtype != torch.int64:
+        raise TypeError(f"{op}: indices must be int64, got {indices.dtype}")
+    _same_length(acc, g, op, "acc", "g")
+    n = acc.numel()
+    q, r = divmod(n, num_blocks)
+    m = 0 if n == 0 or k_per_block == 0 else r * min(k_per_block, q + 1) + (num_blocks - r) * min(k_per_block, q)
+    if values.numel() != m or indices.numel() != m:
+        raise ValueError(f"{op}: values and indices must hold {m} entries (the block top-k count of N={n}, "
+                         f"num_blocks={num_blocks}, k_per_block={k_per_block}), got {values.numel()} and "
+                         f"{indices.numel()}")
+    for t, name in ((g, "g"), (values, "values"), (indices, "indices")):
+        if _overlaps(acc, t):
+            raise ValueError(f"{op}: acc and {name} share memory (acc is written while {name} is used)")
+    if n == 0:
+        return
+    acc.add_(g)
+    v, i = topk(acc, k_per_block, op) if num_blocks == 1 else block_topk(acc, num_blocks, k_per_block)
+    values.copy_(v)
+    indices.copy_(i)
+    if clear:
+        acc.index_fill_(0, i, 0)
 
 
 # ------------------------------------------------------------ COO
@@ -615,7 +653,8 @@ def _no_return(fn: Callable) -> Callable:
 def impls() -> Dict[str, Callable]:
     """Op name -> torch implementation, with the op schemas' signatures."""
     return {
-        "topk": topk, "topk_radix": topk_radix, "block_topk": block_topk, "merge_add": merge_add,
+        "topk": topk, "topk_radix": topk_radix, "block_topk": block_topk,
+        "topk_accum_": _no_return(topk_accum_), "merge_add": merge_add,
         "merge_add_many": lambda i, v, n=-1: merge_add_many(i, v, None if n < 0 else n),
         "scatter_add_": _no_return(scatter_add_), "gather": gather,
         "stream_add_dd_": _no_return(stream_add_dd_), "stream_concat": stream_concat,
@@ -628,7 +667,14 @@ def impls() -> Dict[str, Callable]:
     }
 
 
-def register(device: str = "cuda") -> None:
-    """Registers these implementations as the ``device`` kernels of the sparsecomm ops."""
+#: ops that csrc/cuda has no kernel for: with the CUDA kernels built, CUDA tensors still run
+#: these torch implementations (docs/kernels.md, "GPU")
+CUDA_GAPS = ("topk_accum_",)
+
+
+def register(device: str = "cuda", names: Optional[Sequence[str]] = None) -> None:
+    """Registers these implementations as the ``device`` kernels of the sparsecomm ops
+    (``names``: only those)."""
     for name, fn in impls().items():
-        torch.library.register_kernel(f"sparsecomm::{name}", device, fn)
+        if names is None or name in names:
+            torch.library.register_kernel(f"sparsecomm::{name}", device, fn)

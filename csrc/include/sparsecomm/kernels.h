@@ -57,6 +57,22 @@ int sc_block_topk(sc_dtype dtype, const void* x, int64_t n, int64_t num_blocks,
                   int64_t k_per_block, int nthreads, void* out_vals,
                   int64_t* out_idx, sc_error_info* err);
 
+/*
+ * The residual add fused with the selection: acc[i] += g[i] for every i (in
+ * the value type, round to nearest: the bits of torch's acc.add_(g)), then
+ * exactly sc_block_topk of the sums (num_blocks = 1: sc_topk), in one pass
+ * over acc and g when the sampled fast path applies (the filter adds 16
+ * elements, then tests them). With `clear` the selected positions of acc are
+ * then set to +0.0 (what was selected leaves the residual). float32 and
+ * float64 only (SC_ERR_ARG otherwise); acc must not share bytes with g or the
+ * outputs (SC_ERR_OVERLAP, input 1, 4 or 5). out_vals / out_idx hold
+ * sc_block_topk_count(n, num_blocks, k_per_block) entries. On SC_ERR_NAN (a
+ * sum is NaN) acc holds the sums and nothing is cleared.
+ */
+int sc_block_topk_accum(sc_dtype dtype, void* acc, const void* g, int64_t n, int64_t num_blocks,
+                        int64_t k_per_block, int clear, int nthreads, void* out_vals,
+                        int64_t* out_idx, sc_error_info* err);
+
 /* ---------------------------------------------------------------- COO */
 
 /*

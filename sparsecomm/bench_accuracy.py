@@ -1,0 +1,386 @@
+"""Time to accuracy: ``python -m sparsecomm.bench accuracy ...``.
+
+Every method (dense, each sparsecomm algorithm at ``--density``, PyTorch's fp16 / PowerSGD
+hooks) trains one task (:mod:`sparsecomm.bench_tasks`) with DDP from the same initial weights
+and the same data order for the same step budget. The methods run *interleaved*: all models
+live at once and take turns of ``eval_every`` updates each, so a load spike on a shared
+machine hits every method alike. After each turn a method is evaluated on the held-out set
+(test accuracy and loss; evaluation time is not counted). Recorded per method: accuracy and
+loss against updates and against training wall time (the sum of its update times, each the
+slowest rank's), time per update (median), bytes sent per rank per update (median), and the
+time and updates to the target accuracy -- by default 99% of the best accuracy dense reaches
+in the same run (``--target-fraction``), or ``--target`` (absolute).
+
+``NAME@SCHEDULE`` runs an algorithm with a density warm-up (:class:`sparsecomm.DensitySchedule`)
+over the first ``--schedule-steps`` updates (default a fifth of the budget): ``@gs`` gs-SGD's
+25% -> 7.25% -> 1.5% in three equal stages, ``@dgc`` DGC's exponential decay from 25% in four
+stages; ``--density`` after it.
+
+Run it under the launcher for real links (the emulated 1 Gbit/s cluster)::
+
+    python -m sparsecomm.launch --nproc 4 --bandwidth 1gbit -- \\
+        python -m sparsecomm.bench accuracy --task mlp --algorithms all
+
+or alone (``--nproc`` ranks on loopback). Rank 0 prints the table and writes
+``accuracy_<task>_P<P>.json`` and ``accuracy_<task>_P<P>.png`` (accuracy against wall time and
+against updates) to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from . import algorithms, baselines
+from .bench_tasks import TASKS, Task, make_task
+from .launch import describe_link
+from .schedule import DensitySchedule
+
+__all__ = ["main", "run_rank", "time_to_target", "schedule_preset", "format_table"]
+
+#: density warm-ups by name, over ``steps`` updates (``NAME@preset``)
+SCHEDULE_PRESETS = ("gs", "dgc")
+
+
+def schedule_preset(name: str, steps: int) -> DensitySchedule:
+    """``gs``: gs-SGD's 25% -> 7.25% -> 1.5% (section 5's per-epoch list) in three equal
+    stages of ``steps``; ``dgc``: DGC's exponential warm-up from 25% in four stages."""
+    if name == "gs":
+        return DensitySchedule.per_step([0.25, 0.0725, 0.015], every=max(1, steps // 3))
+    if name == "dgc":
+        return DensitySchedule.exponential(0.25, warmup_steps=max(4, steps), stages=4)
+    raise ValueError(f"unknown density schedule {name!r}; choose from {', '.join(SCHEDULE_PRESETS)}")
+
+
+def time_to_target(curve: list[dict], target: float) -> tuple[float | None, int | None]:
+    """(training seconds, updates) at the first evaluation whose accuracy is >= ``target``."""
+    for point in curve:
+        if point["accuracy"] >= target:
+            return point["time_s"], point["updates"]
+    return None, None
+
+
+def _build(method: str, task: Task, density: float, schedule_steps: int):
+    """DDP model, hook state (or PyTorch hook) and optimizer of ``method``."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ddp = DDP(task.build())
+    name, _, preset = method.partition("@")
+    if baselines.is_baseline(name):
+        state = baselines.TorchHook(name)
+        state.register(ddp)
+    else:
+        schedule = schedule_preset(preset, schedule_steps) if preset else None
+        from .hook import DDPHookState, ddp_hook
+        state = DDPHookState(name, 1.0 if name == "dense" else density, density_schedule=schedule)
+        ddp.register_comm_hook(state, ddp_hook)
+    return ddp, state, task.optimizer(list(ddp.parameters()))
+
+
+@torch.no_grad()
+def _evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int) -> tuple[float, float]:
+    """(accuracy, mean loss) over every rank's share of the test set."""
+    model.eval()
+    correct, loss = 0.0, 0.0
+    for i in range(0, len(x), batch):
+        logits = model(x[i:i + batch])
+        correct += float((logits.argmax(1) == y[i:i + batch]).sum())
+        loss += float(nn.functional.cross_entropy(logits, y[i:i + batch], reduction="sum"))
+    model.train()
+    totals = torch.tensor([correct, loss, float(len(x))], dtype=torch.float64)
+    dist.all_reduce(totals)
+    return (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()
+
+
+def _order(n: int, batch: int, steps: int, seed: int) -> list[torch.Tensor]:
+    """Index batches of one rank: a fresh permutation per pass; the same for every method."""
+    gen = torch.Generator().manual_seed(seed)
+    out: list[torch.Tensor] = []
+    while len(out) < steps:
+        perm = torch.randperm(n, generator=gen)
+        out += [perm[i:i + batch] for i in range(0, n - batch + 1, batch)][:steps - len(out)]
+    return out
+
+
+def run_rank(rank: int, world: int, cfg: dict) -> dict | None:
+    """Train every method of ``cfg`` on this rank; rank 0 returns the report (others None)."""
+    torch.set_num_threads(max(1, cfg["threads"]))
+    task = make_task(cfg["task"], cfg.get("data_dir"), cfg["seed"], cfg.get("hidden"), cfg.get("width"))
+    steps = cfg.get("steps") or task.steps
+    eval_every = cfg.get("eval_every") or task.eval_every
+    schedule_steps = cfg.get("schedule_steps") or max(1, steps // 5)
+    per = len(task.train_x) // world
+    x, y = task.train_x[rank * per:(rank + 1) * per], task.train_y[rank * per:(rank + 1) * per]
+    if per < task.batch:
+        raise ValueError(f"{cfg['task']}: {per} training samples per rank, fewer than a batch of {task.batch}")
+    tper = len(task.test_x) // world
+    test_x, test_y = task.test_x[rank * tper:(rank + 1) * tper], task.test_y[rank * tper:(rank + 1) * tper]
+    order = _order(per, task.batch, steps, cfg["seed"] + rank)
+    runs = []
+    for method in cfg["methods"]:  # the same initial weights for every method
+        torch.manual_seed(cfg["seed"])
+        ddp, state, optimizer = _build(method, task, cfg["density"], schedule_steps)
+        acc, loss = _evaluate(ddp.module, test_x, test_y, task.eval_batch)
+        runs.append({"method": method, "ddp": ddp, "state": state, "optimizer": optimizer, "times": [],
+                     "bytes": [], "train_loss": [], "evals": [(0, acc, loss)], "done": False})
+    target = cfg.get("target")
+    start = time.perf_counter()
+    for turn_start in range(0, steps, eval_every):
+        for run in runs:   # interleaved: every method takes its turn of eval_every updates
+            if run["done"]:
+                continue
+            ddp, state, optimizer = run["ddp"], run["state"], run["optimizer"]
+            for idx in order[turn_start:turn_start + eval_every]:
+                t0 = time.perf_counter()
+                optimizer.zero_grad()
+                loss = nn.functional.cross_entropy(ddp(x[idx]), y[idx])
+                loss.backward()
+                optimizer.step()
+                run["times"].append(time.perf_counter() - t0)
+                run["bytes"].append(sum(s.get("bytes_sent", 0) for s in state.last_stats.values()))
+                run["train_loss"].append(loss.item())
+            acc, test_loss = _evaluate(ddp.module, test_x, test_y, task.eval_batch)
+            run["evals"].append((len(run["times"]), acc, test_loss))
+            if target is not None and cfg.get("stop_at_target") and acc >= target:
+                run["done"] = True
+        if rank == 0 and not cfg.get("quiet"):
+            done = min(turn_start + eval_every, steps)
+            line = ", ".join(f"{r['method']} {100 * r['evals'][-1][1]:.1f}%" for r in runs)
+            print(f"[{time.perf_counter() - start:.0f} s] {done}/{steps} updates: {line}", flush=True)
+    methods = []
+    for run in runs:
+        # each update's time as the slowest rank saw it (DDP synchronises every update)
+        times = torch.tensor(run["times"], dtype=torch.float64)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)
+        cumulative = [0.0] + torch.cumsum(times, 0).tolist()
+        curve = [{"updates": u, "time_s": cumulative[u], "accuracy": a, "test_loss": l} for u, a, l in run["evals"]]
+        state = run["state"]
+        methods.append({
+            "method": run["method"], "label": getattr(state, "label", run["method"]),
+            "density": state.density,
+            "density_schedule": (state.density_schedule.spec_text()
+                                 if getattr(state, "density_schedule", None) is not None else None),
+            "step_s": statistics.median(times.tolist()[1:] or times.tolist()),
+            "bytes": statistics.median(run["bytes"]) if run["bytes"] else 0,
+            "bytes_total": float(sum(run["bytes"])),
+            "updates": len(run["times"]), "final_accuracy": curve[-1]["accuracy"],
+            "best_accuracy": max(p["accuracy"] for p in curve), "final_test_loss": curve[-1]["test_loss"],
+            "train_loss": run["train_loss"], "curve": curve})
+        if hasattr(state, "close"):
+            state.close()
+    if rank != 0:
+        return None
+    dense = next((m for m in methods if m["method"] == "dense"), None)
+    if target is None:
+        if dense is None:
+            raise ValueError("no --target given and dense is not among the methods: nothing to take the target from")
+        target = cfg["target_fraction"] * dense["best_accuracy"]
+        how = f"{100 * cfg['target_fraction']:g}% of dense's best accuracy in this run ({100 * dense['best_accuracy']:.2f}%)"
+    else:
+        how = "given (--target)"
+    for m in methods:
+        m["time_to_target_s"], m["updates_to_target"] = time_to_target(m["curve"], target)
+    params = sum(p.numel() for p in task.build().parameters())
+    where = cfg.get("where") or describe_link()[0]
+    return {"task": task.name, "data": task.data, "generated": task.generated, "model": task.model, "params": params,
+            "P": world, "where": where, "batch": task.batch, "steps": steps, "eval_every": eval_every,
+            "density": cfg["density"], "schedule_steps": schedule_steps, "target": target, "target_how": how,
+            "interleaved": True, "methods": methods}
+
+
+def format_table(report: dict) -> str:
+    """Markdown table: time to target, speedup over dense in it, updates, accuracy, costs."""
+    dense = next((m for m in report["methods"] if m["method"] == "dense"), None)
+    base = dense["time_to_target_s"] if dense else None
+    lines = ["| method | time to target (s) | speedup vs dense | updates to target | final accuracy | "
+             "per-update (ms) | MB sent / rank / update |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for m in report["methods"]:
+        t = m["time_to_target_s"]
+        reached = t is not None
+        speed = f"{base / t:.2f}x" if reached and base and t > 0 else "-"
+        shown_t = f"{t:.1f}" if reached else "not reached"
+        shown_u = str(m["updates_to_target"]) if reached else f">{m['updates']}"
+        lines.append(f"| {m['label']} | {shown_t} | {speed} | {shown_u} | "
+                     f"{100 * m['final_accuracy']:.1f}% | {1000 * m['step_s']:.0f} | {m['bytes'] / 1e6:.3f} |")
+    return "\n".join(lines)
+
+
+def plot(report: dict, path: Path) -> Path | None:
+    """Accuracy against training wall time and against updates, one line per method
+    (PyTorch's hooks dashed, the target dotted), in the style of the collectives' plots."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install matplotlib)")
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(15, 5.2))
+    colors = plt.get_cmap("tab20").colors
+    for i, m in enumerate(report["methods"]):
+        style = dict(marker="os^Dv"[i % 5], markersize=3, color=colors[(2 * i) % 20 + (i // 10) % 2],
+                     linestyle="--" if baselines.is_baseline(m["method"]) else ":" if "@" in m["method"] else "-",
+                     label=m["label"], linewidth=2.2 if m["method"] == "dense" else 1.3)
+        curve = m["curve"]
+        axes[0].plot([p["time_s"] for p in curve], [100 * p["accuracy"] for p in curve], **style)
+        axes[1].plot([p["updates"] for p in curve], [100 * p["accuracy"] for p in curve], **style)
+    for ax, xlabel in zip(axes, ("training wall time (s, slowest rank; evaluation excluded)", "updates")):
+        ax.axhline(100 * report["target"], color="black", linestyle=":", linewidth=1, label="target")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("test accuracy (%)")
+        ax.grid(alpha=0.3)
+    axes[0].set_xscale("log")
+    axes[1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    tag = "GENERATED data" if report["generated"] else "real data"
+    fig.suptitle(f"time to accuracy: {report['task']} ({report['model']}, {tag}), P = {report['P']}, "
+                 f"{report['where']}, density {report['density']:g}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write(report: dict, out: str | os.PathLike) -> list[Path]:
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"accuracy_{report['task']}_P{report['P']}"
+    path = out_dir / f"{stem}.json"
+    path.write_text(json.dumps(report, indent=1))
+    written = [path]
+    png = plot(report, out_dir / f"{stem}.png")
+    if png:
+        written.append(png)
+    return written
+
+
+def print_report(report: dict) -> None:
+    banner = f"DATA: {report['data']}"
+    line = "=" * min(110, max(60, len(banner) + 4))
+    print(f"\n{line}\n  {banner}\n{line}")
+    print(f"time to accuracy: task {report['task']}, {report['model']} ({report['params'] / 1e6:.2f} M parameters), "
+          f"P = {report['P']}, {report['where']}, batch {report['batch']} per rank, budget {report['steps']} updates, "
+          f"evaluated every {report['eval_every']}, density {report['density']:g}")
+    print(f"target: {100 * report['target']:.2f}% test accuracy ({report['target_how']}); every method from the same "
+          "initial weights and data order, interleaved; time = training wall time of the slowest rank, evaluation "
+          "excluded; per-update and bytes: medians")
+    print(format_table(report))
+    sys.stdout.flush()
+
+
+def expand_methods(names: list[str]) -> list[str]:
+    """``all``: dense, every registered algorithm, PyTorch's hooks (new algorithms join by themselves)."""
+    out: list[str] = []
+    for name in names:
+        if name == "all":
+            out += ["dense"] + [a for a in algorithms.names() if a != "dense"] + baselines.names()
+        else:
+            out.append(name)
+    return list(dict.fromkeys(out))
+
+
+def check_methods(methods: list[str]) -> None:
+    for method in methods:
+        name, _, preset = method.partition("@")
+        if baselines.is_baseline(name):
+            if preset:
+                raise ValueError(f"{method!r}: PyTorch's hooks take no density schedule")
+            continue
+        algorithms.get(name)  # a clear error naming the registered ones
+        if preset and preset not in SCHEDULE_PRESETS:
+            raise ValueError(f"{method!r}: unknown density schedule {preset!r}; choose from "
+                             f"{', '.join(SCHEDULE_PRESETS)}")
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--task", choices=TASKS, default="mlp")
+    ap.add_argument("--algorithms", nargs="+", default=["all"],
+                    help="'all' (dense, every registered algorithm, torch_fp16, torch_powersgd) or names; "
+                         f"NAME@SCHEDULE adds a density warm-up ({', '.join(SCHEDULE_PRESETS)})")
+    ap.add_argument("--density", type=float, default=0.01)
+    ap.add_argument("--steps", type=int, default=None, help="step budget (default: the task's)")
+    ap.add_argument("--eval-every", type=int, default=None, help="updates between evaluations (default: the task's)")
+    ap.add_argument("--target", type=float, default=None, help="absolute target test accuracy in (0, 1]")
+    ap.add_argument("--target-fraction", type=float, default=0.99,
+                    help="without --target: this fraction of dense's best accuracy in the same run")
+    ap.add_argument("--stop-at-target", action="store_true",
+                    help="with --target: a method stops once it reaches it (saves time; its final accuracy is then "
+                         "the accuracy at the target)")
+    ap.add_argument("--schedule-steps", type=int, default=None,
+                    help="updates of a NAME@SCHEDULE warm-up (default: a fifth of the budget)")
+    ap.add_argument("--data-dir", default=None, help="CIFAR-10 batches (vgg16, resnet20) or aclImdb (lstm)")
+    ap.add_argument("--hidden", type=int, default=None, help="mlp / digits: hidden width")
+    ap.add_argument("--width", type=float, default=None, help="vgg16 / resnet20: channel width multiplier")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--nproc", type=int, default=4, help="ranks to start when not under a launcher")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    ap.add_argument("--out", default="bench_results")
+    ap.add_argument("--quiet", action="store_true", help="no progress line per turn")
+    ap.add_argument("--timeout", type=float, default=3600.0)
+
+
+def config(args: argparse.Namespace, ap: argparse.ArgumentParser) -> dict[str, Any]:
+    methods = expand_methods(args.algorithms)
+    try:
+        check_methods(methods)
+    except ValueError as exc:
+        ap.error(str(exc))
+    if not 0 < args.density <= 1:
+        ap.error(f"--density must be in (0, 1], got {args.density}")
+    if args.target is not None and not 0 < args.target <= 1:
+        ap.error(f"--target must be in (0, 1], got {args.target}")
+    if not 0 < args.target_fraction <= 1:
+        ap.error(f"--target-fraction must be in (0, 1], got {args.target_fraction}")
+    if args.target is None and "dense" not in methods:
+        ap.error("without --target, dense must be among --algorithms (the target is a fraction of its accuracy)")
+    for name in ("steps", "eval_every", "schedule_steps"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    return {"task": args.task, "methods": methods, "density": args.density, "steps": args.steps,
+            "eval_every": args.eval_every, "target": args.target, "target_fraction": args.target_fraction,
+            "stop_at_target": args.stop_at_target, "schedule_steps": args.schedule_steps, "data_dir": args.data_dir,
+            "hidden": args.hidden, "width": args.width, "seed": args.seed, "threads": args.threads,
+            "quiet": args.quiet}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sparsecomm.bench accuracy", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(ap)
+    args = ap.parse_args(argv)
+    cfg = config(args, ap)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
+        try:
+            report = run_rank(dist.get_rank(), dist.get_world_size(), cfg)
+        finally:
+            dist.destroy_process_group()
+    else:
+        from .testing import spawn
+        if args.nproc < 1:
+            ap.error("--nproc must be >= 1")
+        cfg["where"] = "gloo loopback"
+        report = spawn(run_rank, args.nproc, cfg, timeout=args.timeout)[0]
+    if report is None:
+        return 0
+    print_report(report)
+    for path in write(report, args.out):
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
