@@ -34,6 +34,18 @@ that switch to dense past delta = N * isize / (c + isize).
       T_sag = (P - 1 + L) alpha + beta item (P-1)/P (k + K)
     -> ``sparcml_recursive_double`` when T_rd <= T_sag (small data: latency dominates),
     else ``sparcml_split_allgather`` (large data with overlap: bandwidth dominates).
+
+Codecs (SKCompress, sections 4-5; options ``index_codec``, ``value_codec``, ``q``, ``s``, ``t``,
+``r``, ``m``, ``prefix`` as for topka): a *sparse* stream travels as a COO_CODED message whose N is
+its range's length and whose indices are relative to the range (``_sparse_stream.encode_sparse_stream``);
+dense streams (the dense switch, topkdsa's dense or QSGD all-gather) are never coded, and the
+switch keeps the plain delta(n), so the index codec changes no decision and no bit. A lossy value
+codec's error is kept exactly once: in recursive doubling the 2^t ranks holding the same partial
+sum all send it, and only the rank with ``rank % distance == 0`` keeps the error (every sender goes
+on with its own decoded stream, so partners add identical bits); the result goes back to folded
+ranks with the index codec only (exact values); in the split phase each piece's error stays with
+its sender and the reduced range's with its owner. ``sparcml`` forwards the options to its
+choice; its cost model counts plain bytes.
 """
 
 from __future__ import annotations
