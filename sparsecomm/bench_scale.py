@@ -36,8 +36,7 @@ ROWS: list[tuple[str, str, dict]] = [
     ("spardl (R-SAG, 2 teams)", "spardl", {}),
     ("spardl (B-SAG, 2 teams)", "spardl", {"teams": 2, "sag": "bruck"}),
     ("gtopk", "gtopk", {}),
-    ("gssgd (current code)", "gssgd", {}),
-    ("gssgd (planned, issue 14)", "gssgd", {"planned": True}),
+    ("gssgd", "gssgd", {}),
     ("sparcml_recursive_double", "sparcml_recursive_double", {}),
     ("sparcml_split_allgather", "sparcml_split_allgather", {}),
     ("topkdsa", "topkdsa", {}),
@@ -98,15 +97,13 @@ def run(sizes: list[int], N: int, densities: list[float], bandwidths: dict[str, 
 
 
 def crossovers(report: dict, bw: str, density: float) -> dict:
-    """Where gssgd (planned) passes gtopk, and spardl's advantage over topka by P."""
+    """Where gssgd passes gtopk, and spardl's advantage over topka by P."""
     rows = [r for r in report["rows"] if r["density"] == density]
     t = {}
     for r in rows:
         t.setdefault(r["algorithm"], {})[r["P"]] = r.get(f"time_s@{bw}")
     out = {}
-    for gs in ("gssgd (planned, issue 14)", "gssgd (current code)"):
-        passes = [P for P in report["sizes"] if P in t.get(gs, {}) and t[gs][P] < t["gtopk"][P]]
-        out[f"{gs} faster than gtopk at P"] = passes
+    out["gssgd faster than gtopk at P"] = [P for P in report["sizes"] if t["gssgd"][P] < t["gtopk"][P]]
     out["topka / spardl by P"] = {P: t["topka"][P] / t["spardl (R-SAG, 2 teams)"][P] for P in report["sizes"]}
     return out
 

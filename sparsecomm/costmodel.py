@@ -37,7 +37,6 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from .comm.collectives import halving_tree
 from .formats.coo import coo_nbytes
 from .formats.densestream import densestream_nbytes
 from .formats.header import HEADER_NBYTES
@@ -258,78 +257,20 @@ def _gtopk(P, N, k, sets, dtype, **o):
     return s
 
 
-def _halving(s: Schedule, nbytes: int) -> None:
-    rounds = halving_tree(s.size)
-    for pairs in rounds:
-        s.round([a for a, _ in pairs], [b for _, b in pairs], [nbytes] * len(pairs))
-    for pairs in reversed(rounds):
-        s.round([b for _, b in pairs], [a for a, _ in pairs], [nbytes] * len(pairs))
-
-
-def _gssgd_current(P, N, k, sets, dtype, rows=7, columns=None, **o):
-    """gs-SGD as sparsecomm runs it today: the whole sketch and the k exact values each summed
-    over the halving tree and sent back down it."""
-    s = Schedule(P)
-    k = min(k, N)
-    cols = columns or max(256, 10 * k)
-    _halving(s, HEADER_NBYTES + 4 * rows * cols)
-    _halving(s, HEADER_NBYTES + k * dtype.itemsize)
-    return s
-
-
-def _rs_ag(s: Schedule, nbytes: int) -> None:
-    """Reduce-scatter by recursive halving + all-gather by recursive doubling of an
-    ``nbytes`` vector on the largest power of two, the others folded in and out."""
-    P = s.size
-    p2, extra = _fold(P)
-    if extra:
-        s.round(range(p2, P), range(extra), [HEADER_NBYTES + nbytes] * extra)
-    part = nbytes
-    d = p2 // 2
-    while d >= 1:
-        part = -(-part // 2)
-        s.round(range(p2), [r ^ d for r in range(p2)], [HEADER_NBYTES + part] * p2)
-        d //= 2
-    d = 1
-    while d < p2:
-        s.round(range(p2), [r ^ d for r in range(p2)], [HEADER_NBYTES + part] * p2)
-        part *= 2
-        d *= 2
-    if extra:
-        s.round(range(extra), range(p2, P), [HEADER_NBYTES + nbytes] * extra)
-
-
-def _gssgd_planned(P, N, k, sets, dtype, rows=7, sketch_size=2.0, candidates=2.0, **o):
-    """The redesign of issue 14 items 1-3, modelled from its description until it lands: a
-    ``rows x sketch_size*k`` float32 sketch of each rank's local top-k, summed by reduce-scatter
-    + all-gather of slices (no root), then the exact values at ``candidates*k`` indices summed the
-    same way."""
-    s = Schedule(P)
-    k = min(k, N)
-    _rs_ag(s, 4 * rows * max(1, math.ceil(sketch_size * k)))
-    _rs_ag(s, dtype.itemsize * min(N, math.ceil(candidates * k)))
-    s.exact = False
-    s.notes.append("planned design, modelled from issue 14")
-    return s
-
-
-def gssgd_traffic(P: int, N: int, k: int, dtype: torch.dtype = torch.float32, planned: bool = False,
-                  **options) -> Schedule:
-    """The adapter for gs-SGD: the algorithm class's own static ``traffic(P, N, k, **options) ->
-    (bytes_per_rank, rounds)`` once it has one (the redesign adds it), else this module's model
-    (``planned``: the redesign as issue 14 describes it; else today's code)."""
+def gssgd_traffic(P: int, N: int, k: int, dtype: torch.dtype = torch.float32, **options) -> Schedule:
+    """The adapter for gs-SGD: the algorithm class's own ``traffic(P, N, k, value_size, **options)
+    -> (bytes_per_rank, rounds)`` (its schedule, checked against the simulated Comm in
+    tests/test_gssgd.py), spread evenly over its rounds for :meth:`Schedule.time`; every rank
+    is given the slowest rank's figures."""
     from .algorithms import get
-    own = getattr(get("gssgd"), "traffic", None)
-    if own is not None and not planned:
-        nbytes, rounds = own(P, N, k, **options)
-        s = Schedule(P)
-        s.sent[:] = nbytes
-        s.rounds[:] = rounds
-        s._cost = [(np.ones(P, np.int64), np.full(P, nbytes // max(rounds, 1)), np.ones(P, np.int64),
-                    np.full(P, nbytes // max(rounds, 1)))] * int(rounds)
-        s.notes.append("gssgd.traffic")
-        return s
-    return (_gssgd_planned if planned else _gssgd_current)(P, N, k, None, dtype, **options)
+    nbytes, rounds = get("gssgd").traffic(P, N, k, value_size=dtype.itemsize, **options)
+    s = Schedule(P)
+    s.sent[:] = nbytes
+    s.rounds[:] = rounds
+    s._cost = [(np.ones(P, np.int64), np.full(P, nbytes // max(rounds, 1)), np.ones(P, np.int64),
+                np.full(P, nbytes // max(rounds, 1)))] * int(rounds)
+    s.notes.append("gssgd.traffic")
+    return s
 
 
 class _FakeComm:
@@ -625,7 +566,7 @@ def _skcompress(P, N, k, sets, dtype, topology="allgather", **o):
 
 
 _MODELS: dict[str, Callable[..., Schedule]] = {
-    "dense": _dense, "topka": _topka, "gtopk": _gtopk, "gssgd": _gssgd_current, "spardl": _spardl,
+    "dense": _dense, "topka": _topka, "gtopk": _gtopk, "gssgd": gssgd_traffic, "spardl": _spardl,
     "sparcml_recursive_double": _sparcml_rd, "sparcml_split_allgather": _split_allgather, "topkdsa": _topkdsa,
     "sparcml": _sparcml, "densestream": _densestream, "oktopk": _oktopk, "skcompress": _skcompress,
 }

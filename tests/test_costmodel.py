@@ -51,8 +51,6 @@ CASES = [  # (algorithm, options, P values)
     ("dense", {}, (2, 3, 4, 5)),
     ("topka", {}, (2, 3, 5, 8)),
     ("gtopk", {}, (2, 3, 4, 6)),
-    ("gssgd", {}, (2, 3, 5)),
-    ("gssgd", {"columns": 300, "rows": 3}, (4,)),
     ("spardl", {}, (2, 3, 4, 6, 8)),
     ("spardl", {"teams": 3, "sag": "bruck"}, (6,)),
     ("spardl", {"teams": 4}, (8,)),
@@ -65,8 +63,6 @@ CASES = [  # (algorithm, options, P values)
 @pytest.mark.parametrize("name,options,sizes", CASES, ids=[f"{c[0]}{c[1] or ''}" for c in CASES])
 @pytest.mark.parametrize("density", [0.01, 0.2])
 def test_schedule_equals_counted(name, options, sizes, density):
-    if name == "gssgd" and "gssgd.traffic" in costmodel.gssgd_traffic(2, N, 10).notes:
-        pytest.skip("gssgd has its own traffic(): tested with the algorithm")
     for P in sizes:
         sent, rounds = _run(name, P, density, options)
         k = sc.k_for(density, N)
@@ -74,6 +70,19 @@ def test_schedule_equals_counted(name, options, sizes, density):
         assert model.exact
         assert model.sent.tolist() == sent.tolist(), (name, P, "bytes")
         assert model.rounds.tolist() == rounds.tolist(), (name, P, "rounds")
+
+
+@pytest.mark.parametrize("options,sizes", [({}, (2, 3, 5)), ({"columns": 300, "rows": 3}, (4,))])
+@pytest.mark.parametrize("density", [0.01, 0.2])
+def test_gssgd_adapter_is_the_slowest_counted_rank(options, sizes, density):
+    """gssgd's schedule comes from its own traffic(), checked rank by rank in tests/test_gssgd.py;
+    here the adapter: every rank gets the slowest counted rank's (bytes, rounds)."""
+    for P in sizes:
+        sent, rounds = _run("gssgd", P, density, options)
+        model = costmodel.traffic("gssgd", P, N, sc.k_for(density, N), **options)
+        slowest = max(zip(sent.tolist(), rounds.tolist()))
+        assert model.sent.tolist() == [slowest[0]] * P, (P, "bytes")
+        assert model.rounds.tolist() == [slowest[1]] * P, (P, "rounds")
 
 
 @pytest.mark.parametrize("name,P,tolerance", [("densestream", 4, 0.35), ("densestream", 5, 0.35),
