@@ -511,7 +511,8 @@ def test_nothing_a_peer_sends_is_unpickled():
 
 # -- the measured time-to-accuracy tables are the committed runs' ----------------------------
 #: README table -> the JSON written by the run it shows (examples/ddp_demo.py --out ...)
-TIME_TO_ACCURACY_RUNS = ["docs/results/demo.json", "docs/results/demo_50mbit.json", "docs/results/demo_P6.json"]
+TIME_TO_ACCURACY_RUNS = ["docs/results/demo.json", "docs/results/demo_50mbit.json", "docs/results/demo_P6.json",
+                         "docs/results/demo_gssgd.json"]
 
 
 @pytest.mark.parametrize("path", TIME_TO_ACCURACY_RUNS)
