@@ -41,7 +41,8 @@ from .base import Algorithm, get, register
 __all__ = ["AutoAlgorithm", "choose_algorithm", "CANDIDATES", "COMPUTE_NS"]
 
 #: the algorithms auto chooses among, in order of preference on equal predictions (gssgd is
-#: left out until its redesign: its sketch costs more than dense at every P today)
+#: left out: the scale study's model finds it slower than gtopk at every P up to 1024;
+#: docs/scale.md)
 CANDIDATES = ("dense", "topka", "spardl", "gtopk", "sparcml_recursive_double", "sparcml_split_allgather",
               "topkdsa", "oktopk", "densestream")
 
