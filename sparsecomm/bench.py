@@ -304,10 +304,15 @@ def _worker(rank: int, size: int, cfg: dict) -> dict | None:
         for ai, red in enumerate(reducers):             # warm-up: handshake, plans, buffers
             for _ in range(getattr(red, "warmup_calls", 1)):
                 red(grads[0], out=out)
+            while red.last_stats.get("auto_tuning"):     # auto: its trial calls are its warm-up too
+                red(grads[0], out=out)
             if "auto_choice" in red.last_stats:         # auto: which algorithm it runs (same on every rank)
-                chosen[(algos[ai], d)] = red.last_stats["auto_choice"]
-                say(f"{algos[ai]} at density {d:g} chose {chosen[(algos[ai], d)]} (predicted "
-                    f"{red.last_stats['auto_predicted_s'] * 1e3:.1f} ms)", flush=True)
+                st = red.last_stats
+                chosen[(algos[ai], d)] = st["auto_choice"]
+                trials = ", ".join(f"{a} {t * 1e3:.1f}" for a, t in (st["auto_trials"] or {}).items())
+                say(f"{algos[ai]} at density {d:g} chose {st['auto_choice']} (predicted "
+                    f"{st['auto_predicted_s'] * 1e3:.1f} ms{'; measured ' + trials + ' ms' if trials else ''})",
+                    flush=True)
         for rep in range(cfg["repeats"]):
             for ai, red in enumerate(reducers):
                 dist.barrier()

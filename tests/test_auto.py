@@ -1,13 +1,16 @@
-"""algorithm="auto": the same choice on every rank, the cheapest by the model, in last_stats and
-the handshake, kept through state_dict, and bad options refused."""
+"""algorithm="auto": the same choice on every rank, the cheapest by the model, measured among
+the shortlist (trial calls), in last_stats and the handshake, kept through state_dict (also
+mid-way through the trials), and bad options refused."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 import torch
 
 import sparsecomm as sc
-from sparsecomm.algorithms.auto import choose_algorithm
+from sparsecomm.algorithms.auto import choose_algorithm, shortlist
 from sparsecomm.comm import simulate
 from sparsecomm.errors import AgreedValueError
 
@@ -62,8 +65,8 @@ def test_pingpong_fit_is_rank_zeros_on_every_rank():
 
 def test_handshake_names_a_different_choice():
     def fn(comm):   # rank 1 is told other costs, so it picks another algorithm
-        opts = dict(alpha=1e-4, beta=8e-9) if comm.rank != 1 else dict(alpha=1e-4, beta=8e-9,
-                                                                        candidates=("gtopk",))
+        opts = dict(alpha=1e-4, beta=8e-9, tune=0) if comm.rank != 1 else dict(alpha=1e-4, beta=8e-9, tune=0,
+                                                                                candidates=("gtopk",))
         sc.SparseAllreduce("auto", 0.01, comm=comm, **opts)(_grad(comm.rank, 30_000))
     with pytest.raises(AgreedValueError, match="auto/topka.*auto/gtopk"):
         simulate(2, fn)
@@ -74,12 +77,12 @@ def test_state_dict_keeps_the_choice():
 
     def fn(comm):
         red = sc.SparseAllreduce("auto", density, comm=comm, alpha=1e-4, beta=8e-9,
-                                 candidates=("gtopk", "topka"))
+                                 candidates=("gtopk", "topka"), tune=0)
         red(_grad(comm.rank, n, 0))
         state = red.state_dict()
         # a resumed reducer told other costs keeps the saved choice and continues identically
         resumed = sc.SparseAllreduce("auto", density, comm=comm, alpha=1.0, beta=1e-3,
-                                     candidates=("gtopk", "topka"))
+                                     candidates=("gtopk", "topka"), tune=0)
         resumed.load_state_dict(state)
         a = red(_grad(comm.rank, n, 1)).clone()
         b = resumed(_grad(comm.rank, n, 1))
@@ -93,6 +96,8 @@ def test_state_dict_keeps_the_choice():
     ({"alpha": -1.0, "beta": 1e-9}, "alpha"), ({"alpha": float("nan"), "beta": 1e-9}, "alpha"),
     ({"alpha": 1e-4}, "both"), ({"candidates": "topka"}, "candidates"), ({"candidates": ("auto",)}, "candidates"),
     ({"candidates": ("nosuch",)}, "candidates"), ({"compute": {"topka": -1}}, "compute"),
+    ({"tune": -1}, "tune"), ({"tune": True}, "tune"), ({"tune": 1.5}, "tune"), ({"shortlist": 0}, "shortlist"),
+    ({"margin": 0.5}, "margin"), ({"margin": float("inf")}, "margin"),
 ])
 def test_bad_options(options, match):
     with pytest.raises(ValueError, match=match):
@@ -108,3 +113,133 @@ def test_resume_through_the_ddp_hook_keeps_the_choice():
     diffs, regrouped = _run_matrix(2, ["bucket_cap_mb=0.01"], only=["auto"])
     assert regrouped > 0
     assert all(d == 0.0 for d in diffs.values()), diffs
+
+
+# -- measured choice among the shortlist ---------------------------------------------------
+
+CANDS = ("topka", "spardl", "gtopk")
+
+
+def _slowed(monkeypatch, delays: dict[str, float], rank: int = 1) -> None:
+    """Make candidates measurably slower on one rank only (a sleep after their real work): the
+    slowest rank's time is what a call costs, so every rank must see them as slow."""
+    for name, delay in delays.items():
+        cls = sc.algorithms.get(name)
+        real = cls.reduce
+
+        def slow(self, *args, _real=real, _delay=delay, **kwargs):
+            _real(self, *args, **kwargs)
+            if self.comm.rank == rank:
+                time.sleep(_delay)
+        monkeypatch.setattr(cls, "reduce", slow)
+
+
+def _reference(P: int, n: int, density: float, sequence: list[str], steps: int):
+    """Each call run by the named algorithm directly (Algorithm.reduce on g + e, the residual
+    left in acc), the residual carried from whichever algorithm ran before."""
+    def fn(comm):
+        k = sc.k_for(density, n)
+        algs = {name: sc.algorithms.get(name)(comm) for name in set(sequence)}
+        e = torch.zeros(n)
+        outs = []
+        for step in range(steps):
+            acc = e + _grad(comm.rank, n, step)
+            out = torch.empty(n)
+            algs[sequence[step]].reduce(acc, k, out)
+            e = acc
+            outs.append((out, e.clone()))
+        return outs
+    return simulate(P, fn).results
+
+
+def test_tuning_measures_the_shortlist_and_keeps_the_fastest(monkeypatch):
+    P, n, density, tune = 3, 20_000, 0.01, 2
+    k = sc.k_for(density, n)
+    model = choose_algorithm(P, n, k, 1e-4, 8e-9, candidates=CANDS)
+    short = shortlist(model["predictions"], CANDS, 3, 100.0)
+    assert short[0] == model["algorithm"] and sorted(short) == sorted(CANDS)
+    # the model's two favourites are slow on rank 1 only: the third must be kept everywhere
+    _slowed(monkeypatch, {short[0]: 0.06, short[1]: 0.03})
+    steps = tune * 3 + 2
+
+    def fn(comm):
+        red = sc.SparseAllreduce("auto", density, comm=comm, alpha=1e-4, beta=8e-9, candidates=CANDS,
+                                 margin=100.0, tune=tune)
+        rows = []
+        for step in range(steps):
+            out = red(_grad(comm.rank, n, step)).clone()
+            rows.append((dict(red.last_stats), out, red.residual.clone()))
+        return rows
+    results = simulate(P, fn).results
+    ran = [row[0]["auto_choice"] for row in results[0]]
+    assert ran == [short[0]] * tune + [short[1]] * tune + [short[2]] * tune + [short[2]] * 2
+    assert [row[0]["auto_tuning"] for row in results[0]] == [True] * 3 * tune + [False] * 2
+    for rank_rows in results:
+        assert [row[0]["auto_choice"] for row in rank_rows] == ran
+        trials = rank_rows[-1][0]["auto_trials"]
+        assert trials == results[0][-1][0]["auto_trials"]          # the same table on every rank
+        assert trials[short[0]] >= 0.06 and trials[short[1]] >= 0.03 and trials[short[2]] < 0.03
+        assert rank_rows[0][0]["auto_trials"] is None
+        assert rank_rows[2][0]["auto_predicted_s"] == pytest.approx(model["predictions"][short[1]])
+    # every call's result and residual are those of the algorithm it ran, bit for bit
+    ref = _reference(P, n, density, ran, steps)
+    for rank in range(P):
+        for step in range(steps):
+            assert torch.equal(results[rank][step][1], ref[rank][step][0]), (rank, step, ran[step])
+            assert torch.equal(results[rank][step][2], ref[rank][step][1]), (rank, step, ran[step])
+
+
+def test_tuning_resumes_mid_way(monkeypatch):
+    P, n, density = 2, 20_000, 0.01
+    k = sc.k_for(density, n)
+    short = shortlist(choose_algorithm(P, n, k, 1e-4, 8e-9, candidates=CANDS)["predictions"], CANDS, 3, 100.0)
+    _slowed(monkeypatch, {short[0]: 0.05, short[2]: 0.03})
+    opts = dict(alpha=1e-4, beta=8e-9, candidates=CANDS, margin=100.0)
+
+    def fn(comm):
+        red = sc.SparseAllreduce("auto", density, comm=comm, **opts)
+        for step in range(3):                  # mid-way through the second candidate's trials
+            red(_grad(comm.rank, n, step))
+        state = red.state_dict()
+        assert state["algorithm_state"]["tuning"]["calls"] == 3
+        # a fresh reducer (other alpha/beta: it must not decide anew) continues the trials
+        resumed = sc.SparseAllreduce("auto", density, comm=comm, **{**opts, "alpha": 1.0, "beta": 1e-3})
+        resumed.load_state_dict(state)
+        same = []
+        for step in range(3, 8):
+            a = red(_grad(comm.rank, n, step)).clone()
+            b = resumed(_grad(comm.rank, n, step))
+            same.append((red.last_stats["auto_choice"], resumed.last_stats["auto_choice"], torch.equal(a, b),
+                         torch.equal(red.residual, resumed.residual)))
+        return same, resumed.last_stats["auto_trials"]
+    for same, trials in simulate(P, fn).results:
+        assert [s[0] for s in same] == [short[1], short[2], short[2], short[1], short[1]]
+        assert all(s[0] == s[1] and s[2] and s[3] for s in same), same
+        assert set(trials) == set(short) and min(trials, key=trials.get) == short[1]
+
+
+def test_tuning_handshake_names_the_shortlist():
+    def fn(comm):   # rank 1 measures two candidates, the others three
+        sc.SparseAllreduce("auto", 0.01, comm=comm, alpha=1e-4, beta=8e-9, candidates=CANDS, margin=100.0,
+                           shortlist=3 if comm.rank != 1 else 2)(_grad(comm.rank, 30_000))
+    with pytest.raises(AgreedValueError, match=r"auto/tune\(\w+\+\w+\+\w+\)x2.*auto/tune\(\w+\+\w+\)x2"):
+        simulate(3, fn)
+
+
+@pytest.mark.parametrize("mangle,match", [
+    (lambda t: t.update(calls=99), "tuning record"),
+    (lambda t: t.update(shortlist=["topka"]), "tuning record"),
+    (lambda t: t.update(shortlist=["topka", "nosuch"]), "unknown algorithm"),
+    (lambda t: t["times"].update(topka=[float("nan")]), "tuning record"),
+    (lambda t: t.update(tune=5), "tune=2"),
+])
+def test_malformed_tuning_state_is_refused(mangle, match):
+    def fn(comm):
+        red = sc.SparseAllreduce("auto", 0.01, comm=comm, alpha=1e-4, beta=8e-9, candidates=CANDS, margin=100.0)
+        red(_grad(comm.rank, 20_000))
+        state = red.state_dict()
+        mangle(state["algorithm_state"]["tuning"])
+        fresh = sc.SparseAllreduce("auto", 0.01, comm=comm, alpha=1e-4, beta=8e-9, candidates=CANDS, margin=100.0)
+        with pytest.raises(ValueError, match=match):
+            fresh.load_state_dict(state)
+    simulate(2, fn)

@@ -152,6 +152,11 @@ BAD += [  # auto: the alpha-beta constants (both or neither), the candidates, th
     ("auto", {"compute": {"topka": -1.0}}, r"compute must be None or a dict"),
     ("auto", {"compute": {"topka": NAN}}, r"compute must be None or a dict"),
     ("auto", {"compute": [1.0]}, r"compute must be None or a dict"),
+    ("auto", {"tune": -1}, r"option tune must be an int in 0\.\.1000, got -1"),
+    ("auto", {"tune": True}, r"option tune must be an int in 0\.\.1000, got True"),
+    ("auto", {"shortlist": 0}, r"option shortlist must be an int in 1\.\.1000, got 0"),
+    ("auto", {"margin": 0.9}, r"option margin must be a finite number >= 1 .* got 0\.9"),
+    ("auto", {"margin": NAN}, r"option margin must be a finite number >= 1 .* got nan"),
 ]
 
 # values at the edges that are valid and must be accepted
@@ -172,6 +177,7 @@ GOOD = [
     ("gtopk", {"q": 4096, "r": 255, "t": 1e-9, "m": "auto", "prefix": "fixed"}),
     ("skcompress", {"topology": "ps", "q": 2, "r": 1}),
     ("oktopk", {"tau": 1, "tau_prime": 1}), ("oktopk", {"tau": 2**31 - 1, "tau_prime": 2**31 - 1}),
+    ("auto", {"tune": 0, "shortlist": 1, "margin": 1}), ("auto", {"tune": 1000, "shortlist": 1000, "margin": 1e9}),
 ]
 
 

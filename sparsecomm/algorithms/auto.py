@@ -13,17 +13,39 @@ rank
    (:mod:`sparsecomm.costmodel`, with index sets from its model of real gradients) plus its
    local compute, ``compute_ns[name](density) * N`` (a per-element coefficient measured once,
    :data:`COMPUTE_NS`, interpolated in log density; ``compute`` overrides it);
-3. runs the cheapest (ties: the order of ``candidates``). The choice is part of the handshake's
-   algorithm field (``auto/topka``, ``auto/gssgd/<its wire revision>``), so ranks that chose differently raise instead of
-   exchanging mismatched messages.
+3. shortlists the candidates the model puts within ``margin`` x the cheapest (at most
+   ``shortlist`` of them, cheapest first) and, when more than one is left and ``tune`` > 0,
+   *measures* them: the next ``tune`` calls run the first, the ``tune`` after that the second,
+   and so on (every call is a real reduction: its result and residual are that candidate's);
+   then each rank's best time per candidate is all-gathered, a candidate's time is its slowest
+   rank's, and the fastest is kept for every later call (ties: the shortlist's order). The
+   model's ranking is right to within its compute term, measured once at P = 4 on 2 shared
+   cores (docs/scale.md); the trial calls are what close the last 10-60% between candidates the
+   model cannot tell apart. With ``tune=0`` (or one candidate left) the cheapest predicted
+   runs from the first call. The handshake's algorithm field names the shortlist while
+   tuning (``auto/tune(topka+spardl+gtopk)x2``) and the choice otherwise (``auto/topka``,
+   ``auto/gssgd/<its wire revision>``), so ranks that would run different algorithms raise
+   instead of exchanging mismatched messages.
 
-``last_stats`` gets ``auto_choice``, ``auto_predicted_s`` (the model's time of the choice),
-``auto_measured_s`` (the call's wall time), ``auto_alpha`` and ``auto_beta``. The choice and
+A measured choice depends on this run's timings: two runs of one script may keep different
+algorithms (as two ping-pong fits may differ). ``alpha``, ``beta`` and ``tune=0`` make the
+choice a function of (P, N, k) alone; a resumed run keeps the saved choice, and a checkpoint
+taken while tuning resumes the trials where they stopped (the remaining trials are measured
+anew).
+
+``last_stats`` gets ``auto_choice`` (the algorithm this call ran), ``auto_tuning`` (whether
+it was a trial), ``auto_predicted_s`` (the model's time of it), ``auto_measured_s`` (the
+call's wall time), ``auto_trials`` (once decided: each shortlisted candidate's measured
+seconds, slowest rank), ``auto_alpha`` and ``auto_beta``. The choice and
 the chosen algorithm's state are in ``state_dict()``: a resumed reducer keeps the choice (no
 new ping-pong, no new decision for the same N and k).
 
 Options: ``alpha``, ``beta`` (None: ping-pong), ``candidates`` (a tuple of algorithm names;
-default :data:`CANDIDATES`), ``compute`` (None or a dict name -> ns per element).
+default :data:`CANDIDATES`), ``compute`` (None or a dict name -> ns per element), ``tune``
+(calls per shortlisted candidate, default 2: the first of a candidate's calls also pays its
+first-call costs, so the better of two is kept; 0: the model alone decides), ``shortlist``
+(most candidates measured, default 3) and ``margin`` (only candidates predicted within this
+factor of the cheapest, default 2.0: the model's largest miss in docs/scale.md was 1.6x).
 """
 
 from __future__ import annotations
@@ -38,7 +60,7 @@ import torch
 
 from .base import Algorithm, get, register
 
-__all__ = ["AutoAlgorithm", "choose_algorithm", "CANDIDATES", "COMPUTE_NS"]
+__all__ = ["AutoAlgorithm", "choose_algorithm", "shortlist", "CANDIDATES", "COMPUTE_NS"]
 
 #: the algorithms auto chooses among, in order of preference on equal predictions (gssgd is
 #: left out: the scale study's model finds it slower than gtopk at every P up to 1024;
@@ -68,6 +90,9 @@ _DENSITIES = (0.001, 0.01, 0.05)
 
 # one fit per Comm (every reducer on it reuses it; every rank builds reducers in the same order)
 _FITS: "weakref.WeakKeyDictionary[Any, tuple[float, float]]" = weakref.WeakKeyDictionary()
+
+#: the clock of the trial calls (a module attribute so that tests can see which call was timed)
+_clock = time.perf_counter
 
 
 def compute_ns(name: str, density: float, table: dict | None = None) -> float:
@@ -106,6 +131,15 @@ def choose_algorithm(P: int, N: int, k: int, alpha: float, beta: float, sets=Non
     return {"algorithm": best, "predicted_s": preds[best], "predictions": preds}
 
 
+def shortlist(predictions: dict[str, float], candidates, size: int, margin: float) -> list[str]:
+    """The candidates worth measuring: predicted within ``margin`` x the cheapest, cheapest
+    first (ties: the order of ``candidates``), at most ``size`` of them."""
+    order = list(candidates)
+    ranked = sorted(predictions, key=lambda n: (predictions[n], order.index(n)))
+    best = predictions[ranked[0]]
+    return [n for n in ranked if predictions[n] <= margin * best][:size]
+
+
 def _pingpong_fit(comm) -> tuple[float, float]:
     """Rank 0's alpha-beta fit of a ping-pong with rank 1, the same on every rank."""
     from ..bench import fit_alpha_beta
@@ -134,7 +168,8 @@ def _pingpong_fit(comm) -> tuple[float, float]:
 class AutoAlgorithm(Algorithm):
     name = "auto"
     lossless = False   # the instance says what its choice is
-    option_defaults = {"alpha": None, "beta": None, "candidates": None, "compute": None}
+    option_defaults = {"alpha": None, "beta": None, "candidates": None, "compute": None,
+                       "tune": 2, "shortlist": 3, "margin": 2.0}
 
     def __init__(self, comm, **options: Any):
         super().__init__(comm, **options)
@@ -161,19 +196,57 @@ class AutoAlgorithm(Algorithm):
                 for v in comp.values())):
             raise ValueError(f"auto: option compute must be None or a dict name -> ns per element (finite, >= 0), "
                              f"got {comp!r}")
-        self.choice: str | None = None
-        self.inner: Algorithm | None = None
+        for key, low in (("tune", 0), ("shortlist", 1)):
+            v = self.options[key]
+            if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= 1000:
+                raise ValueError(f"auto: option {key} must be an int in {low}..1000, got {v!r}")
+        m = self.options["margin"]
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not (math.isfinite(m) and m >= 1):
+            raise ValueError(f"auto: option margin must be a finite number >= 1 (a factor of the cheapest "
+                             f"prediction), got {m!r}")
+        self.choice: str | None = None          # the kept algorithm, once decided
+        self.inner: Algorithm | None = None     # the instance the next call runs
         self.decision: dict[str, Any] = {}
+        self.instances: dict[str, Algorithm] = {}
+        self.trials: list[str] = []             # while tuning: the shortlist; [] once decided
+        self.trial_call = 0                      # trial calls made
+        self.trial_times: dict[str, list[float]] = {}   # this rank's seconds per trial call
+        self.measured: dict[str, float] = {}    # after tuning: the slowest rank's best per candidate
+        self.ran: str | None = None             # the algorithm the last call ran
+        self.ran_trial = False
         self._pending: dict[str, Any] | None = None
         self._carried_fit: tuple[float, float] | None = None
 
+    # -- what the reducer asks before a call: the instance that will run decides -----------
+    @property
+    def tuning(self) -> bool:
+        return bool(self.trials)
+
     @property
     def wire_revision(self) -> str:   # the handshake's algorithm field names the choice
-        if self.inner is None:
-            return ""
-        rev = self.inner.wire_revision
-        return self.choice + (f"/{rev}" if rev else "")
+        def named(name: str) -> str:
+            rev = self._instance(name).wire_revision
+            return name + (f"/{rev}" if rev else "")
+        if self.tuning:
+            return f"tune({'+'.join(named(n) for n in self.trials)})x{self.options['tune']}"
+        return named(self.choice) if self.choice else ""
 
+    @property
+    def propagates_nonfinite(self) -> bool:   # dense's non-finite policy when dense runs next
+        return self.inner is not None and self.inner.propagates_nonfinite
+
+    def takes_grad(self) -> bool:              # the fused add when the next candidate fuses
+        return self.inner is not None and self.inner.takes_grad()
+
+    def _instance(self, name: str) -> Algorithm:
+        if name not in self.instances:
+            self.instances[name] = get(name)(self.comm)
+        return self.instances[name]
+
+    def _next_trial(self) -> str:
+        return self.trials[self.trial_call // self.options["tune"]]
+
+    # -- deciding ------------------------------------------------------------------------
     def prepare(self, n: int, k: int, dtype: torch.dtype) -> None:
         """Decide for a tensor of n elements (called by the reducer before its handshake, on
         every rank; may communicate)."""
@@ -182,9 +255,7 @@ class AutoAlgorithm(Algorithm):
         pending = self._pending
         if pending and pending.get("n") == n and pending.get("k") == k:
             self._pending = None
-            self.decision = {key: pending[key] for key in ("n", "k", "alpha", "beta", "predicted_s")}
-            self._adopt(pending["choice"])
-            self.inner.load_state_dict(pending.get("inner", {}))
+            self._restore(pending)
             return
         comm = self.comm
         alpha, beta = self.options["alpha"], self.options["beta"]
@@ -198,37 +269,87 @@ class AutoAlgorithm(Algorithm):
                 if fit is None:
                     fit = _FITS[comm] = _pingpong_fit(comm)
                 alpha, beta = fit
-        pick = choose_algorithm(comm.size, n, k, float(alpha), float(beta),
-                                candidates=self.options["candidates"] or CANDIDATES,
+        candidates = self.options["candidates"] or CANDIDATES
+        pick = choose_algorithm(comm.size, n, k, float(alpha), float(beta), candidates=candidates,
                                 compute=self.options["compute"], dtype=dtype)
+        short = shortlist(pick["predictions"], candidates, self.options["shortlist"], self.options["margin"])
         self.decision = {"n": n, "k": k, "alpha": float(alpha), "beta": float(beta),
-                         "predicted_s": pick["predicted_s"]}
-        self._adopt(pick["algorithm"])
+                         "predictions": {name: pick["predictions"][name] for name in short}}
+        self.instances, self.trial_call, self.trial_times, self.measured = {}, 0, {}, {}
+        if self.options["tune"] and len(short) > 1:
+            self.trials, self.choice = short, None
+            self.inner = self._instance(short[0])
+        else:
+            self._keep(short[0])
 
-    def _adopt(self, choice: str) -> None:
-        self.choice = choice
-        self.inner = get(choice)(self.comm)
+    def _keep(self, choice: str) -> None:
+        self.trials, self.choice = [], choice
+        self.inner = self._instance(choice)
+        self.instances = {choice: self.inner}   # the others' state is of no further use
         self.lossless = self.inner.lossless
 
-    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
+    def _decide(self) -> None:
+        """After the last trial call, on every rank: all-gather each rank's best time per
+        candidate; a candidate costs what its slowest rank measured; keep the fastest."""
+        mine = torch.tensor([min(self.trial_times[name]) for name in self.trials], dtype=torch.float64,
+                            device="cpu")
+        table = self.comm.allgather_small(mine).cpu().view(-1, len(self.trials))
+        slowest = table.amax(0).tolist()
+        best = min(range(len(self.trials)), key=lambda i: (slowest[i], i))
+        self.measured = dict(zip(self.trials, slowest))
+        self._keep(self.trials[best])
+
+    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor, grad: torch.Tensor | None = None) -> None:
         if self.inner is None or self.decision.get("n") != acc.numel() or self.decision.get("k") != k:
+            if grad is not None:   # the reducer fused on a decision made for another tensor
+                acc.add_(grad)
+                grad = None
             self.prepare(acc.numel(), k, acc.dtype)   # without the reducer: decide here
-        self.inner.times = self.times
-        self.inner.last_nnz = None
-        self.inner.reduce(acc, k, out)
-        self.last_nnz = self.inner.last_nnz
+        inner = self.inner
+        inner.times = self.times
+        inner.last_nnz = None
+        if grad is not None and not inner.takes_grad():
+            acc.add_(grad)
+            grad = None
+        self.ran = self.choice if not self.tuning else self._next_trial()
+        self.ran_trial = self.tuning
+        start = _clock()
+        if grad is None:
+            inner.reduce(acc, k, out)
+        else:
+            inner.reduce(acc, k, out, grad=grad)
+        spent = _clock() - start
+        self.last_nnz = inner.last_nnz
+        if self.ran_trial:
+            self.trial_times.setdefault(self.ran, []).append(spent)
+            self.trial_call += 1
+            if self.trial_call == self.options["tune"] * len(self.trials):
+                self._decide()
+            else:
+                self.inner = self._instance(self._next_trial())
 
     def stats_extra(self, total_s: float) -> dict[str, Any]:
         """Added to the reducer's ``last_stats``."""
-        return {"auto_choice": self.choice, "auto_predicted_s": self.decision.get("predicted_s"),
-                "auto_measured_s": total_s, "auto_alpha": self.decision.get("alpha"),
-                "auto_beta": self.decision.get("beta")}
+        return {"auto_choice": self.ran, "auto_tuning": self.ran_trial,
+                "auto_predicted_s": self.decision.get("predictions", {}).get(self.ran),
+                "auto_measured_s": total_s, "auto_trials": dict(self.measured) if self.measured else None,
+                "auto_alpha": self.decision.get("alpha"), "auto_beta": self.decision.get("beta")}
+
+    # -- checkpoints -----------------------------------------------------------------------
+    _DECISION_KEYS = ("n", "k", "alpha", "beta", "predictions")
 
     def state_dict(self) -> dict[str, Any]:
         if self.inner is None:
             return dict(self._pending) if self._pending else {}
-        return {"choice": self.choice, **{key: self.decision[key] for key in ("n", "k", "alpha", "beta", "predicted_s")},
-                "inner": self.inner.state_dict()}
+        state = {key: self.decision[key] for key in self._DECISION_KEYS}
+        if self.tuning:
+            state["tuning"] = {"shortlist": list(self.trials), "tune": self.options["tune"],
+                               "calls": self.trial_call,
+                               "times": {name: list(t) for name, t in self.trial_times.items()},
+                               "states": {name: inst.state_dict() for name, inst in self.instances.items()}}
+        else:
+            state.update(choice=self.choice, measured=dict(self.measured), inner=self.inner.state_dict())
+        return state
 
     @classmethod
     def carried_state(cls, state: dict[str, Any]) -> dict[str, Any]:
@@ -242,9 +363,46 @@ class AutoAlgorithm(Algorithm):
         if set(state) == {"alpha", "beta"}:   # carried from another bucket
             self._carried_fit = (float(state["alpha"]), float(state["beta"]))
             return
-        missing = {"choice", "n", "k", "alpha", "beta", "predicted_s"} - set(state)
-        if missing:
-            raise ValueError(f"auto: state lacks {sorted(missing)}")
-        get(state["choice"])
-        self.inner, self.choice, self.decision = None, None, {}
+        missing = set(self._DECISION_KEYS) - set(state)
+        if missing or ("choice" in state) == ("tuning" in state):
+            raise ValueError(f"auto: a state_dict holds {', '.join(self._DECISION_KEYS)} and either a choice or "
+                             f"a tuning record; got keys {sorted(state)}")
+        if "choice" in state:
+            get(state["choice"])
+        else:
+            self._check_tuning(state["tuning"])
+        self.inner, self.choice, self.decision, self.trials = None, None, {}, []
         self._pending = dict(state)
+
+    def _check_tuning(self, tuning: Any) -> None:
+        ok = isinstance(tuning, dict) and {"shortlist", "tune", "calls", "times", "states"} <= set(tuning)
+        if ok:
+            short, tune, calls = tuning["shortlist"], tuning["tune"], tuning["calls"]
+            ok = (isinstance(short, list) and len(short) > 1 and all(isinstance(n, str) for n in short)
+                  and tune == self.options["tune"] and isinstance(calls, int) and 0 <= calls < tune * len(short)
+                  and isinstance(tuning["times"], dict) and isinstance(tuning["states"], dict))
+            if ok:
+                for name in short:
+                    get(name)
+                ok = all(name in short and isinstance(t, list) and all(isinstance(x, float) and math.isfinite(x)
+                                                                       for x in t)
+                         for name, t in tuning["times"].items())
+        if not ok:
+            raise ValueError("auto: the state_dict's tuning record is malformed or was made with another tune= "
+                             f"(this reducer has tune={self.options['tune']}): {tuning!r}"[:400])
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        self.decision = {key: state[key] for key in self._DECISION_KEYS}
+        self.instances, self.measured = {}, {}
+        if "choice" in state:
+            self._keep(state["choice"])
+            self.measured = dict(state.get("measured", {}))
+            self.inner.load_state_dict(state.get("inner", {}))
+            return
+        tuning = state["tuning"]
+        self.trials, self.choice = list(tuning["shortlist"]), None
+        self.trial_call = tuning["calls"]
+        self.trial_times = {name: list(t) for name, t in tuning["times"].items()}
+        for name, inner_state in tuning["states"].items():
+            self._instance(name).load_state_dict(inner_state)
+        self.inner = self._instance(self._next_trial())
