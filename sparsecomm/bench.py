@@ -25,8 +25,9 @@ itself on loopback with :func:`sparsecomm.testing.spawn`. On every rank it
    on ``t = alpha + beta * bytes``; if the intercept is negative, alpha is the smallest
    message's time less its beta * bytes (see :func:`fit_alpha_beta`);
 
-3. times every algorithm (interleaved repeats after one warm-up call, a barrier before each
-   call, slowest rank per repeat, medians) and reports the median wall time, bytes sent
+3. times every algorithm (interleaved repeats after one warm-up call, ``auto`` after its trial
+   calls too; ``--shuffle``: each repeat in its own order, the same on every rank; a barrier
+   before each call, slowest rank per repeat, medians) and reports the median wall time, bytes sent
    and rounds per rank, speedup over ``dense``, and ``bound / measured`` where
    ``bound = rounds * alpha + bytes_sent * beta`` of the slowest rank and ``measured`` its
    wire time (``last_stats["comm_s"]``);
@@ -58,6 +59,7 @@ import csv
 import json
 import math
 import os
+import random
 import statistics
 import sys
 import time
@@ -314,7 +316,11 @@ def _worker(rank: int, size: int, cfg: dict) -> dict | None:
                     f"{st['auto_predicted_s'] * 1e3:.1f} ms{'; measured ' + trials + ' ms' if trials else ''})",
                     flush=True)
         for rep in range(cfg["repeats"]):
-            for ai, red in enumerate(reducers):
+            order = list(range(len(reducers)))
+            if cfg.get("shuffle"):   # seeded by the repeat: the same order on every rank
+                random.Random(rep).shuffle(order)
+            for ai in order:
+                red = reducers[ai]
                 dist.barrier()
                 start = time.perf_counter()
                 red(grads[rep % 2], out=out)
@@ -345,7 +351,8 @@ def _worker(rank: int, size: int, cfg: dict) -> dict | None:
                          **({"chose": chosen[(a, d)]} if (a, d) in chosen else {})})
     return {"P": size, "N": n, "densities": dens, "repeats": cfg["repeats"], "alpha_s": alpha,
             "beta_s_per_byte": beta, "pingpong": {"bytes": sizes, "half_rtt_s": halves},
-            "checks": checks, "rows": rows, "where": cfg["where"]}
+            "checks": checks, "rows": rows, "where": cfg["where"],
+            "order": "shuffled per repeat" if cfg.get("shuffle") else "listed"}
 
 
 # -- reporting --------------------------------------------------------------------------------
@@ -466,6 +473,9 @@ def _collectives(argv) -> int:
     ap.add_argument("--check-n", type=int, default=100_003)
     ap.add_argument("--pingpong-max", type=int, default=64 << 20, help="largest ping-pong message (bytes)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    ap.add_argument("--shuffle", action="store_true",
+                    help="run each repeat's algorithms in a shuffled order (seeded by the repeat, the same on "
+                         "every rank) instead of the listed order, so no algorithm always runs after the same one")
     ap.add_argument("--timeout", type=float, default=3600.0)
     ap.add_argument("--codecs", nargs="+", default=[],
                     help="also run every chosen algorithm that takes the COO codecs with these codecs: "
@@ -498,7 +508,8 @@ def _collectives(argv) -> int:
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     where = describe_link()[0] if launched else "gloo loopback"
     cfg = {"algorithms": names, "n": args.N, "densities": args.density, "repeats": args.repeats,
-           "check_n": args.check_n, "pingpong_max": args.pingpong_max, "threads": args.threads, "where": where}
+           "check_n": args.check_n, "pingpong_max": args.pingpong_max, "threads": args.threads, "where": where,
+           "shuffle": args.shuffle}
     if launched:
         dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
         try:
@@ -511,7 +522,7 @@ def _collectives(argv) -> int:
         report = spawn(_worker, args.nproc, cfg, timeout=args.timeout)[0]
     if report is None:
         return 0
-    print(f"\nP = {report['P']}, N = {report['N']}, {report['where']}, medians of {report['repeats']} "
+    print(f"\nP = {report['P']}, N = {report['N']}, {report['where']}, medians of {report['repeats']} ({report['order']} order) "
           f"(slowest rank), alpha = {report['alpha_s'] * 1e6:.1f} us, beta = {report['beta_s_per_byte'] * 1e9:.3f} ns/B")
     print(_table(report["rows"]))
     for p in _write(report, Path(args.out)):

@@ -51,6 +51,25 @@ def test_collectives_cli_writes_csv_and_json(tmp_path):
     assert report["checks"]["topka"]["lossless"] and not report["checks"]["spardl"]["lossless"]
 
 
+def test_collectives_cli_shuffled_order_and_auto_after_its_trials(tmp_path):
+    """--shuffle is recorded; auto's row is timed after its trial calls, on the algorithm it kept
+    (named in the row, one of its candidates, the same bytes and rounds as that algorithm's row
+    at topka's fixed message size)."""
+    from sparsecomm.algorithms.auto import CANDIDATES
+    out = tmp_path / "out"
+    proc = _run(["collectives", "--algorithms", "topka", "auto", "--N", "20000", "--density", "0.01", "--repeats", "3",
+                 "--nproc", "2", "--out", str(out), "--check-n", "20011", "--pingpong-max", str(1 << 20), "--shuffle"],
+                tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "shuffled per repeat order" in proc.stdout and "auto at density 0.01 chose" in proc.stdout
+    report = json.loads((out / "collectives.json").read_text())
+    assert report["order"] == "shuffled per repeat"
+    by = {r["algorithm"]: r for r in report["rows"]}
+    assert by["auto"]["chose"] in CANDIDATES
+    if by["auto"]["chose"] == "topka":
+        assert (by["auto"]["bytes_sent"], by["auto"]["rounds"]) == (by["topka"]["bytes_sent"], by["topka"]["rounds"])
+
+
 def test_collectives_cli_rejects_unknown_algorithm(tmp_path):
     proc = _run(["collectives", "--algorithms", "dense", "nosuchalgo", "--N", "1000"], tmp_path, timeout=60)
     assert proc.returncode != 0
