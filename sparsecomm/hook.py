@@ -338,9 +338,18 @@ class DDPHookState:
             if missing:
                 warnings.warn(f"sparsecomm: bucket {j}: residuals of parameters {missing} no longer fit "
                               "(shape or dtype changed); they restart from zero", RuntimeWarning, stacklevel=4)
-            reducer.load_state_dict({"format_version": FORMAT_VERSION, "algorithm": self.algorithm,
-                                     "density": self.density, "residual": residual,
-                                     "algorithm_state": algorithm_state})
+            try:
+                reducer.load_state_dict({"format_version": FORMAT_VERSION, "algorithm": self.algorithm,
+                                         "density": self.density, "residual": residual,
+                                         "algorithm_state": algorithm_state})
+            except (ValueError, TypeError) as exc:
+                # a state only this rank loaded: its peers are about to wait for this bucket's
+                # messages, so they are told (CommAbortedError naming this rank) instead of
+                # waiting out the timeout, as for a reducer's own argument errors
+                if self.comm.size > 1:
+                    self.comm.abort(f"{type(exc).__name__}: {exc} (restoring bucket {j}'s saved state, "
+                                    "before it sent anything)")
+                raise
         self._reducers[j] = reducer
         return reducer
 
@@ -524,6 +533,10 @@ class DDPHookState:
             raise ValueError(f"state_dict has density_schedule={saved_schedule!r}, this hook state has "
                              f"{self.density_schedule!r}: build the state with the checkpoint's schedule")
         check_state_version(state)
+        raw = state.get("algorithm_states", {})
+        if isinstance(raw, dict) and not all(isinstance(s, dict) for s in raw.values()):
+            raise ValueError("state_dict's algorithm_states must map bucket numbers to dicts (each an algorithm's "
+                             f"state_dict()); got {({j: type(s).__name__ for j, s in raw.items()})}")
         self._drain()
         self.step = int(state["step"])
         self.warmup_steps = int(state.get("warmup_steps", self.warmup_steps))

@@ -377,6 +377,10 @@ class SparseAllreduce:
         if self._agreed is None:
             prepare = getattr(self.algorithm, "prepare", None)
             if prepare is not None:   # e.g. auto decides here, so the handshake covers its choice
+                # prepare may communicate (auto's ping-pong), and what it sends depends on the
+                # options and any loaded state: agree on those first, so ranks that differ raise
+                # the handshake's error instead of exchanging mismatched messages in prepare
+                self._handshake(n, grad.dtype)
                 prepare(n, self.k_for(n), work_dtype)
             self._handshake(n, grad.dtype)
             self._agreed = key

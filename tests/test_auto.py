@@ -63,13 +63,32 @@ def test_pingpong_fit_is_rank_zeros_on_every_rank():
     assert stats[0]["auto_beta"] >= 0 and stats[0]["handshake_rounds"] > 0
 
 
-def test_handshake_names_a_different_choice():
-    def fn(comm):   # rank 1 is told other costs, so it picks another algorithm
-        opts = dict(alpha=1e-4, beta=8e-9, tune=0) if comm.rank != 1 else dict(alpha=1e-4, beta=8e-9, tune=0,
-                                                                                candidates=("gtopk",))
-        sc.SparseAllreduce("auto", 0.01, comm=comm, **opts)(_grad(comm.rank, 30_000))
+def test_handshake_names_a_different_choice(monkeypatch):
+    """Options that differ fail the first handshake (before any decision); should the decision
+    itself still differ (here: rank 1's model is made to see only gtopk), the second handshake
+    names both choices."""
+    import threading
+
+    from sparsecomm.algorithms import auto
+    real = auto.choose_algorithm
+
+    def skewed(*args, **kwargs):
+        if threading.current_thread().name == "sim-rank-1":
+            kwargs["candidates"] = ("gtopk",)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(auto, "choose_algorithm", skewed)
+
+    def fn(comm):
+        sc.SparseAllreduce("auto", 0.01, comm=comm, alpha=1e-4, beta=8e-9, tune=0)(_grad(comm.rank, 30_000))
     with pytest.raises(AgreedValueError, match="auto/topka.*auto/gtopk"):
         simulate(2, fn)
+
+    def differing_options(comm):
+        opts = dict(candidates=("gtopk",)) if comm.rank == 1 else {}
+        sc.SparseAllreduce("auto", 0.01, comm=comm, alpha=1e-4, beta=8e-9, tune=0, **opts)(_grad(comm.rank, 30_000))
+    with pytest.raises(AgreedValueError, match=r"options: ranks \[0\] have .*candidates=None.*ranks \[1\] have "
+                                               r".*candidates=\('gtopk',\)"):
+        simulate(2, differing_options)
 
 
 def test_state_dict_keeps_the_choice():
@@ -218,10 +237,21 @@ def test_tuning_resumes_mid_way(monkeypatch):
         assert set(trials) == set(short) and min(trials, key=trials.get) == short[1]
 
 
-def test_tuning_handshake_names_the_shortlist():
-    def fn(comm):   # rank 1 measures two candidates, the others three
-        sc.SparseAllreduce("auto", 0.01, comm=comm, alpha=1e-4, beta=8e-9, candidates=CANDS, margin=100.0,
-                           shortlist=3 if comm.rank != 1 else 2)(_grad(comm.rank, 30_000))
+def test_tuning_handshake_names_the_shortlist(monkeypatch):
+    """Should the shortlists differ (here rank 1's is cut to two), the handshake names both."""
+    import threading
+
+    from sparsecomm.algorithms import auto
+    real = auto.shortlist
+
+    def skewed(*args, **kwargs):
+        short = real(*args, **kwargs)
+        return short[:2] if threading.current_thread().name == "sim-rank-1" else short
+    monkeypatch.setattr(auto, "shortlist", skewed)
+
+    def fn(comm):
+        sc.SparseAllreduce("auto", 0.01, comm=comm, alpha=1e-4, beta=8e-9, candidates=CANDS,
+                           margin=100.0)(_grad(comm.rank, 30_000))
     with pytest.raises(AgreedValueError, match=r"auto/tune\(\w+\+\w+\+\w+\)x2.*auto/tune\(\w+\+\w+\)x2"):
         simulate(3, fn)
 
@@ -229,9 +259,14 @@ def test_tuning_handshake_names_the_shortlist():
 @pytest.mark.parametrize("mangle,match", [
     (lambda t: t.update(calls=99), "tuning record"),
     (lambda t: t.update(shortlist=["topka"]), "tuning record"),
-    (lambda t: t.update(shortlist=["topka", "nosuch"]), "unknown algorithm"),
+    (lambda t: t.update(shortlist=["topka", "nosuch"]), "tuning record"),
+    (lambda t: t.update(shortlist=["topka", "topkdsa"]), "tuning record"),     # not among candidates=
     (lambda t: t["times"].update(topka=[float("nan")]), "tuning record"),
     (lambda t: t.update(tune=5), "tune=2"),
+    (lambda t: t.update(calls=True), "tuning record"),
+    (lambda t: t.update(calls=3), "tuning record"),          # 3 calls made, but 1 time recorded
+    (lambda t: t.update(times={}), "tuning record"),
+    (lambda t: t.update(settling="no"), "tuning record"),
 ])
 def test_malformed_tuning_state_is_refused(mangle, match):
     def fn(comm):
@@ -243,3 +278,125 @@ def test_malformed_tuning_state_is_refused(mangle, match):
         with pytest.raises(ValueError, match=match):
             fresh.load_state_dict(state)
     simulate(2, fn)
+
+
+def test_a_choice_outside_the_candidates_is_refused():
+    def fn(comm):
+        red = sc.SparseAllreduce("auto", 0.01, comm=comm, alpha=1e-4, beta=8e-9, candidates=CANDS, tune=0)
+        red(_grad(comm.rank, 20_000))
+        state = red.state_dict()
+        state["algorithm_state"]["choice"] = "nope"
+        with pytest.raises(ValueError, match="choice 'nope' is not among this reducer's candidates"):
+            sc.SparseAllreduce("auto", 0.01, comm=comm, alpha=1e-4, beta=8e-9, candidates=CANDS,
+                               tune=0).load_state_dict(state)
+    simulate(2, fn)
+
+
+@pytest.mark.parametrize("case", ["alpha on rank 0 only", "rank 0 resumed, rank 1 fresh"])
+def test_ranks_that_would_prepare_differently_raise_everywhere(case):
+    """auto's first decision may measure a ping-pong: a rank given alpha/beta, or resumed from a
+    saved decision, would skip it while its peers send. The reducer's first handshake (before
+    prepare) compares what prepare depends on, so every rank raises the same ValueError instead
+    of exchanging mismatched messages (on gloo that aborted the process)."""
+    n = 20_000
+
+    def fn(comm):
+        if case == "alpha on rank 0 only":
+            opts = dict(alpha=1e-4, beta=8e-9) if comm.rank == 0 else {}
+            sc.SparseAllreduce("auto", 0.01, comm=comm, **opts)(_grad(comm.rank, n))
+        else:
+            red = sc.SparseAllreduce("auto", 0.01, comm=comm, alpha=1e-4, beta=8e-9, tune=0)
+            red(_grad(comm.rank, n))
+            state = red.state_dict()
+            fresh = sc.SparseAllreduce("auto", 0.01, comm=comm)
+            if comm.rank == 0:
+                fresh.load_state_dict({**state, "residual": None})
+            fresh(_grad(comm.rank, n))
+    pattern = "options" if case == "alpha on rank 0 only" else r"auto/resumed"
+    with pytest.raises(AgreedValueError, match=pattern):
+        simulate(2, fn)
+
+
+def test_density_schedule_trials_start_once_k_holds_still(monkeypatch):
+    """While a warm-up schedule changes k every call, trials at different k would not compare:
+    each call at a new k runs the model's pick untimed; the trials begin once k holds, and the
+    candidates' instances (their adaptive state) carry over the changes of k."""
+    P, n = 2, 20_000
+    schedule = sc.DensitySchedule.per_step([0.2, 0.1, 0.05], every=1)   # then the reducer's density
+    short = shortlist(choose_algorithm(P, n, sc.k_for(0.01, n), 1e-4, 8e-9, candidates=CANDS)["predictions"],
+                      CANDS, 3, 100.0)
+
+    def fn(comm):
+        red = sc.SparseAllreduce("auto", 0.01, comm=comm, alpha=1e-4, beta=8e-9, candidates=CANDS, margin=100.0,
+                                 density_schedule=schedule)
+        rows = []
+        for step in range(12):
+            red(_grad(comm.rank, n, step))
+            rows.append((red.last_stats["k"] if "k" in red.last_stats else None,
+                         red.last_stats["auto_choice"], red.last_stats["auto_tuning"]))
+        return rows, red.last_stats["auto_trials"], red.algorithm.trial_times
+    (rows, trials, times), (rows1, trials1, _) = simulate(P, fn).results
+    assert rows == rows1 and trials == trials1
+    # steps 0-2: a new k each call (the model's pick at that k, untimed); step 3: the first call at
+    # the final k (untimed); steps 4-9: 2 trials of each shortlisted candidate; then the choice
+    assert all(tuning for _, _, tuning in rows[:10]) and not any(tuning for _, _, tuning in rows[10:])
+    assert [choice for _, choice, _ in rows[4:10]] == [short[0]] * 2 + [short[1]] * 2 + [short[2]] * 2
+    assert rows[3][1] == short[0]
+    assert {name: len(t) for name, t in times.items()} == {name: 2 for name in short}
+    assert set(trials) == set(short)
+
+
+def test_stats_of_a_call_that_ran_no_candidate():
+    """A non-finite gradient under nonfinite="propagate" goes the dense path: no candidate ran,
+    and last_stats must not repeat the previous call's choice."""
+    def fn(comm):
+        red = sc.SparseAllreduce("auto", 0.01, comm=comm, alpha=1e-4, beta=8e-9, tune=0, nonfinite="propagate")
+        red(_grad(comm.rank, 20_000))
+        first = red.last_stats["auto_choice"]
+        g = _grad(comm.rank, 20_000, 1)
+        g[5] = float("nan")
+        red(g)
+        return first, red.last_stats["auto_choice"], red.last_stats["auto_tuning"]
+    for first, second, tuning in simulate(2, fn).results:
+        assert first is not None and second is None and tuning is False
+
+
+def _bad_state_on_one_rank(rank, world_size):
+    """Rank 1 restores a hook checkpoint whose auto state is malformed; rank 0 a good one."""
+    import time as _time
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+
+    def run(state, steps):
+        model = DDP(net)
+        model.register_comm_hook(state, sc.ddp_hook)
+        gen = torch.Generator().manual_seed(rank)
+        for _ in range(steps):
+            model(torch.randn(8, 16, generator=gen)).square().sum().backward()
+        state._drain()
+
+    state = sc.DDPHookState("auto", 0.05, alpha=1e-4, beta=8e-9, tune=0)
+    run(state, 3)
+    saved = state.state_dict()
+    if rank == 1:
+        for j in saved["algorithm_states"]:
+            saved["algorithm_states"][j] = {"choice": "topka"}   # keys missing
+    resumed = sc.DDPHookState("auto", 0.05, alpha=1e-4, beta=8e-9, tune=0)
+    resumed.load_state_dict(saved)
+    t0 = _time.monotonic()
+    try:
+        run(resumed, 2)
+        return {"type": None}
+    except Exception as exc:  # noqa: BLE001 - the test inspects it
+        return {"type": type(exc).__name__, "msg": str(exc), "s": _time.monotonic() - t0}
+
+
+@pytest.mark.distributed
+def test_a_bad_saved_state_on_one_rank_fails_every_rank_quickly():
+    from sparsecomm.testing import spawn
+    results = spawn(_bad_state_on_one_rank, 2, timeout=120)
+    assert results[1]["type"] == "ValueError" and "auto: a state_dict holds" in results[1]["msg"], results[1]
+    assert results[0]["type"] == "CommAbortedError" and "rank 1 failed: ValueError" in results[0]["msg"], results[0]
+    assert results[0]["s"] < 5, results[0]

@@ -44,7 +44,7 @@ Options: ``alpha``, ``beta`` (None: ping-pong), ``candidates`` (a tuple of algor
 default :data:`CANDIDATES`), ``compute`` (None or a dict name -> ns per element), ``tune``
 (calls per shortlisted candidate, default 2: the first of a candidate's calls also pays its
 first-call costs, so the better of two is kept; 0: the model alone decides), ``shortlist``
-(most candidates measured, default 3) and ``margin`` (only candidates predicted within this
+(most candidates measured, default 4: at P = 4, 0.1% the model ranked the fastest, topka, fourth) and ``margin`` (only candidates predicted within this
 factor of the cheapest, default 2.0: the model's largest miss in docs/scale.md was 1.6x).
 """
 
@@ -169,7 +169,7 @@ class AutoAlgorithm(Algorithm):
     name = "auto"
     lossless = False   # the instance says what its choice is
     option_defaults = {"alpha": None, "beta": None, "candidates": None, "compute": None,
-                       "tune": 2, "shortlist": 3, "margin": 2.0}
+                       "tune": 2, "shortlist": 4, "margin": 2.0}
 
     def __init__(self, comm, **options: Any):
         super().__init__(comm, **options)
@@ -212,12 +212,22 @@ class AutoAlgorithm(Algorithm):
         self.trial_call = 0                      # trial calls made
         self.trial_times: dict[str, list[float]] = {}   # this rank's seconds per trial call
         self.measured: dict[str, float] = {}    # after tuning: the slowest rank's best per candidate
-        self.ran: str | None = None             # the algorithm the last call ran
-        self.ran_trial = False
+        self.settling = False                   # the first call at a new k: run, do not time
         self._pending: dict[str, Any] | None = None
         self._carried_fit: tuple[float, float] | None = None
 
     # -- what the reducer asks before a call: the instance that will run decides -----------
+    @property
+    def times(self) -> dict[str, float]:
+        return self._times
+
+    @times.setter
+    def times(self, value: dict[str, float]) -> None:
+        # the reducer resets ``times`` at the start of every call: until reduce runs, this call
+        # ran nothing (the non-finite path skips reduce), so last_stats must not repeat the last
+        self._times = value
+        self.ran, self.ran_trial, self.ran_undecided = None, False, False
+
     @property
     def tuning(self) -> bool:
         return bool(self.trials)
@@ -229,7 +239,15 @@ class AutoAlgorithm(Algorithm):
             return name + (f"/{rev}" if rev else "")
         if self.tuning:
             return f"tune({'+'.join(named(n) for n in self.trials)})x{self.options['tune']}"
-        return named(self.choice) if self.choice else ""
+        if self.choice:
+            return named(self.choice)
+        # before the first decision (the reducer's first handshake, before prepare): whether
+        # prepare will measure a ping-pong or reuse a saved decision or fit -- ranks that differ
+        # here would exchange mismatched messages inside prepare, so they must differ in the
+        # handshake first (one rank resumed from a checkpoint, the others fresh)
+        if self._pending:
+            return "resumed"
+        return "carried-fit" if self._carried_fit is not None else ""
 
     @property
     def propagates_nonfinite(self) -> bool:   # dense's non-finite policy when dense runs next
@@ -259,7 +277,10 @@ class AutoAlgorithm(Algorithm):
             return
         comm = self.comm
         alpha, beta = self.options["alpha"], self.options["beta"]
-        if alpha is None and self._carried_fit is not None:
+        same_n = self.inner is not None and self.decision.get("n") == n
+        if same_n:   # only k changed (a density schedule): the fit stands, no collective here
+            alpha, beta = self.decision["alpha"], self.decision["beta"]
+        elif alpha is None and self._carried_fit is not None:
             alpha, beta = self._carried_fit
         elif alpha is None:
             if comm.size < 2:
@@ -275,15 +296,20 @@ class AutoAlgorithm(Algorithm):
         short = shortlist(pick["predictions"], candidates, self.options["shortlist"], self.options["margin"])
         self.decision = {"n": n, "k": k, "alpha": float(alpha), "beta": float(beta),
                          "predictions": {name: pick["predictions"][name] for name in short}}
-        self.instances, self.trial_call, self.trial_times, self.measured = {}, 0, {}, {}
+        if not same_n:
+            self.instances = {}   # same n: the candidates' adaptive state carries over a new k
+        self.trial_call, self.trial_times, self.measured = 0, {}, {}
         if self.options["tune"] and len(short) > 1:
-            self.trials, self.choice = short, None
+            self.trials, self.choice, self.lossless = short, None, False
             self.inner = self._instance(short[0])
+            # while a schedule moves k every call, trials at different k would not compare:
+            # the first call at a new k runs the model's pick untimed, trials start once k holds
+            self.settling = same_n
         else:
             self._keep(short[0])
 
     def _keep(self, choice: str) -> None:
-        self.trials, self.choice = [], choice
+        self.trials, self.choice, self.settling = [], choice, False
         self.inner = self._instance(choice)
         self.instances = {choice: self.inner}   # the others' state is of no further use
         self.lossless = self.inner.lossless
@@ -311,8 +337,10 @@ class AutoAlgorithm(Algorithm):
         if grad is not None and not inner.takes_grad():
             acc.add_(grad)
             grad = None
-        self.ran = self.choice if not self.tuning else self._next_trial()
-        self.ran_trial = self.tuning
+        self.ran_undecided = self.tuning
+        self.ran_trial = self.tuning and not self.settling
+        self.ran = self.choice if not self.tuning else (self.trials[0] if self.settling else self._next_trial())
+        self.settling = False
         start = _clock()
         if grad is None:
             inner.reduce(acc, k, out)
@@ -330,7 +358,7 @@ class AutoAlgorithm(Algorithm):
 
     def stats_extra(self, total_s: float) -> dict[str, Any]:
         """Added to the reducer's ``last_stats``."""
-        return {"auto_choice": self.ran, "auto_tuning": self.ran_trial,
+        return {"auto_choice": self.ran, "auto_tuning": self.ran_undecided,
                 "auto_predicted_s": self.decision.get("predictions", {}).get(self.ran),
                 "auto_measured_s": total_s, "auto_trials": dict(self.measured) if self.measured else None,
                 "auto_alpha": self.decision.get("alpha"), "auto_beta": self.decision.get("beta")}
@@ -344,7 +372,7 @@ class AutoAlgorithm(Algorithm):
         state = {key: self.decision[key] for key in self._DECISION_KEYS}
         if self.tuning:
             state["tuning"] = {"shortlist": list(self.trials), "tune": self.options["tune"],
-                               "calls": self.trial_call,
+                               "calls": self.trial_call, "settling": self.settling,
                                "times": {name: list(t) for name, t in self.trial_times.items()},
                                "states": {name: inst.state_dict() for name, inst in self.instances.items()}}
         else:
@@ -368,25 +396,35 @@ class AutoAlgorithm(Algorithm):
             raise ValueError(f"auto: a state_dict holds {', '.join(self._DECISION_KEYS)} and either a choice or "
                              f"a tuning record; got keys {sorted(state)}")
         if "choice" in state:
-            get(state["choice"])
+            if state["choice"] not in self._candidates():
+                raise ValueError(f"auto: the state_dict's choice {state['choice']!r} is not among this reducer's "
+                                 f"candidates ({', '.join(self._candidates())}): it belongs to another configuration")
         else:
             self._check_tuning(state["tuning"])
         self.inner, self.choice, self.decision, self.trials = None, None, {}, []
         self._pending = dict(state)
 
+    def _candidates(self) -> tuple[str, ...]:
+        return self.options["candidates"] or CANDIDATES
+
     def _check_tuning(self, tuning: Any) -> None:
+        """A tuning record must be one this reducer could have written: its shortlist among
+        the candidates, and exactly one time per trial call made so far."""
         ok = isinstance(tuning, dict) and {"shortlist", "tune", "calls", "times", "states"} <= set(tuning)
         if ok:
             short, tune, calls = tuning["shortlist"], tuning["tune"], tuning["calls"]
-            ok = (isinstance(short, list) and len(short) > 1 and all(isinstance(n, str) for n in short)
-                  and tune == self.options["tune"] and isinstance(calls, int) and 0 <= calls < tune * len(short)
-                  and isinstance(tuning["times"], dict) and isinstance(tuning["states"], dict))
+            ok = (isinstance(short, list) and 1 < len(short) <= self.options["shortlist"]
+                  and len(set(short)) == len(short) and all(n in self._candidates() for n in short)
+                  and tune == self.options["tune"] and type(calls) is int and 0 <= calls < tune * len(short)
+                  and isinstance(tuning.get("settling", False), bool)
+                  and isinstance(tuning["times"], dict) and isinstance(tuning["states"], dict)
+                  and set(tuning["states"]) <= set(short))
             if ok:
-                for name in short:
-                    get(name)
-                ok = all(name in short and isinstance(t, list) and all(isinstance(x, float) and math.isfinite(x)
-                                                                       for x in t)
-                         for name, t in tuning["times"].items())
+                made = {name: min(max(calls - i * tune, 0), tune) for i, name in enumerate(short)}
+                ok = all(name in short and isinstance(t, list) and len(t) == made[name]
+                         and all(isinstance(x, float) and math.isfinite(x) and x >= 0 for x in t)
+                         for name, t in tuning["times"].items()) \
+                    and all(len(tuning["times"].get(name, [])) == count for name, count in made.items())
         if not ok:
             raise ValueError("auto: the state_dict's tuning record is malformed or was made with another tune= "
                              f"(this reducer has tune={self.options['tune']}): {tuning!r}"[:400])
@@ -402,6 +440,8 @@ class AutoAlgorithm(Algorithm):
         tuning = state["tuning"]
         self.trials, self.choice = list(tuning["shortlist"]), None
         self.trial_call = tuning["calls"]
+        self.settling = tuning.get("settling", False)
+        self.lossless = False
         self.trial_times = {name: list(t) for name, t in tuning["times"].items()}
         for name, inner_state in tuning["states"].items():
             self._instance(name).load_state_dict(inner_state)
