@@ -294,7 +294,9 @@ class SparseAllreduce:
         flat = grad.detach().reshape(-1)
         n = flat.numel()
         handshake = self.comm.stats.snapshot()
-        acc = self._prepare(n, work_dtype, grad)
+        # the handshake agreed on the schedule and the callers on the step: the same k everywhere
+        k = k_for(self.density_at(step), n)
+        acc = self._prepare(n, work_dtype, grad, k)
         after_handshake = self.comm.stats.snapshot()
         check_start = time.perf_counter()
         nonfinite = self._nonfinite_ranks(flat)  # the same list on every rank; raises under "raise"
@@ -308,8 +310,6 @@ class SparseAllreduce:
         if not nonfinite and not fuse:
             acc.add_(flat)
         add_s = time.perf_counter() - add_start
-        # the handshake agreed on the schedule and the callers on the step: the same k everywhere
-        k = k_for(self.density_at(step), n)
         if out is not None and out.dtype == work_dtype and out.is_contiguous():
             result = out
             # safe even if out aliases grad: grad was read into acc above, or (fused) is read
@@ -370,18 +370,21 @@ class SparseAllreduce:
             raise nonfinite_error(flags, flat.numel(), self.algorithm_name)
         return [rank for rank, flag in enumerate(flags) if flag]
 
-    def _prepare(self, n: int, work_dtype: torch.dtype, grad: torch.Tensor) -> torch.Tensor:
+    def _prepare(self, n: int, work_dtype: torch.dtype, grad: torch.Tensor, k: int) -> torch.Tensor:
         """The residual buffer for this call (the key was checked in _check_arguments); agree
-        with the other ranks first if new."""
+        with the other ranks first if new. An algorithm's ``prepare(n, k, dtype)`` runs for
+        every call, with this call's k, before anything asks it what it will do (its
+        ``propagates_nonfinite``, ``takes_grad()``): e.g. auto decides anew when a density
+        schedule changes k, and the candidate it will run answers."""
         key = (n, work_dtype, grad.device)
+        prepare = getattr(self.algorithm, "prepare", None)
         if self._agreed is None:
-            prepare = getattr(self.algorithm, "prepare", None)
             if prepare is not None:   # e.g. auto decides here, so the handshake covers its choice
                 # prepare may communicate (auto's ping-pong), and what it sends depends on the
                 # options and any loaded state: agree on those first, so ranks that differ raise
                 # the handshake's error instead of exchanging mismatched messages in prepare
                 self._handshake(n, grad.dtype)
-                prepare(n, self.k_for(n), work_dtype)
+                prepare(n, k, work_dtype)
             self._handshake(n, grad.dtype)
             self._agreed = key
             pending, self._pending_residual = self._pending_residual, None
@@ -391,6 +394,8 @@ class SparseAllreduce:
                     raise ValueError(f"the loaded residual has {pending.numel()} elements but the gradient "
                                      f"has {n}: the state_dict belongs to another tensor")
                 self._residual.copy_(pending.reshape(-1))
+        elif prepare is not None:   # agreed earlier: a new k only (no communication for the same n)
+            prepare(n, k, work_dtype)
         return self._residual
 
     def _handshake(self, n: int, dtype: torch.dtype) -> None:

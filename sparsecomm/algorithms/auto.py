@@ -245,8 +245,10 @@ class AutoAlgorithm(Algorithm):
         # prepare will measure a ping-pong or reuse a saved decision or fit -- ranks that differ
         # here would exchange mismatched messages inside prepare, so they must differ in the
         # handshake first (one rank resumed from a checkpoint, the others fresh)
-        if self._pending:
-            return "resumed"
+        if self._pending:   # which decision: ranks resumed from different checkpoints differ here
+            p = self._pending
+            what = p["choice"] if "choice" in p else f"tune{p['tuning']['calls']}"
+            return f"resumed({p['n']},{p['k']},{what})"
         return "carried-fit" if self._carried_fit is not None else ""
 
     @property
@@ -271,10 +273,13 @@ class AutoAlgorithm(Algorithm):
         if self.inner is not None and self.decision.get("n") == n and self.decision.get("k") == k:
             return
         pending = self._pending
-        if pending and pending.get("n") == n and pending.get("k") == k:
+        if pending and pending.get("n") == n:
+            # a saved decision for this tensor; saved at another k (a schedule's step), it is
+            # then the decision a k change starts from, as in the run that saved it
             self._pending = None
             self._restore(pending)
-            return
+            if self.decision["k"] == k:
+                return
         comm = self.comm
         alpha, beta = self.options["alpha"], self.options["beta"]
         same_n = self.inner is not None and self.decision.get("n") == n
@@ -296,8 +301,9 @@ class AutoAlgorithm(Algorithm):
         short = shortlist(pick["predictions"], candidates, self.options["shortlist"], self.options["margin"])
         self.decision = {"n": n, "k": k, "alpha": float(alpha), "beta": float(beta),
                          "predictions": {name: pick["predictions"][name] for name in short}}
-        if not same_n:
-            self.instances = {}   # same n: the candidates' adaptive state carries over a new k
+        # same n: the shortlisted candidates' adaptive state carries over a new k; the others go
+        # (a tuning record holds the state of the shortlist only)
+        self.instances = {name: inst for name, inst in self.instances.items() if same_n and name in short}
         self.trial_call, self.trial_times, self.measured = 0, {}, {}
         if self.options["tune"] and len(short) > 1:
             self.trials, self.choice, self.lossless = short, None, False
@@ -367,8 +373,10 @@ class AutoAlgorithm(Algorithm):
     _DECISION_KEYS = ("n", "k", "alpha", "beta", "predictions")
 
     def state_dict(self) -> dict[str, Any]:
-        if self.inner is None:
-            return dict(self._pending) if self._pending else {}
+        if self.inner is None:   # not run yet: what it was given (a saved decision, a carried fit)
+            if self._pending:
+                return dict(self._pending)
+            return {"alpha": self._carried_fit[0], "beta": self._carried_fit[1]} if self._carried_fit else {}
         state = {key: self.decision[key] for key in self._DECISION_KEYS}
         if self.tuning:
             state["tuning"] = {"shortlist": list(self.trials), "tune": self.options["tune"],
