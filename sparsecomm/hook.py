@@ -551,7 +551,6 @@ class DDPHookState:
         self._next_plan = None if not state.get("next_layout") else \
             [_PlanBucket.from_state(planned) for planned in state["next_layout"]]
         self._loose_residuals = {int(k): v for k, v in state["residuals"].items()}
-        raw = state.get("algorithm_states", {})
         if isinstance(raw, list):  # written before plans existed: keyed by (ordinal, offset, numel) layouts
             by_layout = {tuple(tuple(int(x) for x in entry) for entry in item["layout"]): item["state"] for item in raw}
             raw = {j: by_layout[key] for j, planned in enumerate(self._plan)

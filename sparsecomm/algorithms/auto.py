@@ -295,7 +295,7 @@ class AutoAlgorithm(Algorithm):
                 if fit is None:
                     fit = _FITS[comm] = _pingpong_fit(comm)
                 alpha, beta = fit
-        candidates = self.options["candidates"] or CANDIDATES
+        candidates = self._candidates()
         pick = choose_algorithm(comm.size, n, k, float(alpha), float(beta), candidates=candidates,
                                 compute=self.options["compute"], dtype=dtype)
         short = shortlist(pick["predictions"], candidates, self.options["shortlist"], self.options["margin"])
