@@ -188,6 +188,39 @@ void scatter_add_cpu(Tensor& dense, const Tensor& idx, const Tensor& val) {
   if (st) raise_status(st, op, e, {names, 3}, dense.numel());
 }
 
+void scatter_set_cpu(Tensor& dense, const Tensor& idx, const Tensor& val, bool zero_rest) {
+  const char* op = "sparsecomm.scatter_set_";
+  check_vector(dense, op, "dense");
+  check_vector(idx, op, "idx");
+  check_vector(val, op, "val");
+  check_contiguous(dense, op, "dense");
+  sc_dtype vt = value_dtype(dense, op, "dense");
+  sc_index_t it = index_dtype(idx, op, "idx");
+  check_same_dtype(dense, val, op, "dense", "val");
+  check_same_length(idx, val, op, "idx", "val");
+  Tensor ic = idx.contiguous(), vc = val.contiguous();
+  sc_error_info e{0, 0, 0};
+  int st = sc_scatter_set(it, vt, dense.data_ptr(), dense.numel(), ic.data_ptr(), vc.data_ptr(),
+                          ic.numel(), zero_rest ? 1 : 0, threads(), &e);
+  const std::string names[] = {"dense", "idx", "val"};
+  if (st) raise_status(st, op, e, {names, 3}, dense.numel());
+}
+
+// ------------------------------------------------------------------ checks
+
+// A 0-dim int32 tensor: the SC_NONFINITE_* bits of what x holds (0: all finite).
+Tensor nonfinite_flags_cpu(const Tensor& x) {
+  const char* op = "sparsecomm.nonfinite_flags";
+  sc_dtype dt = value_dtype(x, op, "x");
+  Tensor xc = x.contiguous();
+  int flags = 0;
+  sc_error_info e{0, 0, 0};
+  int st = sc_nonfinite(dt, xc.data_ptr(), xc.numel(), threads(), &flags, &e);
+  const std::string names[] = {"x"};
+  if (st) raise_status(st, op, e, {names, 1});
+  return at::scalar_tensor(flags, xc.options().dtype(at::kInt));
+}
+
 Tensor gather_cpu(const Tensor& dense, const Tensor& idx) {
   const char* op = "sparsecomm.gather";
   check_vector(dense, op, "dense");
@@ -217,7 +250,11 @@ TORCH_LIBRARY(sparsecomm, m) {
   m.def("merge_add(Tensor idx_a, Tensor val_a, Tensor idx_b, Tensor val_b, int n=-1) -> (Tensor indices, Tensor values)");
   m.def("merge_add_many(Tensor[] indices, Tensor[] values, int n=-1) -> (Tensor indices, Tensor values)");
   m.def("scatter_add_(Tensor(a!) dense, Tensor idx, Tensor val) -> ()");
+  // dense[idx] = val (repeats: the last wins); zero_rest: every other entry becomes 0
+  m.def("scatter_set_(Tensor(a!) dense, Tensor idx, Tensor val, bool zero_rest=False) -> ()");
   m.def("gather(Tensor dense, Tensor idx) -> Tensor");
+  // SC_NONFINITE_* bits (1 NaN, 2 +Inf, 4 -Inf) of what x holds, as a 0-dim int32 tensor
+  m.def("nonfinite_flags(Tensor x) -> Tensor");
   // frees the top-k candidate cache; returns the bytes released
   m.def("release_caches() -> int", &release_caches);
 }
@@ -230,7 +267,9 @@ TORCH_LIBRARY_IMPL(sparsecomm, CPU, m) {
   m.impl("merge_add", &merge_add_cpu);
   m.impl("merge_add_many", &merge_add_many_cpu);
   m.impl("scatter_add_", &scatter_add_cpu);
+  m.impl("scatter_set_", &scatter_set_cpu);
   m.impl("gather", &gather_cpu);
+  m.impl("nonfinite_flags", &nonfinite_flags_cpu);
 }
 
 // _C.advise_huge(address, nbytes): transparent huge pages for a fresh CPU buffer

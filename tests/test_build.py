@@ -14,7 +14,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_extension_registers_ops():
     import sparsecomm._C  # noqa: F401
     import sparsecomm.ops as ops
-    for name in ["topk", "block_topk", "merge_add", "merge_add_many", "scatter_add_", "gather"]:
+    for name in ["topk", "block_topk", "merge_add", "merge_add_many", "scatter_add_", "scatter_set_", "gather",
+                 "nonfinite_flags"]:
         assert hasattr(torch.ops.sparsecomm, name), name
         assert name in ops.__all__
 

@@ -152,6 +152,20 @@ def test_scatter_add_and_gather(order, itype, dtype):
     kind = "scatter_add_repeats" if order == "repeats" else ""
     _cross(ops.scatter_add_, (dense.clone(), idx, val), kind)
     _cross(ops.gather, (dense, idx))
+    for zero_rest in (False, True):  # repeats: the last value in input order on both
+        _cross(ops.scatter_set_, (dense.clone(), idx, val, zero_rest))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_nonfinite_flags(dtype):
+    x = torch.randn(3_000_001, generator=torch.Generator().manual_seed(4)).to(dtype)
+    cases = {"finite": [], "nan": [float("nan")], "+inf": [float("inf")], "-inf": [float("-inf")],
+             "all": [float("-inf"), float("nan"), float("inf")]}
+    for name, plant in cases.items():
+        y = x.clone()
+        for j, value in enumerate(plant):
+            y[(j + 1) * y.numel() // 4] = value
+        assert ops.nonfinite_flags(y.cuda()) == ops.nonfinite_flags(y), name
 
 
 @pytest.mark.parametrize("n", [0, 1, 1000, 10_000_001])

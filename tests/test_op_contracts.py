@@ -41,7 +41,11 @@ def _samples():
         ("merge_add", (_i(1, 4, 9), _f(1, 2, 3), _i(4, 5), _f(10, 20), 10)),
         ("merge_add_many", ([_i(1, 4), _i(0, 4), _i(7)], [_f(1, 2), _f(3, 4), _f(5)], -1)),
         ("scatter_add_", (torch.zeros(10), _i(1, 1, 3), _f(1, 2, 3))),
+        ("scatter_set_", (torch.ones(10), _i(1, 1, 3), _f(1, 2, 3), False)),
+        ("scatter_set_", (torch.ones(10), _i(1, 3, 7), _f(1, 2, 3), True)),
         ("gather", (x, _i(5, 0, 999, 5))),
+        ("nonfinite_flags", (torch.tensor([1.0, float("nan"), -float("inf")]),)),
+        ("nonfinite_flags", (x.reshape(10, 100),)),
         ("stream_add_dd_", (torch.ones(100), torch.full((100,), 2.0))),
         ("stream_concat", (_i(1, 2), _f(1, 2), _i(5, 9), _f(3, 4))),
         ("qsgd_quantize", (x, 4, 64, 3)),
@@ -87,7 +91,7 @@ def test_opcheck(name, args):
     torch.library.opcheck(getattr(torch.ops.sparsecomm, name).default, args)
 
 
-@pytest.mark.parametrize("name", ["scatter_add_", "topk_accum_", "stream_add_dd_", "sketch_build_", "sketch_build_coo_",
+@pytest.mark.parametrize("name", ["scatter_add_", "scatter_set_", "topk_accum_", "stream_add_dd_", "sketch_build_", "sketch_build_coo_",
                                   "densestream_add_into_"])
 def test_mutating_ops_return_nothing(name):
     schema = getattr(torch.ops.sparsecomm, name).default._schema

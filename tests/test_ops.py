@@ -398,6 +398,123 @@ def test_gather(itype, vtype, m):
     assert torch.equal(ops.gather(dense, idx), dense[idx.long()])
 
 
+def _set_reference(dense: torch.Tensor, idx: torch.Tensor, val: torch.Tensor, zero_rest: bool) -> torch.Tensor:
+    """dense[idx] = val one entry at a time in input order (the last of a repeat stays)."""
+    want = torch.zeros_like(dense) if zero_rest else dense.clone()
+    width = dense.element_size()
+    w = want.view(torch.uint8).numpy().reshape(dense.numel(), width)
+    v = val.view(torch.uint8).numpy().reshape(val.numel(), width)
+    for j, i in enumerate(idx.tolist()):
+        w[i] = v[j]
+    return want
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("zero_rest", [False, True], ids=["keep", "zero_rest"])
+@pytest.mark.parametrize("order", ["ascending", "ascending_large", "repeats", "unsorted", "empty"])
+@pytest.mark.parametrize("itype", [torch.int32, torch.int64], ids=str)
+@pytest.mark.parametrize("vtype", DTYPES, ids=str)
+def test_scatter_set(vtype, itype, order, zero_rest, threads):
+    g = torch.Generator().manual_seed(len(order) * 7 + threads)
+    n = 600_007 if order == "ascending_large" else 40_003  # large: past the parallel thresholds
+    dense = (torch.randn(n, generator=g) + 3).to(vtype)    # no zeros: the zeroing shows
+    if order.startswith("ascending"):
+        m = 300_000 if order == "ascending_large" else 4000
+        idx = torch.randperm(n, generator=g)[:m].sort().values
+        idx[0], idx[-1] = 0, n - 1                          # both ends (chunk edges)
+        idx = idx.unique()
+    elif order == "repeats":
+        idx = torch.randint(0, 50, (5000,), generator=g)
+    elif order == "unsorted":
+        idx = torch.randperm(n, generator=g)[:5000]
+    else:
+        idx = torch.empty(0, dtype=torch.int64)
+    idx = idx.to(itype)
+    val = torch.randn(idx.numel(), generator=g).to(vtype)
+    want = _set_reference(dense, idx, val, zero_rest)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = ops.scatter_set_(dense, idx, val, zero_rest=zero_rest)
+    finally:
+        torch.set_num_threads(before)
+    assert out.data_ptr() == dense.data_ptr()
+    assert torch.equal(dense.view(torch.uint8), want.view(torch.uint8))
+
+
+def test_scatter_set_equals_zero_then_scatter_add():
+    """What the algorithms rely on: for distinct indices, zero_rest is zero_() + scatter_add_."""
+    g = torch.Generator().manual_seed(5)
+    idx = torch.randperm(1_000_000, generator=g)[:10_000].sort().values
+    val = torch.randn(10_000, generator=g)
+    a, b = torch.randn(1_000_000, generator=g), torch.empty(1_000_000)
+    ops.scatter_set_(a, idx, val, zero_rest=True)
+    ops.scatter_add_(b.zero_(), idx, val)
+    assert torch.equal(a, b)
+
+
+def test_scatter_set_errors():
+    d = torch.ones(10)
+    for zero_rest in (False, True):
+        with pytest.raises(ValueError, match="< 10"):
+            ops.scatter_set_(d, torch.tensor([1, 10]), torch.zeros(2), zero_rest=zero_rest)
+        assert torch.equal(d, torch.ones(10))  # nothing written, not even the zeros
+    with pytest.raises(ValueError, match=">= 0"):
+        ops.scatter_set_(d, torch.tensor([-1]), torch.zeros(1))
+    with pytest.raises(TypeError, match="dtype of dense"):
+        ops.scatter_set_(d, torch.tensor([1]), torch.zeros(1, dtype=torch.float64))
+    with pytest.raises(ValueError, match="same length"):
+        ops.scatter_set_(d, torch.tensor([1, 2]), torch.zeros(1))
+    with pytest.raises(ValueError, match="overlap"):
+        ops.scatter_set_(d, torch.tensor([1, 2]), d[4:6])
+    with pytest.raises(TypeError, match="int32 or int64"):
+        ops.scatter_set_(d, torch.tensor([1.0]), torch.zeros(1))
+    assert torch.equal(d, torch.ones(10))
+
+
+_NONFINITE = {"nan": (float("nan"), 1), "+inf": (float("inf"), 2), "-inf": (float("-inf"), 4)}
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n", [1, 2, 33, 300_001])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_nonfinite_flags(dtype, n, threads):
+    g = torch.Generator().manual_seed(n)
+    base = torch.randn(n, generator=g).to(dtype)
+    info = torch.finfo(dtype)
+    base[0] = info.max            # the finite extremes and a subnormal are finite
+    base[-1] = -info.max
+    if n > 2:
+        base[1] = info.smallest_normal / 4
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert ops.nonfinite_flags(base) == 0
+        # one value planted at the ends and around the middle (both halves of the scan)
+        for where in sorted({0, n // 2 - 1 if n > 1 else 0, n // 2, n - 1}):
+            for kind, (value, bit) in _NONFINITE.items():
+                x = base.clone()
+                x[where] = value
+                assert ops.nonfinite_flags(x) == bit, (kind, where)
+        if n >= 3:
+            x = base.clone()
+            x[0], x[n // 2], x[-1] = float("-inf"), float("nan"), float("inf")
+            assert ops.nonfinite_flags(x) == 7
+            assert ops.nonfinite_flags(x[1:-1]) == 1        # a view: only what it covers
+            assert ops.nonfinite_flags(x[::2]) == (5 if n // 2 % 2 == 0 else 4) | (2 if (n - 1) % 2 == 0 else 0)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_nonfinite_flags_shapes_and_errors():
+    x = torch.zeros(4, 5)
+    assert ops.nonfinite_flags(x) == 0 and ops.nonfinite_flags(torch.empty(0)) == 0
+    x[3, 4] = float("inf")
+    assert ops.nonfinite_flags(x) == 2 and ops.nonfinite_flags(x.t()) == 2
+    with pytest.raises(TypeError, match="float32"):
+        ops.nonfinite_flags(torch.arange(3))
+
+
 def test_scatter_gather_errors():
     d = torch.zeros(10)
     with pytest.raises(ValueError, match="< 10"):

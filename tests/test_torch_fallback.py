@@ -225,6 +225,21 @@ def test_scatter_add_and_gather(order, itype, dtype):
     _check(lambda: (ops.scatter_add_, (dense.clone(), idx, val)))
     _check(lambda: (ops.stream_add_sd_, (dense.clone(), idx, val)))
     _check(lambda: (ops.gather, (dense, idx)))
+    for zero_rest in (False, True):  # repeats: the last value in input order on both
+        _check(lambda: (ops.scatter_set_, (dense.clone(), idx, val, zero_rest)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("content", ["finite", "nan", "+inf", "-inf", "all", "empty"])
+def test_nonfinite_flags(content, dtype):
+    x = torch.from_numpy(_rng(4).standard_normal(LARGE)).to(dtype)
+    plant = {"nan": [float("nan")], "+inf": [float("inf")], "-inf": [float("-inf")],
+             "all": [float("-inf"), float("nan"), float("inf")]}.get(content, [])
+    for j, value in enumerate(plant):
+        x[(j + 1) * LARGE // 4] = value
+    if content == "empty":
+        x = x[:0]
+    _check(lambda: (ops.nonfinite_flags, (x,)))
 
 
 @pytest.mark.parametrize("bad", ["range", "negative", "overlap", "dtype", "noncontiguous", "index-dtype"])
@@ -246,6 +261,7 @@ def test_scatter_errors(bad):
             idx = idx.float()
         return ops.scatter_add_, (dense, idx, val)
     _check(build)
+    _check(lambda: (ops.scatter_set_, build()[1] + (True,)))
     if bad in ("range", "negative", "index-dtype"):
         _check(lambda: (ops.gather, (torch.arange(20.0), build()[1][1])))
 

@@ -1,4 +1,4 @@
-/* COO kernels: index checks, merge_add, merge_add_many, scatter_add, gather.
+/* COO kernels: index checks, merge_add, merge_add_many, scatter_add, scatter, gather.
  * Contract: csrc/include/sparsecomm/kernels.h. Type-generic bodies live in
  * coo_index_impl.h (per index type) and coo_impl.h (per index x value type). */
 #include <stdlib.h>
@@ -159,6 +159,41 @@ int sc_scatter_add(sc_index_t itype, sc_dtype vtype, void* dense,
     }
   }
 #undef SA
+  return SC_OK;
+}
+
+int sc_scatter_set(sc_index_t itype, sc_dtype vtype, void* dense, int64_t dense_n,
+               const void* idx, const void* val, int64_t n, int zero_rest, int nthreads,
+               sc_error_info* err) {
+  const int nt = sc_clamp_threads(nthreads);
+  if (n < 0) return sc_fail(err, SC_ERR_ARG, 1, 0, n);
+  if (dense_n < 0) return sc_fail(err, SC_ERR_ARG, 0, 0, dense_n);
+  const size_t w = sc_dtype_size(vtype), is = sc_index_size(itype);
+  if (vtype == SC_U8 || !w) return sc_fail(err, SC_ERR_ARG, 0, 0, vtype);
+  if (!is) return sc_fail(err, SC_ERR_ARG, 1, 0, itype);
+  if (overlaps(dense, (size_t)dense_n * w, val, (size_t)n * w))
+    return sc_fail(err, SC_ERR_OVERLAP, 2, 0, 0);
+  if (overlaps(dense, (size_t)dense_n * w, idx, (size_t)n * is))
+    return sc_fail(err, SC_ERR_OVERLAP, 1, 0, 0);
+  int64_t br, bo;
+  scan_indices(itype, idx, n, dense_n, nt, &br, &bo);
+  if (br != INT64_MAX) return sc_fail(err, SC_ERR_INDEX_RANGE, 1, br, index_at(itype, idx, br));
+  const int ascending = bo == INT64_MAX;
+  /* parallel only over distinct entries; the zeroing pass splits dense itself */
+  const int pnt = ascending ? nt : 1;
+  /* assigning copies bits: dispatch on the value width only */
+#define SS(ISFX_, IT_, VSFX_, VT_) \
+  scatter_set_##ISFX_##_##VSFX_((VT_*)dense, dense_n, (const IT_*)idx, (const VT_*)val, n, zero_rest != 0, ascending, pnt)
+  if (itype == SC_I32) {
+    if (w == 8) SS(i32, int32_t, f64, double);
+    else if (w == 4) SS(i32, int32_t, f32, float);
+    else SS(i32, int32_t, f16, uint16_t);
+  } else {
+    if (w == 8) SS(i64, int64_t, f64, double);
+    else if (w == 4) SS(i64, int64_t, f32, float);
+    else SS(i64, int64_t, f16, uint16_t);
+  }
+#undef SS
   return SC_OK;
 }
 

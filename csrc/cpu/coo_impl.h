@@ -241,6 +241,40 @@ SC_MAYBE_UNUSED static void FN(scatter_add)(VT* dense, const IT* idx, const VT* 
   }
 }
 
+/* dense[idx[i]] = val[i]; nt > 1 only for distinct (strictly ascending) indices.
+ * With `zero_rest` every other entry becomes 0 as well: strictly ascending
+ * indices write each entry of dense once, chunk by chunk (a memset of a chunk
+ * that fits the L2 cache, then the values that fall in it, while its lines are
+ * hot): one streaming write instead of a full memset and a scatter that misses
+ * the cache once per value. Any other order: memset, then assign in order. */
+SC_MAYBE_UNUSED static void FN(scatter_set)(VT* dense, int64_t dense_n, const IT* idx, const VT* val,
+                                            int64_t n, int zero_rest, int ascending, int nt) {
+  if (zero_rest && !ascending) {
+    memset(dense, 0, (size_t)dense_n * sizeof(VT));
+    zero_rest = 0;
+  }
+  if (!zero_rest) {
+    int64_t i;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && n > 32768)
+    for (i = 0; i < n; i++) dense[idx[i]] = val[i];
+    return;
+  }
+  const int64_t chunk = 16384; /* 64 KiB of float32 */
+  int64_t nchunks = (dense_n + chunk - 1) / chunk, c;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && dense_n > 262144)
+  for (c = 0; c < nchunks; c++) {
+    int64_t lo = c * chunk, hi = lo + chunk < dense_n ? lo + chunk : dense_n;
+    /* first index >= lo (binary search: chunks are independent) */
+    int64_t a = 0, b = n;
+    while (a < b) {
+      int64_t m = a + (b - a) / 2;
+      if ((int64_t)idx[m] < lo) a = m + 1; else b = m;
+    }
+    memset(dense + lo, 0, (size_t)(hi - lo) * sizeof(VT));
+    for (int64_t i = a; i < n && (int64_t)idx[i] < hi; i++) dense[idx[i]] = val[i];
+  }
+}
+
 SC_MAYBE_UNUSED static void FN(gather)(const VT* dense, const IT* idx, int64_t n, int nt, VT* out) {
   int64_t i;
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && n > 32768)

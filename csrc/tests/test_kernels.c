@@ -767,6 +767,126 @@ static void test_scatter_gather(void) {
   CHECK(sc_scatter_add(SC_I32, SC_F16, dense, 1, idx, val, 0, 1, &e) == SC_OK);
 }
 
+/* sc_scatter_set: assignment in input order (a repeat keeps its last value), with
+ * and without zero_rest, against a reference loop; the dense length is not a
+ * multiple of the 16384-entry chunk and some indices sit on chunk edges. */
+static void test_scatter_set(void) {
+  for (int d = 0; d < 4; d++)
+    for (int it = 0; it < 2; it++)
+      for (int kind = 0; kind < 4; kind++) /* ascending (parallel), repeated, unsorted, empty */
+        for (int zero = 0; zero < 2; zero++) {
+          sc_index_t t = it ? SC_I64 : SC_I32;
+          sc_dtype vt = VTYPES[d];
+          int64_t dn = 2 * PAR_N + 7, n = kind == 0 ? PAR_N : kind == 3 ? 0 : 5000;
+          size_t is = sc_index_size(t), vs = sc_dtype_size(vt);
+          void* idx = xmalloc((size_t)(n ? n : 1) * is);
+          void* val = xmalloc((size_t)(n ? n : 1) * vs);
+          void* dense = xmalloc((size_t)dn * vs);
+          void* ref = xmalloc((size_t)dn * vs);
+          if (kind == 0) {
+            sorted_indices(t, idx, n, dn);
+            ref_set_idx(t, idx, 0, 0); /* the first entry and a chunk edge */
+            ref_set_idx(t, idx, n - 1, dn - 1);
+          } else {
+            for (int64_t i = 0; i < n; i++)
+              ref_set_idx(t, idx, i, kind == 1 ? (int64_t)(rnd() % 50) : (int64_t)(rnd() % (uint64_t)dn));
+          }
+          random_values(vt, val, n);
+          for (int th = 0; th < 2; th++) {
+            for (int64_t i = 0; i < dn; i++) ref_put(vt, dense, i, (double)(i % 5) + 1.0);
+            if (zero) memset(ref, 0, (size_t)dn * vs); /* all-zero bits are +0 in every type */
+            else memcpy(ref, dense, (size_t)dn * vs);
+            for (int64_t i = 0; i < n; i++)
+              memcpy((char*)ref + ref_idx(t, idx, i) * vs, (char*)val + i * vs, vs);
+            sc_error_info e;
+            CHECK(sc_scatter_set(t, vt, dense, dn, idx, val, n, zero, THREADS[th], &e) == SC_OK);
+            CHECK(memcmp(dense, ref, (size_t)dn * vs) == 0);
+          }
+          if (n) {
+            /* out of range: nothing written, the first one reported */
+            ref_set_idx(t, idx, n / 2, dn);
+            memcpy(ref, dense, (size_t)dn * vs);
+            sc_error_info e;
+            CHECK(sc_scatter_set(t, vt, dense, dn, idx, val, n, zero, 4, &e) == SC_ERR_INDEX_RANGE && e.input == 1 &&
+                  e.position == n / 2 && e.value == dn);
+            CHECK(memcmp(dense, ref, (size_t)dn * vs) == 0);
+            /* values or indices inside the dense buffer: rejected */
+            CHECK(sc_scatter_set(t, vt, dense, dn, idx, (char*)dense + vs, 10, zero, 4, &e) == SC_ERR_OVERLAP && e.input == 2);
+            CHECK(sc_scatter_set(t, vt, dense, dn, (char*)dense + vs, val, 10, zero, 4, &e) == SC_ERR_OVERLAP && e.input == 1);
+          }
+          free(idx);
+          free(val);
+          free(dense);
+          free(ref);
+        }
+  sc_error_info e;
+  float dense[2] = {1, 2};
+  int32_t idx[1] = {0};
+  CHECK(sc_scatter_set(SC_I32, SC_F32, dense, 2, idx, dense, -1, 0, 1, &e) == SC_ERR_ARG);
+  CHECK(sc_scatter_set(SC_I32, SC_U8, dense, 2, idx, dense, 0, 0, 1, &e) == SC_ERR_ARG);
+}
+
+/* sc_nonfinite: finite inputs give 0; one NaN / +Inf / -Inf planted anywhere
+ * (first, middle, last, in either half of the two-stream scan, odd lengths) is
+ * found and named, with 1 and 4 threads; the extremes of the finite range and
+ * subnormals are finite. */
+static void test_nonfinite(void) {
+  for (int d = 0; d < 4; d++) {
+    sc_dtype vt = VTYPES[d];
+    size_t vs = sc_dtype_size(vt);
+    const int64_t lens[4] = {1, 2, 17, PAR_N + 3};
+    for (int li = 0; li < 4; li++) {
+      int64_t n = lens[li];
+      void* x = xmalloc((size_t)n * vs);
+      random_values(vt, x, n);
+      /* the largest finite magnitude and the smallest subnormal, both signs */
+      const uint64_t big[4] = {0x7F7FFFFFull, 0x7FEFFFFFFFFFFFFFull, 0x7BFFull, 0x7F7Full};
+      const uint64_t sign[4] = {0x80000000ull, 0x8000000000000000ull, 0x8000ull, 0x8000ull};
+      memcpy(x, &big[d], vs);
+      if (n > 1) { uint64_t v = big[d] | sign[d]; memcpy((char*)x + (n - 1) * vs, &v, vs); }
+      if (n > 2) { uint64_t v = 1; memcpy((char*)x + vs, &v, vs); }
+      for (int th = 0; th < 2; th++) {
+        int f = -1;
+        sc_error_info e;
+        CHECK(sc_nonfinite(vt, x, n, THREADS[th], &f, &e) == SC_OK && f == 0);
+      }
+      const int64_t where[4] = {0, n / 2, n - 1, n / 2 - 1 > 0 ? n / 2 - 1 : 0};
+      for (int w = 0; w < 4; w++)
+        for (int kind = 0; kind < 3; kind++) { /* NaN, +Inf, -Inf */
+          void* y = xmalloc((size_t)n * vs);
+          memcpy(y, x, (size_t)n * vs);
+          double v = kind == 0 ? NAN : kind == 1 ? INFINITY : -INFINITY;
+          ref_put(vt, y, where[w], v);
+          int want = kind == 0 ? SC_NONFINITE_NAN : kind == 1 ? SC_NONFINITE_POS_INF : SC_NONFINITE_NEG_INF;
+          for (int th = 0; th < 2; th++) {
+            int f = -1;
+            sc_error_info e;
+            CHECK(sc_nonfinite(vt, y, n, THREADS[th], &f, &e) == SC_OK && f == want);
+          }
+          free(y);
+        }
+      /* all three kinds at once */
+      if (n >= 3) {
+        ref_put(vt, x, 0, NAN);
+        ref_put(vt, x, 1, INFINITY);
+        ref_put(vt, x, n - 1, -INFINITY);
+        int f = -1;
+        sc_error_info e;
+        CHECK(sc_nonfinite(vt, x, n, 4, &f, &e) == SC_OK &&
+              f == (SC_NONFINITE_NAN | SC_NONFINITE_POS_INF | SC_NONFINITE_NEG_INF));
+      }
+      free(x);
+    }
+  }
+  int f = -1;
+  sc_error_info e;
+  float one = 1;
+  CHECK(sc_nonfinite(SC_F32, &one, 0, 1, &f, &e) == SC_OK && f == 0);
+  CHECK(sc_nonfinite(SC_U8, &one, 1, 1, &f, &e) == SC_ERR_ARG);
+  CHECK(sc_nonfinite(SC_F32, &one, -1, 1, &f, &e) == SC_ERR_ARG);
+  CHECK(sc_nonfinite(SC_F32, &one, 1, 1, NULL, &e) == SC_ERR_ARG);
+}
+
 static void test_conversions(void) {
   static const struct { float f; uint16_t h, b; } t[] = {
       {1.0f, 0x3C00, 0x3F80},       {-2.0f, 0xC000, 0xC000},     {65504.0f, 0x7BFF, 0x4780},
@@ -1009,6 +1129,8 @@ int main(void) {
   RUN(test_check_sorted);
   RUN(test_merge);
   RUN(test_scatter_gather);
+  RUN(test_scatter_set);
+  RUN(test_nonfinite);
   RUN(test_conversions);
   RUN(test_stream_add_dd);
   RUN(test_stream_concat);

@@ -60,6 +60,16 @@ def _scatter_add_(dense, idx, val):
     return None
 
 
+@torch.library.register_fake("sparsecomm::scatter_set_")
+def _scatter_set_(dense, idx, val, zero_rest=False):
+    return None
+
+
+@torch.library.register_fake("sparsecomm::nonfinite_flags")
+def _nonfinite_flags(x):
+    return x.new_empty((), dtype=torch.int32)
+
+
 @torch.library.register_fake("sparsecomm::gather")
 def _gather(dense, idx):
     return dense.new_empty(idx.shape[0])

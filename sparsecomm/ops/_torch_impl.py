@@ -24,7 +24,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["topk", "block_topk", "topk_accum_", "merge_add", "merge_add_many", "scatter_add_", "gather", "stream_add_dd_",
+__all__ = ["topk", "block_topk", "topk_accum_", "merge_add", "merge_add_many", "scatter_add_", "scatter_set_",
+           "gather", "nonfinite_flags", "stream_add_dd_",
            "stream_concat", "qsgd_quantize", "qsgd_dequantize", "sketch_build_coo_", "sketch_build_",
            "sketch_estimate_at", "sketch_estimate", "densestream_encode_coo", "densestream_encode_dense",
            "densestream_add", "densestream_slice", "densestream_add_into_", "densestream_to_coo", "impls",
@@ -300,6 +301,35 @@ def scatter_add_(dense: torch.Tensor, idx: torch.Tensor, val: torch.Tensor) -> N
         dense.index_add_(0, i64, val)
 
 
+def scatter_set_(dense: torch.Tensor, idx: torch.Tensor, val: torch.Tensor, zero_rest: bool = False) -> None:
+    """dense[idx] = val (a repeated index keeps its last value in input order, on every
+    device: the last of each run of a stable sort); zero_rest: every other entry 0."""
+    op = "sparsecomm.scatter_set_"
+    _vector(dense, op, "dense")
+    _vector(idx, op, "idx")
+    _vector(val, op, "val")
+    _contiguous(dense, op, "dense")
+    _values(dense, op, "dense")
+    _indices(idx, op, "idx")
+    _same_dtype(dense, val, op, "dense", "val")
+    _same_length(idx, val, op, "idx", "val")
+    _check_index_range(op, idx, dense.numel())
+    for t, name in ((val, "val"), (idx, "idx")):
+        if _overlaps(dense, t.contiguous()):
+            raise ValueError(f"{op}: {name} partially overlaps the tensor written in place; pass a copy")
+    if zero_rest:
+        dense.zero_()
+    if idx.numel() == 0:
+        return
+    i64 = idx.to(torch.int64)
+    if not _strictly_ascending(i64):
+        i64, order = torch.sort(i64, stable=True)
+        last = torch.ones_like(i64, dtype=torch.bool)
+        last[:-1] = i64[1:] != i64[:-1]
+        i64, val = i64[last], val[order[last]]
+    dense[i64] = val
+
+
 def gather(dense: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     op = "sparsecomm.gather"
     _vector(dense, op, "dense")
@@ -308,6 +338,23 @@ def gather(dense: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     _indices(idx, op, "idx")
     _check_index_range(op, idx, dense.numel())
     return dense[idx.to(torch.int64)]
+
+
+def nonfinite_flags(x: torch.Tensor) -> torch.Tensor:
+    """1 (NaN) | 2 (+Inf) | 4 (-Inf) of what x holds, as a 0-dim int32 tensor on x's device:
+    one aminmax (a NaN propagates to both ends, an Inf shows as an end), then, only when
+    an end is not finite, one read per kind."""
+    op = "sparsecomm.nonfinite_flags"
+    _values(x, op, "x")
+    flags = torch.zeros((), dtype=torch.int32, device=x.device)
+    if x.numel() == 0:
+        return flags
+    ends = torch.stack(torch.aminmax(x.reshape(-1)))
+    if bool(torch.isfinite(ends).all()):
+        return flags
+    for bit, test in ((1, torch.isnan), (2, torch.isposinf), (4, torch.isneginf)):
+        flags += bit * test(x).any().to(torch.int32)
+    return flags
 
 
 # ------------------------------------------------------------ sparse streams
@@ -656,7 +703,8 @@ def impls() -> Dict[str, Callable]:
         "topk": topk, "topk_radix": topk_radix, "block_topk": block_topk,
         "topk_accum_": _no_return(topk_accum_), "merge_add": merge_add,
         "merge_add_many": lambda i, v, n=-1: merge_add_many(i, v, None if n < 0 else n),
-        "scatter_add_": _no_return(scatter_add_), "gather": gather,
+        "scatter_add_": _no_return(scatter_add_), "scatter_set_": _no_return(scatter_set_), "gather": gather,
+        "nonfinite_flags": nonfinite_flags,
         "stream_add_dd_": _no_return(stream_add_dd_), "stream_concat": stream_concat,
         "qsgd_quantize": qsgd_quantize, "qsgd_dequantize": qsgd_dequantize,
         "sketch_build_": _no_return(sketch_build_), "sketch_build_coo_": _no_return(sketch_build_coo_),
@@ -669,7 +717,7 @@ def impls() -> Dict[str, Callable]:
 
 #: ops that csrc/cuda has no kernel for: with the CUDA kernels built, CUDA tensors still run
 #: these torch implementations (docs/kernels.md, "GPU")
-CUDA_GAPS = ("topk_accum_",)
+CUDA_GAPS = ("topk_accum_", "scatter_set_", "nonfinite_flags")
 
 
 def register(device: str = "cuda", names: Optional[Sequence[str]] = None) -> None:

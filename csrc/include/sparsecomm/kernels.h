@@ -122,11 +122,40 @@ int sc_scatter_add(sc_index_t itype, sc_dtype vtype, void* dense,
                    int64_t dense_n, const void* idx, const void* val,
                    int64_t n, int nthreads, sc_error_info* err);
 
+/*
+ * dense[idx[i]] = val[i] for i = 0..n-1 in order (a repeated index keeps its
+ * last value); with `zero_rest` != 0 every entry of dense not in idx becomes 0
+ * (dense is then exactly the COO vector (idx, val) written out). Values are
+ * copied as bits. Indices are checked against [0, dense_n) first (nothing is
+ * written on failure); strictly ascending indices run in parallel and, with
+ * zero_rest, write dense in one streaming pass (no memset of all of it
+ * first). `val` / `idx` must not overlap `dense` (SC_ERR_OVERLAP).
+ */
+int sc_scatter_set(sc_index_t itype, sc_dtype vtype, void* dense, int64_t dense_n,
+               const void* idx, const void* val, int64_t n, int zero_rest, int nthreads,
+               sc_error_info* err);
+
 /* out[i] = dense[idx[i]]; indices checked against [0, dense_n); unknown
  * index or value types give SC_ERR_ARG. */
 int sc_gather(sc_index_t itype, sc_dtype vtype, const void* dense,
               int64_t dense_n, const void* idx, int64_t n, int nthreads,
               void* out, sc_error_info* err);
+
+/* ------------------------------------------------------- checks */
+
+/* Bits of sc_nonfinite's *flags. */
+#define SC_NONFINITE_NAN 1
+#define SC_NONFINITE_POS_INF 2
+#define SC_NONFINITE_NEG_INF 4
+
+/*
+ * *flags = which non-finite values x[0..n) of a floating dtype holds: an OR of
+ * SC_NONFINITE_NAN / _POS_INF / _NEG_INF, 0 when every element is finite. One
+ * vectorized read of x (no early exit) decides whether anything is there; only
+ * then a second pass tells the kinds apart. Other dtypes: SC_ERR_ARG.
+ */
+int sc_nonfinite(sc_dtype dtype, const void* x, int64_t n, int nthreads, int* flags,
+                 sc_error_info* err);
 
 /* ------------------------------------------------------- conversions */
 
