@@ -192,19 +192,19 @@ int sc_block_topk(sc_dtype dtype, const void* x, int64_t n, int64_t num_blocks,
   int st;
   switch (dtype) {
     case SC_F32:
-      st = block_topk_u32((uint32_t*)x, NULL, n, num_blocks, k_per_block, 0x7F800000u, nt,
+      st = block_topk_u32((uint32_t*)x, NULL, 0, n, num_blocks, k_per_block, 0x7F800000u, nt,
                           (uint32_t*)out_vals, out_idx);
       break;
     case SC_F64:
-      st = block_topk_u64((uint64_t*)x, NULL, n, num_blocks, k_per_block,
+      st = block_topk_u64((uint64_t*)x, NULL, 0, n, num_blocks, k_per_block,
                           0x7FF0000000000000ull, nt, (uint64_t*)out_vals, out_idx);
       break;
     case SC_F16:
-      st = block_topk_u16((uint16_t*)x, NULL, n, num_blocks, k_per_block, 0x7C00u, nt,
+      st = block_topk_u16((uint16_t*)x, NULL, 0, n, num_blocks, k_per_block, 0x7C00u, nt,
                           (uint16_t*)out_vals, out_idx);
       break;
     case SC_BF16:
-      st = block_topk_u16((uint16_t*)x, NULL, n, num_blocks, k_per_block, 0x7F80u, nt,
+      st = block_topk_u16((uint16_t*)x, NULL, 0, n, num_blocks, k_per_block, 0x7F80u, nt,
                           (uint16_t*)out_vals, out_idx);
       break;
     default:
@@ -238,17 +238,12 @@ int sc_block_topk_accum(sc_dtype dtype, void* acc, const void* g, int64_t n, int
   const int nt = sc_clamp_threads(nthreads);
   int st;
   if (dtype == SC_F32)
-    st = block_topk_u32((uint32_t*)acc, (const uint32_t*)g, n, num_blocks, k_per_block,
+    st = block_topk_u32((uint32_t*)acc, (const uint32_t*)g, clear, n, num_blocks, k_per_block,
                         0x7F800000u, nt, (uint32_t*)out_vals, out_idx);
   else
-    st = block_topk_u64((uint64_t*)acc, (const uint64_t*)g, n, num_blocks, k_per_block,
+    st = block_topk_u64((uint64_t*)acc, (const uint64_t*)g, clear, n, num_blocks, k_per_block,
                         0x7FF0000000000000ull, nt, (uint64_t*)out_vals, out_idx);
+  /* clear: block_topk set +0.0 at the selected positions (what leaves the residual) */
   if (st) return topk_fail(st, dtype, acc, n, err);
-  if (clear) { /* what was selected leaves the residual: +0.0 at the selected positions */
-    if (dtype == SC_F32)
-      for (int64_t j = 0; j < m; j++) ((uint32_t*)acc)[out_idx[j]] = 0;
-    else
-      for (int64_t j = 0; j < m; j++) ((uint64_t*)acc)[out_idx[j]] = 0;
-  }
   return SC_OK;
 }

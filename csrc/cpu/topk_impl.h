@@ -381,7 +381,7 @@ static inline void FN(add_run)(BITS* x, const BITS* g, int64_t n) {
  * whether x == x + gadd everywhere on return (0 when it returned before the
  * pass: the caller then adds); the result is the top-k of the sums.
  */
-static int FN(topk_fast)(BITS* x, const BITS* gadd, int* added, int64_t base, int64_t n,
+static int FN(topk_fast)(BITS* x, const BITS* gadd, int clear, int* added, int64_t base, int64_t n,
                          int64_t k, BITS inf, int nt, BITS* ov, int64_t* oi) {
   *added = 0;
   const int64_t nch = 256;
@@ -477,6 +477,7 @@ static int FN(topk_fast)(BITS* x, const BITS* gadd, int* added, int64_t base, in
         cbb[cn] = v;
         cbi[cn] = base + i + j;
         cn++;
+        if (clear) x[i + j] = 0; /* while the line is hot; unselected ones are put back */
       }
       cb->n = cn;
     }
@@ -492,6 +493,7 @@ static int FN(topk_fast)(BITS* x, const BITS* gadd, int* added, int64_t base, in
           cb->b[cb->n] = x[i];
           cb->i[cb->n] = base + i;
           cb->n++;
+          if (clear) x[i] = 0;
         }
       }
     }
@@ -549,6 +551,21 @@ static int FN(topk_fast)(BITS* x, const BITS* gadd, int* added, int64_t base, in
       st = FN(topk_exact_segs)(sg, nt, nt, k, inf, ov, oi);
     }
   }
+  if (clear) {
+    /* the candidates were zeroed in the pass: put back every candidate the result does
+       not hold (all of them when there is no result). Both lists ascend by index (the
+       buffers in thread order, the result in index order), so one merge walk finds them,
+       and the writes go to ~(C - k) entries instead of a miss per selected entry. */
+    int64_t p = 0, kk = st == SC_OK ? k : 0;
+    for (int u = 0; u < nt; u++) {
+      const BITS* cbb = bufs[u].b;
+      const int64_t* cbi = bufs[u].i;
+      for (int64_t c = 0; c < bufs[u].n; c++) {
+        if (p < kk && oi[p] == cbi[c]) { p++; continue; }
+        x[cbi[c] - base] = cbb[c];
+      }
+    }
+  }
   if (cached) {
     for (int u = 0; u < nt; u++) {
       sc_cbuf_slot* sl = &sc_cache_slots[u];
@@ -597,7 +614,7 @@ static int FN(topk_core)(const BITS* x, int64_t base, int64_t n, int64_t k,
   if (radix) return FN(topk_exact)(x, NULL, base, n, k, inf, nt, 1, ov, oi);
   if (n <= SC_SMALL_N) return FN(topk_small)(x, NULL, base, n, k, inf, ov, oi);
   int added;
-  int st = FN(topk_fast)((BITS*)x, NULL, &added, base, n, k, inf, nt, ov, oi);
+  int st = FN(topk_fast)((BITS*)x, NULL, 0, &added, base, n, k, inf, nt, ov, oi);
   if (st != -1) return st;
   return FN(topk_exact)(x, NULL, base, n, k, inf, nt, 0, ov, oi);
 }
@@ -620,27 +637,35 @@ static void FN(add_all)(BITS* x, const BITS* g, int64_t n, int nt) {
  * Top-k of x[0..n) (g == NULL), or of the sums x + g, which are written into x
  * first (g != NULL, FT instances only): the sampled fast path adds while it
  * filters (one pass over x and g); any other path adds first, then selects.
- * Either way the result is topk_core's on the sums.
+ * Either way the result is topk_core's on the sums. `clear` (x is written):
+ * the selected entries of x become +0 on success (the fast path zeroes its
+ * candidates in its pass and puts the unselected back); on failure x holds
+ * the sums.
  */
-static int FN(topk_maybe_add)(BITS* x, const BITS* g, int64_t base, int64_t n, int64_t k,
+static int FN(topk_maybe_add)(BITS* x, const BITS* g, int clear, int64_t base, int64_t n, int64_t k,
                               BITS inf, int nt, BITS* ov, int64_t* oi) {
 #ifdef FT
   if (g) {
     int added = 0, st = -1;
     if (k > 0 && k < n && n > SC_SMALL_N)
-      st = FN(topk_fast)(x, g, &added, base, n, k, inf, nt, ov, oi);
+      st = FN(topk_fast)(x, g, clear, &added, base, n, k, inf, nt, ov, oi);
     if (!added) FN(add_all)(x, g, n, nt);
     if (st != -1) return st;
   }
 #endif
-  return FN(topk_core)(x, base, n, k, inf, nt, 0, ov, oi);
+  int st = FN(topk_core)(x, base, n, k, inf, nt, 0, ov, oi);
+  if (!st && clear) {
+    int64_t m = k < n ? k : n;
+    for (int64_t j = 0; j < m; j++) x[oi[j] - base] = 0;
+  }
+  return st;
 }
 
 /* Block top-k of x, or of x + g (written into x first, see topk_maybe_add). */
-static int FN(block_topk)(BITS* x, const BITS* g, int64_t n, int64_t B, int64_t kpb,
+static int FN(block_topk)(BITS* x, const BITS* g, int clear, int64_t n, int64_t B, int64_t kpb,
                           BITS inf, int nt, BITS* ov, int64_t* oi) {
   /* out offsets: block b starts at sum_{j<b} min(kpb, len_j) */
-  if (B == 1) return FN(topk_maybe_add)(x, g, 0, n, kpb, inf, nt, ov, oi);
+  if (B == 1) return FN(topk_maybe_add)(x, g, clear, 0, n, kpb, inf, nt, ov, oi);
 #ifdef FT
   if (g && B >= n) FN(add_all)(x, g, n, nt);
 #endif
@@ -652,6 +677,7 @@ static int FN(block_topk)(BITS* x, const BITS* g, int64_t n, int64_t B, int64_t 
     if (kpb == 0) return SC_OK;
     memcpy(ov, x, (size_t)n * sizeof(BITS));
     for (int64_t i = 0; i < n; i++) oi[i] = i;
+    if (clear) memset(x, 0, (size_t)n * sizeof(BITS));
     return SC_OK;
   }
   int64_t* off = (int64_t*)malloc((size_t)(B + 1) * sizeof(int64_t));
@@ -663,6 +689,7 @@ static int FN(block_topk)(BITS* x, const BITS* g, int64_t n, int64_t B, int64_t 
   }
   int err = SC_OK;
   if (nt == 1 || n / B >= ((int64_t)1 << 20)) {
+    int64_t done = B; /* blocks before this one were selected (and cleared) */
     for (int64_t b = 0; b < B && (!err || g); b++) {
       int64_t lo = sc_block_end(n, B, b - 1), hi = sc_block_end(n, B, b);
 #ifdef FT
@@ -671,9 +698,13 @@ static int FN(block_topk)(BITS* x, const BITS* g, int64_t n, int64_t B, int64_t 
         continue;
       }
 #endif
-      err = FN(topk_maybe_add)(x + lo, g ? g + lo : NULL, lo, hi - lo, kpb, inf, nt, ov + off[b],
+      err = FN(topk_maybe_add)(x + lo, g ? g + lo : NULL, clear, lo, hi - lo, kpb, inf, nt, ov + off[b],
                                oi + off[b]);
+      if (err) done = b;
     }
+    /* a failed selection leaves x holding the sums: put back what earlier blocks cleared */
+    if (err && clear)
+      for (int64_t j = 0; j < off[done]; j++) x[oi[j]] = ov[j];
   } else {
     int64_t b;
     int64_t chunk = B / ((int64_t)nt * 64);
@@ -682,12 +713,18 @@ static int FN(block_topk)(BITS* x, const BITS* g, int64_t n, int64_t B, int64_t 
 #pragma omp parallel for num_threads(nt) schedule(dynamic, chunk) reduction(| : e_nan, e_mem)
     for (b = 0; b < B; b++) {
       int64_t lo = sc_block_end(n, B, b - 1), hi = sc_block_end(n, B, b);
-      int st = FN(topk_maybe_add)(x + lo, g ? g + lo : NULL, lo, hi - lo, kpb, inf, 1,
+      /* cleared after all blocks succeed (below): a failure leaves x the sums */
+      int st = FN(topk_maybe_add)(x + lo, g ? g + lo : NULL, 0, lo, hi - lo, kpb, inf, 1,
                                   ov + off[b], oi + off[b]);
       if (st == SC_ERR_NAN) e_nan = 1;
       else if (st) e_mem = 1;
     }
     err = e_nan ? SC_ERR_NAN : (e_mem ? SC_ERR_NOMEM : SC_OK);
+    if (!err && clear) {
+      int64_t j, m = off[B];
+#pragma omp parallel for num_threads(nt) schedule(static) if (m > 65536)
+      for (j = 0; j < m; j++) x[oi[j]] = 0;
+    }
   }
   free(off);
   return err;

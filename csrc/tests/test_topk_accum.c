@@ -75,8 +75,13 @@ static void test_double(void) {
 }
 
 static void test_nan_keeps_the_sums(void) {
+  /* one block; three blocks (serial with 1 thread, block-parallel with 4); two blocks
+     above 2^20 (serial over blocks): the NaN sits in the last block, so earlier blocks
+     were selected (and cleared) before it failed and must be put back */
+  const int64_t sizes[3][2] = {{400000, 1}, {400000, 3}, {2200000, 2}};
+  for (int c = 0; c < 3; c++)
   for (int nt = 1; nt <= 4; nt *= 4) {
-    const int64_t n = 400000, k = 4000;
+    const int64_t n = sizes[c][0], B = sizes[c][1], k = 4000;
     float* e = xmalloc(n * sizeof(float));
     float* g = xmalloc(n * sizeof(float));
     fill(e, g, n, PAT_RANDOM);
@@ -86,7 +91,11 @@ static void test_nan_keeps_the_sums(void) {
     float* v = xmalloc(k * sizeof(float));
     int64_t* ix = xmalloc(k * sizeof(int64_t));
     sc_error_info err = {0, 0, 0};
-    CHECK(sc_block_topk_accum(SC_F32, e, g, n, 1, k, 1, nt, v, ix, &err) == SC_ERR_NAN);
+    float* v2 = xmalloc((size_t)B * k * sizeof(float));
+    int64_t* ix2 = xmalloc((size_t)B * k * sizeof(int64_t));
+    free(v); free(ix);
+    v = v2; ix = ix2;
+    CHECK(sc_block_topk_accum(SC_F32, e, g, n, B, k, 1, nt, v, ix, &err) == SC_ERR_NAN);
     CHECK(err.position == n - 7);
     CHECK(isnan(e[n - 7]));
     int same = 1;
