@@ -73,8 +73,7 @@ class SparseStream(StreamRange):
         if self.is_dense:
             view.copy_(self.values)
         else:
-            view.zero_()
-            ops.stream_add_sd_(view, self.indices, self.values)
+            ops.scatter_set_(view, self.indices, self.values, zero_rest=True)  # distinct indices: one write
 
     # -- summation ------------------------------------------------------------------------
     def add(self, other: StreamRange) -> "SparseStream":

@@ -327,6 +327,5 @@ class GlobalSketchSGD(Algorithm):
                 values, positions = ops.topk(exact, k)
                 candidates, exact = candidates[positions], values
             acc.index_fill_(0, candidates, 0)  # what this rank contributed leaves its residual
-            out.zero_()
-            ops.scatter_add_(out, candidates, exact)
+            ops.scatter_set_(out, candidates, exact, zero_rest=True)  # distinct candidates
         self.last_nnz = k

@@ -141,6 +141,6 @@ class GlobalTopk(Algorithm):
             if fold.partner is not None:
                 send_payload(fold.partner, codec.readdress(payload, rank))
         with self.timed("scatter"):
-            out.zero_()
-            ops.scatter_add_(out, final[0], final[1])
+            # a COO vector (distinct ascending indices): out is written once, zeros between
+            ops.scatter_set_(out, final[0], final[1], zero_rest=True)
         self.last_nnz = k

@@ -421,8 +421,7 @@ class OkTopk(Algorithm):
             final_val = torch.cat([d[1] for d in decoded])
             if final_idx.numel() > 1 and not bool((final_idx[1:] > final_idx[:-1]).all()):
                 raise WireFormatError(f"oktopk: rank {rank}: the gathered blocks are not in ascending index order")
-            out.zero_()
-            ops.scatter_add_(out, final_idx, final_val)
+            ops.scatter_set_(out, final_idx, final_val, zero_rest=True)  # ascending: one write of out
             # conservation: put back what this rank selected and the result does not hold; of
             # what it holds, keep the split messages' codec error (the balance and all-gather
             # errors are already in acc, at the rank that encoded them)

@@ -94,6 +94,5 @@ class SKCompress(TopkAllgather):
             comm.exchange_var([(q, result) for q in others], [])
             idx, val = sum_idx, idx_sent
         with self.timed("merge"):
-            out.zero_()
-            ops.scatter_add_(out, idx, val)
+            ops.scatter_set_(out, idx, val, zero_rest=True)  # a COO vector: distinct indices
         self.last_nnz = idx.numel()

@@ -358,7 +358,9 @@ class SparDL(Algorithm):
             if grad is not None:   # no SRS step (one rank per team): this was the first selection
                 _add_outside(acc, grad, plan, [(plan.pos, 1)])
             journal.append((f_idx, f_val))
+            final_entry = len(journal) - 1
             f_idx = f_idx.to(idx_dtype)
+            selected = f_idx
 
         # 2. Spar-All-Gather between teams
         if self._mode == "recursive":
@@ -378,15 +380,21 @@ class SparDL(Algorithm):
             else:
                 all_idx, all_val = f_idx.to(torch.int64), f_val
         with self.timed("scatter"):
-            out.zero_()
-            out.index_copy_(0, all_idx, all_val)   # blocks are disjoint: no sums, identical everywhere
+            # blocks are disjoint: no sums, identical everywhere; out written once, zeros between
+            ops.scatter_set_(out, all_idx, all_val, zero_rest=True)
         with self.timed("residual"):
-            # global residual collection: xi at the result's indices, the original elsewhere
-            xi = acc.index_select(0, all_idx)
-            for j_idx, j_val in reversed(journal):
-                if j_idx.numel():
-                    acc.index_copy_(0, j_idx.to(torch.int64), j_val)
-            acc.index_copy_(0, all_idx, xi)
+            # global residual collection: xi at the result's indices, the original elsewhere.
+            # A journal entry whose indices all lie in the result is overwritten by xi anyway:
+            # the final selection's, when it is the result itself (one rank per team and no
+            # SAG step changed it); with nothing else to undo, acc is already right.
+            if plan.q == 1 and f_idx is selected:
+                journal[final_entry] = (journal[final_entry][0][:0], journal[final_entry][1][:0])
+            undo = [(j_idx, j_val) for j_idx, j_val in journal if j_idx.numel()]
+            if undo:
+                xi = ops.gather(acc, all_idx)
+                for j_idx, j_val in reversed(undo):
+                    ops.scatter_set_(acc, j_idx, j_val)
+                ops.scatter_set_(acc, all_idx, xi)
         self.last_nnz = int(torch.count_nonzero(all_val))
 
     # -- R-SAG ----------------------------------------------------------------------------

@@ -65,6 +65,6 @@ class TopkAllgather(Algorithm):
                        for source, block in enumerate(blocks)]
             merged_indices, merged_values = ops.merge_add_many([d[0] for d in decoded], [d[1] for d in decoded])
         with self.timed("scatter"):
-            out.zero_()
-            ops.scatter_add_(out, merged_indices, merged_values)
+            # merged indices are distinct and ascending: out is written once, zeros between
+            ops.scatter_set_(out, merged_indices, merged_values, zero_rest=True)
         self.last_nnz = merged_indices.numel()
