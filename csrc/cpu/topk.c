@@ -73,6 +73,32 @@ size_t sc_topk_cache_bytes(void) {
   return held;
 }
 
+/*
+ * AVX2 for the fused add + filter pass (float32), chosen at run time: the
+ * build targets baseline x86-64 (SSE2), and the 256-bit body cuts the pass's
+ * instructions by half (docs/kernels.md). sc_topk_set_avx2(0) forces the SSE2
+ * body (the tests run both).
+ */
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && \
+    !defined(SC_NO_AVX2)
+#include <immintrin.h>
+#define SC_TOPK_AVX2 1
+static int sc_avx2_allowed = 1;
+static int sc_topk_use_avx2(void) {
+  return __atomic_load_n(&sc_avx2_allowed, __ATOMIC_RELAXED) && __builtin_cpu_supports("avx2");
+}
+#endif
+
+int sc_topk_set_avx2(int allow) {
+#ifdef SC_TOPK_AVX2
+  __atomic_store_n(&sc_avx2_allowed, allow != 0, __ATOMIC_RELAXED);
+  return sc_topk_use_avx2();
+#else
+  (void)allow;
+  return 0;
+#endif
+}
+
 #define SFX u32
 #define FT float
 #define BITS uint32_t
@@ -86,6 +112,7 @@ size_t sc_topk_cache_bytes(void) {
 #undef SIGNREP
 #undef KEYBITS
 #undef KMASK
+#undef SC_TOPK_AVX2
 
 #define SFX u64
 #define FT double

@@ -368,6 +368,83 @@ static inline void FN(add_run)(BITS* x, const BITS* g, int64_t n) {
 #endif
 
 /*
+ * The filter loop of topk_fast over x[lo, hi) 16 elements at a time: MASK16
+ * (with ADD, after adding g into x) gives the candidates (key >= tm1 + 1) of
+ * each 16, which go to the thread's buffer (and become 0 in x with `clear`).
+ * Returns where it stopped: the last full 16 before hi, or earlier with *fail
+ * set when the buffer is full. Stamped once per instruction set: the SSE2
+ * body below and, for float32 on x86-64, an AVX2 body (topk.c) with the same
+ * candidates and the same sums (no FMA, the same IEEE additions).
+ */
+#define SC_FILTER_BODY(MASK16_EXPR)                                                   \
+  int64_t i = lo;                                                                  \
+  BITS mx = *mx_io;                                                                \
+  for (; i + 16 <= hi; i += 16) {                                                  \
+    unsigned msk = MASK16_EXPR;                                                    \
+    if (!msk) continue; /* common case: no candidate among these 16 */             \
+    if (cb->n + 16 > cb->cap) {                                                    \
+      if (cb->n > cap || !FN(cbuf_grow)(cb, hint)) { *fail = 1; break; }           \
+    }                                                                              \
+    int64_t cn = cb->n;                                                            \
+    BITS* restrict cbb = cb->b;                                                    \
+    int64_t* restrict cbi = cb->i;                                                 \
+    while (msk) { /* one step per candidate */                                     \
+      int j = __builtin_ctz(msk);                                                  \
+      msk &= msk - 1;                                                              \
+      BITS v = x[i + j];                                                           \
+      BITS key = (BITS)(v & KMASK);                                                \
+      mx = key > mx ? key : mx;                                                    \
+      cbb[cn] = v;                                                                 \
+      cbi[cn] = base + i + j;                                                      \
+      cn++;                                                                        \
+      if (clear) x[i + j] = 0; /* while the line is hot; unselected are put back */ \
+    }                                                                              \
+    cb->n = cn;                                                                    \
+  }                                                                                \
+  *mx_io = mx;                                                                     \
+  return i;
+
+static int64_t FN(filter)(BITS* x, int64_t base, int64_t lo, int64_t hi, BITS tm1, FN(cbuf) * cb,
+                          int64_t cap, int64_t hint, BITS* mx_io, int* fail) {
+  const int clear = 0;
+  SC_FILTER_BODY(FN(mask16)(x + i, tm1))
+}
+
+#ifdef FT
+static int64_t FN(filter_add)(BITS* x, const BITS* g, int clear, int64_t base, int64_t lo, int64_t hi,
+                              BITS tm1, FN(cbuf) * cb, int64_t cap, int64_t hint, BITS* mx_io,
+                              int* fail) {
+  SC_FILTER_BODY(FN(add_mask16)(x + i, g + i, tm1))
+}
+#endif
+
+#ifdef SC_TOPK_AVX2
+/* add_mask16 in two 256-bit halves (float32 only). */
+__attribute__((target("avx2"))) static inline unsigned FN(add_mask16_avx2)(BITS* x, const BITS* g,
+                                                                            BITS tm1) {
+  const __m256i t = _mm256_set1_epi32((int)(uint32_t)tm1), m = _mm256_set1_epi32(0x7FFFFFFF);
+  __m256 a0 = _mm256_add_ps(_mm256_loadu_ps((const float*)(const void*)x),
+                            _mm256_loadu_ps((const float*)(const void*)g));
+  __m256 a1 = _mm256_add_ps(_mm256_loadu_ps((const float*)(const void*)(x + 8)),
+                            _mm256_loadu_ps((const float*)(const void*)(g + 8)));
+  _mm256_storeu_ps((float*)(void*)x, a0);
+  _mm256_storeu_ps((float*)(void*)(x + 8), a1);
+  __m256i d0 = _mm256_sub_epi32(t, _mm256_and_si256(_mm256_castps_si256(a0), m));
+  __m256i d1 = _mm256_sub_epi32(t, _mm256_and_si256(_mm256_castps_si256(a1), m));
+  if (!_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_or_si256(d0, d1)))) return 0;
+  return (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(d0)) |
+         ((unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(d1)) << 8);
+}
+
+__attribute__((target("avx2"))) static int64_t FN(filter_add_avx2)(
+    BITS* x, const BITS* g, int clear, int64_t base, int64_t lo, int64_t hi, BITS tm1, FN(cbuf) * cb,
+    int64_t cap, int64_t hint, BITS* mx_io, int* fail) {
+  SC_FILTER_BODY(FN(add_mask16_avx2)(x + i, g + i, tm1))
+}
+#endif
+#undef SC_FILTER_BODY
+
+/*
  * Sample-threshold fast path. Returns SC_OK when it produced the result,
  * SC_ERR_NAN, SC_ERR_NOMEM, or -1 when the caller must use the exact path
  * (the sample's bound failed or the fast path would not pay off).
@@ -452,35 +529,20 @@ static int FN(topk_fast)(BITS* x, const BITS* gadd, int clear, int* added, int64
     int64_t i = lo, summed = lo; /* gadd: x[lo, summed) holds the sums */
     (void)summed;
     BITS mx = 0;
-    for (; i + 16 <= hi; i += 16) {
-      unsigned msk;
-#ifdef FT
-      if (gadd) {
-        msk = FN(add_mask16)(x + i, gadd + i, tm1);
-        summed = i + 16;
-      } else
+#ifdef SC_TOPK_AVX2
+    if (gadd && sc_topk_use_avx2())
+      i = FN(filter_add_avx2)(x, gadd, clear, base, lo, hi, tm1, cb, cap, hint, &mx, &fail);
+    else
 #endif
-        msk = FN(mask16)(x + i, tm1);
-      if (!msk) continue; /* common case: no candidate among these 16 */
-      if (cb->n + 16 > cb->cap) {
-        if (cb->n > cap || !FN(cbuf_grow)(cb, hint)) { fail = 1; break; }
-      }
-      int64_t cn = cb->n;
-      BITS* restrict cbb = cb->b;
-      int64_t* restrict cbi = cb->i;
-      while (msk) { /* one step per candidate */
-        int j = __builtin_ctz(msk);
-        msk &= msk - 1;
-        BITS v = x[i + j];
-        BITS key = (BITS)(v & KMASK);
-        mx = key > mx ? key : mx;
-        cbb[cn] = v;
-        cbi[cn] = base + i + j;
-        cn++;
-        if (clear) x[i + j] = 0; /* while the line is hot; unselected ones are put back */
-      }
-      cb->n = cn;
-    }
+#ifdef FT
+    if (gadd)
+      i = FN(filter_add)(x, gadd, clear, base, lo, hi, tm1, cb, cap, hint, &mx, &fail);
+    else
+#endif
+      i = FN(filter)(x, base, lo, hi, tm1, cb, cap, hint, &mx, &fail);
+#ifdef FT
+    if (gadd) summed = fail ? i + 16 : i; /* a full buffer stops after adding its 16 */
+#endif
     if (!fail) {
       for (; i < hi; i++) {
 #ifdef FT

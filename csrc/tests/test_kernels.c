@@ -819,6 +819,36 @@ static void test_scatter_set(void) {
           free(dense);
           free(ref);
         }
+  /* zero_rest over 9 MiB (many chunks), at a 64-byte aligned base and at an element-aligned
+     one, with values in the first and last elements and a run of adjacent ones */
+  for (int d = 0; d < 4; d++)
+    for (int shift = 0; shift < 2; shift++) {
+      sc_dtype vt = VTYPES[d];
+      size_t vs = sc_dtype_size(vt);
+      int64_t dn = (int64_t)((9u << 20) / vs) + 13, n = dn / 90;
+      char* buf = xmalloc((size_t)(dn + 64) * vs);
+      void* dense = buf + shift * vs + (64 - ((uintptr_t)buf & 63)) % 64 * (shift == 0);
+      void* ref = xmalloc((size_t)dn * vs);
+      int32_t* idx = xmalloc((size_t)n * sizeof(int32_t));
+      void* val = xmalloc((size_t)n * vs);
+      sorted_indices(SC_I32, idx, n, dn);
+      idx[0] = 0;
+      idx[n - 1] = (int32_t)dn - 1;
+      for (int64_t i = 1; i + 1 < n && i < 40; i++) idx[i] = (int32_t)(1000 + i); /* a run */
+      random_values(vt, val, n);
+      for (int th = 0; th < 2; th++) {
+        for (int64_t i = 0; i < dn; i++) ref_put(vt, dense, i, 3.0);
+        memset(ref, 0, (size_t)dn * vs);
+        for (int64_t i = 0; i < n; i++) memcpy((char*)ref + idx[i] * vs, (char*)val + i * vs, vs);
+        sc_error_info e;
+        CHECK(sc_scatter_set(SC_I32, vt, dense, dn, idx, val, n, 1, THREADS[th], &e) == SC_OK);
+        CHECK(memcmp(dense, ref, (size_t)dn * vs) == 0);
+      }
+      free(buf);
+      free(ref);
+      free(idx);
+      free(val);
+    }
   sc_error_info e;
   float dense[2] = {1, 2};
   int32_t idx[1] = {0};

@@ -2,7 +2,8 @@
  * written here element by element, then sc_block_topk of the sums (whose own tests compare
  * it with a sort), and the cleared positions set here. Serial and parallel paths, the
  * sampled fast path and its fallbacks (ties everywhere, a full candidate buffer), NaN,
- * overlap and argument errors. */
+ * overlap and argument errors; the float32 cases with the AVX2 body of the fused pass (where
+ * the CPU has it) and with the SSE2 body forced. */
 #include <math.h>
 #include <string.h>
 
@@ -123,9 +124,15 @@ static void test_arguments(void) {
 }
 
 int main(void) {
-  RUN(test_matches_add_then_select);
+  /* both bodies of the fused pass (float32): AVX2 where the CPU has it, then SSE2 forced */
+  for (int allow = 1; allow >= 0; allow--) {
+    int avx2 = sc_topk_set_avx2(allow);
+    printf("fused filter pass: %s\n", avx2 ? "AVX2" : "SSE2");
+    RUN(test_matches_add_then_select);
+    RUN(test_nan_keeps_the_sums);
+  }
+  sc_topk_set_avx2(1);
   RUN(test_double);
-  RUN(test_nan_keeps_the_sums);
   RUN(test_arguments);
   printf("%ld checks, %ld failed\n", g_checks, g_failed);
   return g_failed != 0;

@@ -73,6 +73,15 @@ int sc_block_topk_accum(sc_dtype dtype, void* acc, const void* g, int64_t n, int
                         int64_t k_per_block, int clear, int nthreads, void* out_vals,
                         int64_t* out_idx, sc_error_info* err);
 
+/*
+ * Whether the fused add + filter pass of sc_block_topk_accum (float32) may use
+ * its AVX2 body when the CPU has it (allow = 1, the default) or must use the
+ * SSE2 baseline (allow = 0). Both give the same bits; the switch exists so the
+ * tests cover both bodies and benchmarks can compare them. Process-wide.
+ * Returns 1 if AVX2 is now in use.
+ */
+int sc_topk_set_avx2(int allow);
+
 /* ---------------------------------------------------------------- COO */
 
 /*
