@@ -63,7 +63,11 @@ class TopkAllgather(Algorithm):
             count = indices.numel()
             decoded = [codec.decode(block, n=n, value_dtype=acc.dtype, receiver=comm.rank, sender=source, count=count)
                        for source, block in enumerate(blocks)]
-            merged_indices, merged_values = ops.merge_add_many([d[0] for d in decoded], [d[1] for d in decoded])
+            if len(decoded) == 1:  # one rank: its own vector is the sum (no copy)
+                merged_indices, merged_values = decoded[0]
+            else:
+                merged_indices, merged_values = ops.merge_add_many([d[0] for d in decoded],
+                                                                   [d[1] for d in decoded])
         with self.timed("scatter"):
             # merged indices are distinct and ascending: out is written once, zeros between
             ops.scatter_set_(out, merged_indices, merged_values, zero_rest=True)
