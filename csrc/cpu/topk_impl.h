@@ -53,6 +53,41 @@ static BITS FN(qselect_desc)(BITS* a, int64_t n, int64_t r) {
 }
 
 /*
+ * r-th largest (1-based) of the keys a[0..n) (reorders a): radix levels of up to
+ * 11 bits from the top, each a histogram in L1 and a compaction of the digit
+ * that holds the r-th, then qselect_desc once few are left. The sample's
+ * threshold: 65536 keys in ~0.1 ms where qselect_desc alone took ~0.3 (its
+ * three-way partition branches on every key).
+ */
+static BITS FN(kth_desc)(BITS* a, int64_t n, int64_t r) {
+  uint32_t h[2048];
+  int shift = KEYBITS;
+  int64_t m = n, need = r;
+  BITS prefix = 0;
+  while (shift > 0 && m > 256) {
+    int w = shift >= 11 ? 11 : shift, s = shift - w;
+    BITS mask = (BITS)(((BITS)1 << w) - 1);
+    memset(h, 0, sizeof(uint32_t) << w);
+    for (int64_t i = 0; i < m; i++) h[(a[i] >> s) & mask]++;
+    int64_t cum = 0;
+    int d = (1 << w) - 1;
+    for (; d > 0; d--) {
+      if (cum + (int64_t)h[d] >= need) break;
+      cum += h[d];
+    }
+    need -= cum;
+    int64_t o = 0;
+    for (int64_t i = 0; i < m; i++)
+      if ((BITS)((a[i] >> s) & mask) == (BITS)d) a[o++] = a[i];
+    m = o;
+    prefix = (BITS)((prefix << w) | (BITS)d);
+    shift = s;
+  }
+  if (shift == 0) return prefix; /* every remaining key equals prefix */
+  return FN(qselect_desc)(a, m, need);
+}
+
+/*
  * 1 if any of the 16 keys at p is >= tm1 + 1: the sign bit of tm1 - key is set
  * iff key > tm1 (both are >= 0). Written with 16-byte GCC/Clang vector
  * extensions so it compiles to a handful of SIMD instructions on any target
@@ -489,9 +524,9 @@ static int FN(topk_fast)(BITS* x, const BITS* gadd, int clear, int* added, int64
       for (int64_t j = 0; j < L; j++) smp[c * L + j] = (BITS)(x[start + j] & KMASK);
     }
   }
-  BITS tlo = FN(qselect_desc)(smp, s, r);
   BITS smax = 0;
-  for (int64_t j = 0; j < r; j++) smax = smp[j] > smax ? smp[j] : smax;
+  for (int64_t j = 0; j < s; j++) smax = smp[j] > smax ? smp[j] : smax;
+  BITS tlo = FN(kth_desc)(smp, s, r);
   free(smp);
   if (smax > inf) return SC_ERR_NAN; /* the sample holds a NaN */
   if (tlo == 0) return -1;           /* everything would be a candidate */

@@ -375,10 +375,11 @@ class SparDL(Algorithm):
         with self.timed("merge"):
             if plan.q > 1:
                 parts = [self._decode(blk, acc, plan.team_members[j], plan.counts[j]) for j, blk in enumerate(blocks)]
-                all_idx = torch.cat([p[0] for p in parts]).to(torch.int64)
+                # int32 or int64 as decoded: scatter_set_ and gather take either
+                all_idx = torch.cat([p[0] for p in parts])
                 all_val = torch.cat([p[1] for p in parts])
             else:
-                all_idx, all_val = f_idx.to(torch.int64), f_val
+                all_idx, all_val = f_idx, f_val
         with self.timed("scatter"):
             # blocks are disjoint: no sums, identical everywhere; out written once, zeros between
             ops.scatter_set_(out, all_idx, all_val, zero_rest=True)
