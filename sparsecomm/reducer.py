@@ -162,9 +162,9 @@ class SparseAllreduce:
     float32 for half gradients; it may be ``grad`` itself) and returns it. In a loop, pass the
     same ``out=`` every call: without it each call allocates a fresh result of N elements, and
     the first touch of fresh memory costs page faults and zeroing -- at N = 15M float32 about
-    0.3-0.5 residual-add passes with the transparent huge pages the reducer asks for on CPU
-    (about 4.5 passes, ~20 ms, where huge pages are off), on top of the 3-4 passes of the call
-    itself (docs/benchmarks.md, "Local compute per call"). The DDP hook always writes in place.
+    0.4-1.2 residual-add passes with the transparent huge pages the reducer asks for on CPU
+    (about 4.5 passes, ~20 ms, where no huge pages are granted), on top of the ~3 passes of the
+    call itself (docs/benchmarks.md, "Local compute per call"). The DDP hook always writes in place.
     """
 
     def __init__(self, algorithm: str, density: float, comm: Comm | None = None, nonfinite: str = "propagate",
