@@ -14,6 +14,7 @@
 
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "checks.h"
@@ -170,8 +171,10 @@ std::tuple<Tensor, Tensor> merge_add_many_cpu(at::TensorList indices, at::Tensor
   return merge_impl("sparsecomm.merge_add_many", indices.vec(), values.vec(), inames, vnames, n);
 }
 
-void scatter_add_cpu(Tensor& dense, const Tensor& idx, const Tensor& val) {
-  const char* op = "sparsecomm.scatter_add_";
+// The tensor checks of a scatter into dense (scatter_add_, scatter_set_): the value and
+// index types; the kernel checks index range and overlap itself.
+std::pair<sc_dtype, sc_index_t> check_scatter_tensors(const Tensor& dense, const Tensor& idx,
+                                                      const Tensor& val, const char* op) {
   check_vector(dense, op, "dense");
   check_vector(idx, op, "idx");
   check_vector(val, op, "val");
@@ -180,6 +183,12 @@ void scatter_add_cpu(Tensor& dense, const Tensor& idx, const Tensor& val) {
   sc_index_t it = index_dtype(idx, op, "idx");
   check_same_dtype(dense, val, op, "dense", "val");
   check_same_length(idx, val, op, "idx", "val");
+  return {vt, it};
+}
+
+void scatter_add_cpu(Tensor& dense, const Tensor& idx, const Tensor& val) {
+  const char* op = "sparsecomm.scatter_add_";
+  auto [vt, it] = check_scatter_tensors(dense, idx, val, op);
   Tensor ic = idx.contiguous(), vc = val.contiguous();
   sc_error_info e{0, 0, 0};
   int st = sc_scatter_add(it, vt, dense.data_ptr(), dense.numel(), ic.data_ptr(), vc.data_ptr(),
@@ -190,14 +199,7 @@ void scatter_add_cpu(Tensor& dense, const Tensor& idx, const Tensor& val) {
 
 void scatter_set_cpu(Tensor& dense, const Tensor& idx, const Tensor& val, bool zero_rest) {
   const char* op = "sparsecomm.scatter_set_";
-  check_vector(dense, op, "dense");
-  check_vector(idx, op, "idx");
-  check_vector(val, op, "val");
-  check_contiguous(dense, op, "dense");
-  sc_dtype vt = value_dtype(dense, op, "dense");
-  sc_index_t it = index_dtype(idx, op, "idx");
-  check_same_dtype(dense, val, op, "dense", "val");
-  check_same_length(idx, val, op, "idx", "val");
+  auto [vt, it] = check_scatter_tensors(dense, idx, val, op);
   Tensor ic = idx.contiguous(), vc = val.contiguous();
   sc_error_info e{0, 0, 0};
   int st = sc_scatter_set(it, vt, dense.data_ptr(), dense.numel(), ic.data_ptr(), vc.data_ptr(),

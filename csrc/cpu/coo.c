@@ -119,16 +119,17 @@ int sc_merge_add(sc_index_t itype, sc_dtype vtype,
 
 /* ------------------------------------------------------------ scatter / gather */
 
-int sc_scatter_add(sc_index_t itype, sc_dtype vtype, void* dense,
-                   int64_t dense_n, const void* idx, const void* val,
-                   int64_t n, int nthreads, sc_error_info* err) {
-  const int nt = sc_clamp_threads(nthreads);
+/* The arguments of a scatter into dense, checked before anything is written: sizes,
+ * types, no shared bytes (writing dense while reading idx or val from the same bytes
+ * would change them mid-way), every index in [0, dense_n); *ascending: strictly. */
+static int check_scatter(sc_index_t itype, sc_dtype vtype, const void* dense, int64_t dense_n,
+                         const void* idx, const void* val, int64_t n, int nt, int* ascending,
+                         sc_error_info* err) {
   if (n < 0) return sc_fail(err, SC_ERR_ARG, 1, 0, n);
   if (dense_n < 0) return sc_fail(err, SC_ERR_ARG, 0, 0, dense_n);
   const size_t vs = sc_dtype_size(vtype), is = sc_index_size(itype);
   if (vtype == SC_U8 || !vs) return sc_fail(err, SC_ERR_ARG, 0, 0, vtype);
   if (!is) return sc_fail(err, SC_ERR_ARG, 1, 0, itype);
-  /* writing dense while reading idx or val from the same bytes would change them mid-way */
   if (overlaps(dense, (size_t)dense_n * vs, val, (size_t)n * vs))
     return sc_fail(err, SC_ERR_OVERLAP, 2, 0, 0);
   if (overlaps(dense, (size_t)dense_n * vs, idx, (size_t)n * is))
@@ -136,9 +137,20 @@ int sc_scatter_add(sc_index_t itype, sc_dtype vtype, void* dense,
   int64_t br, bo;
   scan_indices(itype, idx, n, dense_n, nt, &br, &bo);
   if (br != INT64_MAX) return sc_fail(err, SC_ERR_INDEX_RANGE, 1, br, index_at(itype, idx, br));
+  *ascending = bo == INT64_MAX;
+  return SC_OK;
+}
+
+int sc_scatter_add(sc_index_t itype, sc_dtype vtype, void* dense,
+                   int64_t dense_n, const void* idx, const void* val,
+                   int64_t n, int nthreads, sc_error_info* err) {
+  const int nt = sc_clamp_threads(nthreads);
+  int ascending;
+  int st = check_scatter(itype, vtype, dense, dense_n, idx, val, n, nt, &ascending, err);
+  if (st) return st;
   /* strictly ascending indices are distinct: the scatter may run in parallel;
      any other order (repeats included) runs serially in input order */
-  const int pnt = bo == INT64_MAX && n > 65536 ? nt : 1;
+  const int pnt = ascending && n > 65536 ? nt : 1;
 #define SA(ISFX_, IT_, VSFX_, VT_) \
   scatter_add_##ISFX_##_##VSFX_((VT_*)dense, (const IT_*)idx, (const VT_*)val, n, pnt); break
   if (itype == SC_I32) {
@@ -166,19 +178,10 @@ int sc_scatter_set(sc_index_t itype, sc_dtype vtype, void* dense, int64_t dense_
                const void* idx, const void* val, int64_t n, int zero_rest, int nthreads,
                sc_error_info* err) {
   const int nt = sc_clamp_threads(nthreads);
-  if (n < 0) return sc_fail(err, SC_ERR_ARG, 1, 0, n);
-  if (dense_n < 0) return sc_fail(err, SC_ERR_ARG, 0, 0, dense_n);
-  const size_t w = sc_dtype_size(vtype), is = sc_index_size(itype);
-  if (vtype == SC_U8 || !w) return sc_fail(err, SC_ERR_ARG, 0, 0, vtype);
-  if (!is) return sc_fail(err, SC_ERR_ARG, 1, 0, itype);
-  if (overlaps(dense, (size_t)dense_n * w, val, (size_t)n * w))
-    return sc_fail(err, SC_ERR_OVERLAP, 2, 0, 0);
-  if (overlaps(dense, (size_t)dense_n * w, idx, (size_t)n * is))
-    return sc_fail(err, SC_ERR_OVERLAP, 1, 0, 0);
-  int64_t br, bo;
-  scan_indices(itype, idx, n, dense_n, nt, &br, &bo);
-  if (br != INT64_MAX) return sc_fail(err, SC_ERR_INDEX_RANGE, 1, br, index_at(itype, idx, br));
-  const int ascending = bo == INT64_MAX;
+  int ascending;
+  int st = check_scatter(itype, vtype, dense, dense_n, idx, val, n, nt, &ascending, err);
+  if (st) return st;
+  const size_t w = sc_dtype_size(vtype);
   /* parallel only over distinct entries; the zeroing pass splits dense itself */
   const int pnt = ascending ? nt : 1;
   /* assigning copies bits: dispatch on the value width only */

@@ -271,14 +271,8 @@ def _strictly_ascending(idx: torch.Tensor) -> bool:
     return idx.numel() < 2 or bool((idx[1:] > idx[:-1]).all())
 
 
-def scatter_add_(dense: torch.Tensor, idx: torch.Tensor, val: torch.Tensor) -> None:
-    """dense[idx] += val; half types: each addition in float32, rounded to the dense dtype.
-
-    Strictly ascending (distinct) indices: one gather-add-write, the same bits on every
-    device. Other orders (repeats): ``index_add_``, serial in input order on CPU (the C
-    kernel's order), unspecified on CUDA.
-    """
-    op = "sparsecomm.scatter_add_"
+def _check_scatter(op: str, dense: torch.Tensor, idx: torch.Tensor, val: torch.Tensor) -> None:
+    """What the C kernels check before a scatter writes anything (the same errors)."""
     _vector(dense, op, "dense")
     _vector(idx, op, "idx")
     _vector(val, op, "val")
@@ -291,6 +285,16 @@ def scatter_add_(dense: torch.Tensor, idx: torch.Tensor, val: torch.Tensor) -> N
     for t, name in ((val, "val"), (idx, "idx")):
         if _overlaps(dense, t.contiguous()):
             raise ValueError(f"{op}: {name} partially overlaps the tensor written in place; pass a copy")
+
+
+def scatter_add_(dense: torch.Tensor, idx: torch.Tensor, val: torch.Tensor) -> None:
+    """dense[idx] += val; half types: each addition in float32, rounded to the dense dtype.
+
+    Strictly ascending (distinct) indices: one gather-add-write, the same bits on every
+    device. Other orders (repeats): ``index_add_``, serial in input order on CPU (the C
+    kernel's order), unspecified on CUDA.
+    """
+    _check_scatter("sparsecomm.scatter_add_", dense, idx, val)
     if idx.numel() == 0:
         return
     i64 = idx.to(torch.int64)
@@ -304,19 +308,7 @@ def scatter_add_(dense: torch.Tensor, idx: torch.Tensor, val: torch.Tensor) -> N
 def scatter_set_(dense: torch.Tensor, idx: torch.Tensor, val: torch.Tensor, zero_rest: bool = False) -> None:
     """dense[idx] = val (a repeated index keeps its last value in input order, on every
     device: the last of each run of a stable sort); zero_rest: every other entry 0."""
-    op = "sparsecomm.scatter_set_"
-    _vector(dense, op, "dense")
-    _vector(idx, op, "idx")
-    _vector(val, op, "val")
-    _contiguous(dense, op, "dense")
-    _values(dense, op, "dense")
-    _indices(idx, op, "idx")
-    _same_dtype(dense, val, op, "dense", "val")
-    _same_length(idx, val, op, "idx", "val")
-    _check_index_range(op, idx, dense.numel())
-    for t, name in ((val, "val"), (idx, "idx")):
-        if _overlaps(dense, t.contiguous()):
-            raise ValueError(f"{op}: {name} partially overlaps the tensor written in place; pass a copy")
+    _check_scatter("sparsecomm.scatter_set_", dense, idx, val)
     if zero_rest:
         dense.zero_()
     if idx.numel() == 0:
