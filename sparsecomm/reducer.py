@@ -51,6 +51,7 @@ import torch
 
 from . import _version as _version_module
 from . import algorithms, ops
+from .ops import _torch_impl
 from .comm.base import Comm
 from .errors import AgreedValueError
 from .formats.header import DTYPE_CODES, FORMAT_VERSION, MAGIC
@@ -102,7 +103,11 @@ def _nonfinite_flag(flat: torch.Tensor) -> int:
     tensor holds: :func:`sparsecomm.ops.nonfinite_flags`, one vectorized read of the gradient
     on CPU (about 0.45 residual-add passes at N = 15M float32 where ``torch.aminmax`` took
     0.7; docs/benchmarks.md), a second only when something is there."""
-    return ops.nonfinite_flags(flat) if flat.numel() else 0
+    if flat.numel() == 0:
+        return 0
+    if flat.device.type not in ("cpu", "cuda"):  # no kernel registered there: the torch code
+        return int(_torch_impl.nonfinite_flags(flat))
+    return ops.nonfinite_flags(flat)
 
 
 #: fresh CPU results from this size on get transparent huge pages (see _fresh_result)

@@ -281,10 +281,10 @@ def _check_scatter(op: str, dense: torch.Tensor, idx: torch.Tensor, val: torch.T
     _indices(idx, op, "idx")
     _same_dtype(dense, val, op, "dense", "val")
     _same_length(idx, val, op, "idx", "val")
-    _check_index_range(op, idx, dense.numel())
-    for t, name in ((val, "val"), (idx, "idx")):
+    for t, name in ((val, "val"), (idx, "idx")):  # overlap first, as the C kernels
         if _overlaps(dense, t.contiguous()):
             raise ValueError(f"{op}: {name} partially overlaps the tensor written in place; pass a copy")
+    _check_index_range(op, idx, dense.numel())
 
 
 def scatter_add_(dense: torch.Tensor, idx: torch.Tensor, val: torch.Tensor) -> None:
