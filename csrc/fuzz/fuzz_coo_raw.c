@@ -12,7 +12,10 @@
  * position; sc_scatter_add adds serially in input order (repeats included) or
  * rejects the first out-of-range index writing nothing (dense length:
  * min(limit, 2048), 64 without a bound); sc_gather copies or
- * rejects; a value vector inside the dense buffer is SC_ERR_OVERLAP. */
+ * rejects; sc_scatter_set copies bits in input order (a repeat keeps its last
+ * value; with zero_rest, chosen by the parity of the first length, every other
+ * entry is +0) or rejects writing nothing; a value vector inside the dense
+ * buffer is SC_ERR_OVERLAP. */
 #include "fuzz_common.h"
 
 #define MAXP 4
@@ -145,6 +148,24 @@ FZ_NOCOV int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       st = sc_scatter_add(it, vt, dense, dn, idx[0], (char*)dense + vs * (dn / 2), lens[0], nt, &e);
       FUZZ_CHECK(st == SC_ERR_OVERLAP);
       FUZZ_CHECK(memcmp(dense, ref, dn * vs) == 0);
+    }
+    /* sc_scatter_set of vector 0 (zero_rest by the first length's parity): bits copied in input order
+       (the last of a repeat stays), every other entry +0 with zero_rest; nothing on a bad index */
+    {
+      const int zero_rest = (int)(lens[0] & 1); /* from the input: either way */
+      for (int64_t i = 0; i < dn; i++) ref_put(vt, dense, i, (double)(i % 5) + 1.0);
+      memcpy(ref, dense, dn * vs);
+      st = sc_scatter_set(it, vt, dense, dn, idx[0], val[0], lens[0], zero_rest, nt, &e);
+      if (bad >= 0) {
+        FUZZ_CHECK(st == SC_ERR_INDEX_RANGE && e.input == 1 && e.position == bad);
+        FUZZ_CHECK(memcmp(dense, ref, dn * vs) == 0);
+      } else {
+        FUZZ_CHECK(st == SC_OK);
+        if (zero_rest) memset(ref, 0, dn * vs);
+        for (int64_t i = 0; i < lens[0]; i++)
+          memcpy((char*)ref + vs * ref_idx(it, idx[0], i), (char*)val[0] + vs * i, vs);
+        FUZZ_CHECK(memcmp(dense, ref, dn * vs) == 0);
+      }
     }
     free(out);
     free(ref);
