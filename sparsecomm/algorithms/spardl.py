@@ -388,9 +388,9 @@ class SparDL(Algorithm):
             # A journal entry whose indices all lie in the result is overwritten by xi anyway:
             # the final selection's, when it is the result itself (one rank per team and no
             # SAG step changed it); with nothing else to undo, acc is already right.
-            if plan.q == 1 and f_idx is selected:
-                journal[final_entry] = (journal[final_entry][0][:0], journal[final_entry][1][:0])
-            undo = [(j_idx, j_val) for j_idx, j_val in journal if j_idx.numel()]
+            covered = final_entry if plan.q == 1 and f_idx is selected else None
+            undo = [(j_idx, j_val) for pos, (j_idx, j_val) in enumerate(journal)
+                    if pos != covered and j_idx.numel()]
             if undo:
                 xi = ops.gather(acc, all_idx)
                 for j_idx, j_val in reversed(undo):

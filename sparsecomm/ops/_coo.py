@@ -149,8 +149,8 @@ def scatter_set_(dense: torch.Tensor, idx: torch.Tensor, val: torch.Tensor, zero
     ``zero_rest=True`` sets every other entry to zero as well, so ``dense`` becomes the
     COO vector ``(idx, val)`` written out: with strictly ascending indices (a merged or
     selected vector) the kernel writes each entry once, chunk by chunk, instead of a full
-    ``zero_()`` and then a scatter that misses the cache at every value (about 0.3
-    residual-add passes instead of 0.8 at N = 15M, 1%; docs/benchmarks.md). Values are
+    ``zero_()`` and then a scatter that misses the cache at every value (about 0.5
+    residual-add passes instead of 0.7-0.8 at N = 15M, 1%; docs/benchmarks.md). Values are
     copied as bits. Indices must lie in ``[0, len(dense))`` (checked before anything is
     written); ``val`` or ``idx`` sharing memory with ``dense`` raises ``ValueError``.
     """

@@ -137,8 +137,9 @@ int sc_scatter_add(sc_index_t itype, sc_dtype vtype, void* dense,
  * (dense is then exactly the COO vector (idx, val) written out). Values are
  * copied as bits. Indices are checked against [0, dense_n) first (nothing is
  * written on failure); strictly ascending indices run in parallel and, with
- * zero_rest, write dense in one streaming pass (no memset of all of it
- * first). `val` / `idx` must not overlap `dense` (SC_ERR_OVERLAP).
+ * zero_rest, write dense once, chunk by chunk (a chunk zeroed, then its
+ * values while its lines are hot), not a memset of all of it and then a
+ * scatter. `val` / `idx` must not overlap `dense` (SC_ERR_OVERLAP).
  */
 int sc_scatter_set(sc_index_t itype, sc_dtype vtype, void* dense, int64_t dense_n,
                const void* idx, const void* val, int64_t n, int zero_rest, int nthreads,
