@@ -61,7 +61,7 @@ __all__ = ["SparseAllreduce", "k_for"]
 
 _HALF_TYPES = (torch.float16, torch.bfloat16)
 _SIGNATURE_FIELDS = ("magic", "format version", "sparsecomm version", "algorithm", "options", "density", "N",
-                     "dtype", "k")
+                     "dtype", "k", "checkpoint")
 #: signature fields whose value is a text sent as a hash; the error names them in words
 _TEXT_FIELDS = ("sparsecomm version", "algorithm", "options")
 #: the values of the ``nonfinite`` option
@@ -196,6 +196,9 @@ class SparseAllreduce:
         self._pending_residual: torch.Tensor | None = None
         self._agreed: tuple | None = None   # (n, dtype, device) the ranks agreed on
         self._shape: torch.Size | None = None
+        #: 0 on a fresh reducer; load_state_dict sets a 63-bit fingerprint of the loaded state,
+        #: which the handshake compares across ranks ("checkpoint")
+        self._checkpoint_id = 0
         self.last_stats: dict[str, Any] = {}
 
     # -- public state ----------------------------------------------------------------------
@@ -407,7 +410,8 @@ class SparseAllreduce:
         algorithm_id = f"{self.algorithm_name}/{revision}" if revision else self.algorithm_name
         version = _version()
         mine = torch.tensor([MAGIC, FORMAT_VERSION, _crc(version), _crc(algorithm_id), _crc(options),
-                             density_bits, n, DTYPE_CODES.get(dtype, 0), self.k_for(n)], dtype=torch.int64,
+                             density_bits, n, DTYPE_CODES.get(dtype, 0), self.k_for(n),
+                             int(self._checkpoint_id)], dtype=torch.int64,
                             device="cpu")
         table = self.comm.allgather_small(mine).cpu()
         differing = [i for i in range(len(_SIGNATURE_FIELDS)) if not bool((table[:, i] == table[0, i]).all())]
@@ -428,15 +432,20 @@ class SparseAllreduce:
                 values = [torch.tensor([v]).view(torch.float64).item() for v in values]
             elif field == "magic":
                 values = [f"#{v:x}" for v in values]
+            elif field == "checkpoint":
+                values = ["a fresh start" if v == 0 else f"checkpoint #{v:x}" for v in values]
             groups: dict[Any, list[int]] = {}
             for rank, value in enumerate(values):
                 groups.setdefault(value, []).append(rank)
             lines.append(f"{field}: " + "; ".join(f"ranks {ranks} have {value}" for value, ranks in groups.items()))
+        advice = ("\nevery rank must call the same reducer with the same tensor size, dtype, "
+                  "algorithm, options (including nonfinite) and sparsecomm version")
+        if _SIGNATURE_FIELDS.index("checkpoint") in differing:
+            advice += ("\nthe ranks resumed from different checkpoints (or some from none): every rank must "
+                       "load its own state from the same save, or every rank start fresh")
         raise AgreedValueError(f"rank {self.comm.rank}: the ranks disagree on the reduction "
                          f"({self.algorithm_name}, density {self.density}, this rank N={n}, {dtype}):\n  "
-                         + "\n  ".join(lines)
-                         + "\nevery rank must call the same reducer with the same tensor size, dtype, "
-                           "algorithm, options (including nonfinite) and sparsecomm version")
+                         + "\n  ".join(lines) + advice)
 
     def options_text(self) -> str:
         """The options as the handshake compares and the mismatch error shows them: the

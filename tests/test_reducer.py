@@ -126,6 +126,38 @@ def test_builds_with_another_wire_revision_refuse_on_every_rank():
                for m in messages), messages
 
 
+def test_ranks_resumed_from_different_checkpoints_refuse_on_every_rank():
+    """A reducer's checkpoint fingerprint (0: a fresh start) is part of the first call's
+    handshake: ranks that loaded different saves, or only some of them, raise the same
+    error on every rank naming the ranks on each side, instead of silently drifting."""
+    ids = {0: 0, 1: 0x5EED_0123_4567_89AB, 2: 0x5EED_0123_4567_89AB, 3: 0x1234}
+
+    def fn(comm):
+        reducer = sc.SparseAllreduce("topka", 0.2, comm=comm)
+        reducer._checkpoint_id = ids[comm.rank]
+        try:
+            reducer(torch.ones(100))
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    messages = simulate(4, fn).results
+    expected = (r"checkpoint: ranks \[0\] have a fresh start; ranks \[1, 2\] have checkpoint #5eed0123456789ab; "
+                r"ranks \[3\] have checkpoint #1234")
+    for message in messages:
+        assert message is not None and any(re.fullmatch(expected, line.strip()) for line in message.splitlines()), \
+            messages
+        assert "load its own state from the same save" in message
+    assert len({m.split("\n", 1)[1] for m in messages}) == 1
+
+    def same(comm):   # the same fingerprint everywhere: no error
+        reducer = sc.SparseAllreduce("topka", 0.2, comm=comm)
+        reducer._checkpoint_id = 0x5EED
+        return float(reducer(torch.ones(100)).sum())
+
+    assert simulate(2, same).results == [40.0, 40.0]
+
+
 def test_shape_dtype_and_out_are_kept():
     def fn(comm):
         reducer = sc.SparseAllreduce("topka", 0.25, comm=comm)
