@@ -448,17 +448,53 @@ def _phase_bounds(size, n, k, phases, pattern, stats, rank, can_probe=False):
     assert sr["messages"] == ag["messages"] == (lg if rank < p2 else 0)
     # eq. 4: log2(P)/2 P k upper bound; here even (p2 - 1) k_core (each round at most what is held)
     assert sr["nonzeros"] <= min((p2 - 1) * k_core, lg / 2 * p2 * k_core)
-    # eq. 5's upper bound (P - 1) k assumes balanced partitions; averaged boundaries are not
-    # balanced when the supports are disjoint (each rank's proposals lie in its own stripe,
-    # so the means bunch up in the middle), and then a rank may forward a large partition in
-    # every round: at most log2(p2) times the whole result
-    assert ag["nonzeros"] <= lg * min(n, size * k)
     if pattern == "same_support":
         assert ag["nonzeros"] <= (p2 - 1) * k_core
     if pattern == "same_support" and size == p2 and k % p2 == 0:
         # identical supports: every rank proposes the same boundaries, each partition holds
         # exactly k/P entries, and both phases reach eqs. 4-5's lower bound (P-1)/P k
         assert sr["nonzeros"] == ag["nonzeros"] == (p2 - 1) * k // p2
+
+
+def _exact_phase_volumes(size, sent, out, bounds, phases, rank):
+    """What each phase of section III-B must send, entry for entry, computed here from the
+    ranks' selections ``sent`` (dense), the result ``out`` and the averaged boundaries:
+
+    * fold (any P): a folded rank r >= p2 sends its selection to r - p2 and receives the
+      whole result back, so it sends nnz(sent_r) and its partner nnz(out);
+    * scatter-reduce (recursive halving, Fig. 3): before the round of distance d, core rank
+      r holds the partitions of its aligned group of 2d ranks, summed over the ranks s with
+      s = r (mod 2d) (their fold partners included), and sends the half that is not its own;
+    * allgatherv (recursive doubling): in the round of distance d it sends the d reduced
+      partitions of its aligned group of d ranks, i.e. the result over
+      [B_(r & ~(d-1)), B_(r & ~(d-1) + d)).
+
+    Non-zeros are counted (blocks may carry zeros); sums of these random values do not
+    cancel to exact zeros."""
+    p2 = 1 << (size.bit_length() - 1)
+    b = bounds
+    core = [sent[r].double() + (sent[r + p2].double() if r + p2 < size else 0) for r in range(p2)]
+
+    def nnz(v, lo, hi):
+        return int(torch.count_nonzero(v[lo:hi]))
+
+    got = {ph: phases.get(ph, {"nonzeros": 0})["nonzeros"] for ph in ("fold", "scatter_reduce", "allgatherv")}
+    if rank >= p2:
+        assert got == {"fold": nnz(sent[rank], 0, len(out)), "scatter_reduce": 0, "allgatherv": 0}, (rank, got)
+        return
+    want_fold = nnz(out, 0, len(out)) if rank + p2 < size else 0
+    want_sr, d = 0, p2 // 2
+    while d >= 1:
+        held = sum(core[s] for s in range(p2) if s % (2 * d) == rank % (2 * d))
+        give = (rank ^ d) & ~(d - 1)  # the peer's half: d partitions from there
+        want_sr += nnz(held, b[give], b[give + d])
+        d //= 2
+    want_ag, d = 0, 1
+    while d < p2:
+        g = rank & ~(d - 1)
+        want_ag += nnz(out, b[g], b[g + d])
+        d *= 2
+    assert got == {"fold": want_fold, "scatter_reduce": want_sr, "allgatherv": want_ag}, (rank, got)
 
 
 @pytest.mark.parametrize("size,pattern", [(2, "same_support"), (4, "same_support"), (8, "same_support"),
@@ -469,8 +505,13 @@ def test_densestream_cost_within_the_papers_bounds(size, pattern):
     res = simulate(size, lambda comm: _history(comm, density, grads_by_step)).results
     k = ref_k(density, n)
     p2 = 1 << (size.bit_length() - 1)
+    sent = selections(grads_by_step, n, k)[0][0]
+    # section III-B-1: the mean over all P ranks of each one's p2 - 1 proposals
+    props = [np.sort(ref_topk_indices(grads_by_step[0][r], k)) for r in range(size)]
+    want_bounds = [0] + [sum(int(p[j * k // p2]) for p in props) // size for j in range(1, p2)] + [n]
     for r in range(size):
         out, _, stats, phases, bounds = res[r][0]
+        assert bounds == want_bounds, (r, bounds, want_bounds)
         # rounds: the boundary all-reduce; a core rank's log2 p2 + log2 p2 data rounds; a fold
         # partner's or folded rank's two fold rounds; each data round with a size round (the
         # simulated Comm does not probe)
@@ -480,18 +521,28 @@ def test_densestream_cost_within_the_papers_bounds(size, pattern):
         _phase_bounds(size, n, k, phases, pattern, stats, r)
         assert bounds[0] == 0 and bounds[-1] == n and bounds == sorted(bounds) and len(bounds) == p2 + 1
         assert bounds == res[0][0][4]  # the same boundaries on every rank
+        _exact_phase_volumes(size, sent, out, bounds, phases, r)
 
 
-def test_boundaries_are_the_floor_of_the_mean_of_the_proposals():
-    n, size, density = 1000, 4, 0.04  # k = 40, 4 partitions of 10 selected indices each
+@pytest.mark.parametrize("size", [3, 4, 5, 6])
+def test_boundaries_are_the_floor_of_the_mean_of_the_proposals(size):
+    """Section III-B-1: every rank proposes p2 - 1 boundaries (positions floor(j k / p2) of
+    its sorted selection) and the boundaries are the mean over all P ranks -- at P = 3, 5, 6
+    the folded ranks' proposals count too (a mean over the power-of-two core only differs
+    here, which the test checks first)."""
+    n, density = 1000, 0.04  # k = 40
+    k = 40
+    p2 = 1 << (size.bit_length() - 1)
     gens = [torch.Generator().manual_seed(r) for r in range(size)]
     grads = [[random_sparse(n, 200, g) for g in gens]]
     res = simulate(size, lambda comm: _history(comm, density, grads)).results
     proposals = []
     for r in range(size):
-        idx = np.sort(ref_topk_indices(grads[0][r], 40))
-        proposals.append([int(idx[j * 40 // size]) for j in range(1, size)])
-    want = [0] + [sum(p[j] for p in proposals) // size for j in range(size - 1)] + [n]
+        idx = np.sort(ref_topk_indices(grads[0][r], k))
+        proposals.append([int(idx[j * k // p2]) for j in range(1, p2)])
+    want = [0] + [sum(p[j] for p in proposals) // size for j in range(p2 - 1)] + [n]
+    if size != p2:  # the case tells the two rules apart
+        assert want != [0] + [sum(p[j] for p in proposals[:p2]) // p2 for j in range(p2 - 1)] + [n]
     for r in range(size):
         assert res[r][0][4] == want
 
@@ -534,10 +585,11 @@ def test_densestream_on_gloo(size):
     for step, (sent, residuals) in enumerate(selections(grads_by_step, n, k)):
         want = rank_order_sum(sent)
         for r in range(size):
-            out, residual, stats, phases, _ = runs[r][step]
+            out, residual, stats, phases, bounds = runs[r][step]
             assert torch.equal(torch.from_numpy(out), want), (size, r, step)
             assert torch.equal(torch.from_numpy(residual), residuals[r])
             _phase_bounds(size, n, k, phases, "clustered", stats, r)
+            _exact_phase_volumes(size, sent, torch.from_numpy(out), bounds, phases, r)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
