@@ -78,6 +78,7 @@ when returned); results are identical either way.
 
 from __future__ import annotations
 
+import io
 import warnings
 from typing import Any
 
@@ -87,8 +88,8 @@ import torch.distributed as dist
 from . import algorithms
 from ._bucket_worker import BucketWorker, fail_future
 from .comm.base import Comm
-from .formats.header import FORMAT_VERSION
-from .reducer import NONFINITE_POLICIES, SparseAllreduce, check_state_version
+from ._checkpoint import CHECKPOINT_VERSION, HOW_TO_SAVE, check_owner, check_version, fingerprint
+from .reducer import NONFINITE_POLICIES, SparseAllreduce
 from .schedule import DensitySchedule, as_schedule
 
 __all__ = ["DDPHookState", "ddp_hook"]
@@ -219,6 +220,12 @@ class DDPHookState:
         self._loose_residuals: dict[int, torch.Tensor] = {}  # ordinal -> loaded residual waiting for its reducer
         self._loose_algorithm_states: dict[int, dict[str, Any]] = {}  # plan bucket -> loaded algorithm state
         self.last_stats: dict[int, dict[str, Any]] = {}
+        #: 0 while fresh; after load_state_dict the loaded save's fingerprint, handed to every
+        #: reducer (SparseAllreduce._checkpoint_id), whose first handshake compares it across ranks
+        self._checkpoint_id = 0
+        #: (rank, world size) of a loaded state whose owner could not be checked at load time
+        #: (no process group or Comm yet): checked when the Comm is built
+        self._unchecked_owner: tuple[Any, Any, bool] | None = None
         #: DDP buckets that were not a bucket of the plan and went through its gather buffers
         #: (each costs one copy of its gradients in and one of the result out)
         self.regrouped_buckets = 0
@@ -242,6 +249,15 @@ class DDPHookState:
             if size is not None:  # options that need P fail here, on every rank, before any message
                 self._options_checked.check_size(size)
             self._comm = TorchComm(self.process_group)
+        if self._unchecked_owner is not None:
+            saved_rank, saved_size, per_rank = self._unchecked_owner
+            self._unchecked_owner = None
+            try:
+                check_owner("DDPHookState", saved_rank, saved_size, self._comm.rank, self._comm.size, per_rank)
+            except ValueError as exc:  # the peers are about to wait for this rank's first bucket
+                if self._comm.size > 1:
+                    self._comm.abort(f"ValueError: {exc} (loading the hook's state, before it sent anything)")
+                raise
         return self._comm
 
     def _scoped(self, job, comm: Comm):
@@ -339,9 +355,10 @@ class DDPHookState:
                 warnings.warn(f"sparsecomm: bucket {j}: residuals of parameters {missing} no longer fit "
                               "(shape or dtype changed); they restart from zero", RuntimeWarning, stacklevel=4)
             try:
-                reducer.load_state_dict({"format_version": FORMAT_VERSION, "algorithm": self.algorithm,
-                                         "density": self.density, "residual": residual,
-                                         "algorithm_state": algorithm_state})
+                reducer.load_state_dict({"checkpoint_version": CHECKPOINT_VERSION, "algorithm": self.algorithm,
+                                         "density": self.density, "rank": self.comm.rank,
+                                         "world_size": self.comm.size, "fingerprint": self._checkpoint_id,
+                                         "residual": residual, "algorithm_state": algorithm_state})
             except (ValueError, TypeError) as exc:
                 # a state only this rank loaded: its peers are about to wait for this bucket's
                 # messages, so they are told (CommAbortedError naming this rank) instead of
@@ -350,6 +367,7 @@ class DDPHookState:
                     self.comm.abort(f"{type(exc).__name__}: {exc} (restoring bucket {j}'s saved state, "
                                     "before it sent anything)")
                 raise
+        reducer._checkpoint_id = self._checkpoint_id  # compared by its first handshake, also when nothing loaded
         self._reducers[j] = reducer
         return reducer
 
@@ -506,24 +524,71 @@ class DDPHookState:
             future.set_result(run())
 
     # -- checkpointing ----------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """Everything that decides the next reductions: the step, the plan (bucket layout),
-        every parameter's residual and every plan bucket's algorithm state."""
+    def _rank_and_size(self) -> tuple[int | None, int | None]:
+        """This state's rank and world size: its Comm's, else the process group's, else unknown."""
+        if self._comm is not None:
+            return self._comm.rank, self._comm.size
+        size = _group_size(self.process_group)
+        return (None, None) if size is None else (dist.get_rank(self.process_group), size)
+
+    def local_state_dict(self) -> dict[str, Any]:
+        """This rank's state as a plain dict: everything that decides the next reductions --
+        the step, the plan (bucket layout), every parameter's residual (``residuals``, by
+        parameter ordinal) and every plan bucket's algorithm state (``algorithm_states``) --
+        and whose it is: ``rank``, ``world_size`` and ``fingerprint`` (equal on every rank of one
+        save: configuration, world size, step and plan; sparsecomm/_checkpoint.py).
+        :meth:`state_dict` is this dict packed for saving; :meth:`load_state_dict` takes either."""
         self._drain()
         residuals = {**self._loose_residuals, **self._residual_pieces()}
         algorithm_states = {**self._loose_algorithm_states,
                             **{j: reducer.algorithm.state_dict() for j, reducer in self._reducers.items()}}
-        return {"format_version": FORMAT_VERSION, "algorithm": self.algorithm, "density": self.density,
-                "options": dict(self.options), "nonfinite": self.nonfinite, "warmup_steps": self.warmup_steps,
-                "density_schedule": None if self.density_schedule is None else self.density_schedule.to_state(),
-                "step": self.step,
-                "layout": [planned.to_state() for planned in self._plan] if self._plan_complete else None,
-                "layout_final": self._plan_final,
-                "next_layout": None if self._next_plan is None else [planned.to_state() for planned in self._next_plan],
-                "residuals": residuals,
-                "algorithm_states": {j: s for j, s in algorithm_states.items() if s}}
+        rank, size = self._rank_and_size()
+        state = {"checkpoint_version": CHECKPOINT_VERSION, "algorithm": self.algorithm, "density": self.density,
+                 "options": dict(self.options), "nonfinite": self.nonfinite, "warmup_steps": self.warmup_steps,
+                 "density_schedule": None if self.density_schedule is None else self.density_schedule.to_state(),
+                 "step": self.step,
+                 "layout": [planned.to_state() for planned in self._plan] if self._plan_complete else None,
+                 "layout_final": self._plan_final,
+                 "next_layout": None if self._next_plan is None else [planned.to_state() for planned in self._next_plan]}
+        state["rank"], state["world_size"] = rank, size
+        algorithm_states = {j: s for j, s in algorithm_states.items() if s}
+        pristine = not (self.step or self._plan_complete or residuals or algorithm_states)
+        # 0 for a state that has seen nothing (as a fresh one: loading it changes nothing)
+        state["fingerprint"] = 0 if pristine else \
+            fingerprint("DDPHookState", {key: state[key] for key in sorted(state) if key != "rank"})
+        state["residuals"] = residuals
+        state["algorithm_states"] = algorithm_states
+        return state
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state to save, one per rank: ``{"sparsecomm": "DDPHookState", "checkpoint_version",
+        "world_size", "fingerprint", "rank<r>": bytes}``, where ``rank<r>`` holds this rank's
+        :meth:`local_state_dict` (``torch.save`` bytes). Local: no communication.
+
+        Saved with ``torch.save(state.state_dict(), f"hook_rank{rank}.pt")`` on every rank, or as
+        a ``torch.distributed.checkpoint`` ``Stateful`` (``dcp.save({"model": ..., "hook": state})``):
+        the per-rank part sits under a key of its own rank, so DCP writes each rank's own and
+        gives it back to that rank (a plain per-rank dict of tensors would be deduplicated as
+        replicated, and a fresh state could not name its residuals for DCP to fill in). The few
+        keys beside it are the same on every rank."""
+        local = self.local_state_dict()
+        buffer = io.BytesIO()
+        torch.save(local, buffer)
+        key = "rank?" if local["rank"] is None else f"rank{local['rank']}"
+        return {"sparsecomm": "DDPHookState", "checkpoint_version": CHECKPOINT_VERSION,
+                "world_size": local["world_size"], "fingerprint": local["fingerprint"], key: buffer.getvalue()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (or :meth:`local_state_dict`) of this rank, before the
+        first step. Refused with a ValueError that says what to do: another rank's state (when
+        it holds residuals or algorithm state: every rank must load its own), a state saved by
+        another number of ranks (not supported: residuals are per rank), another algorithm,
+        density, options or schedule, another checkpoint version. Ranks that load different
+        saves (or some none) raise together at their first sparse bucket (the reducers'
+        handshake compares the save's fingerprint)."""
+        if isinstance(state, dict) and state.get("sparsecomm") == "DDPHookState":
+            state = self._unpack(state)
+        check_version(state, "DDPHookState")
         for key in ("algorithm", "density", "options"):
             if state.get(key) != getattr(self, key):
                 raise ValueError(f"state_dict has {key}={state.get(key)!r}, this hook state has "
@@ -532,12 +597,19 @@ class DDPHookState:
         if saved_schedule != self.density_schedule:
             raise ValueError(f"state_dict has density_schedule={saved_schedule!r}, this hook state has "
                              f"{self.density_schedule!r}: build the state with the checkpoint's schedule")
-        check_state_version(state)
         raw = state.get("algorithm_states", {})
-        if isinstance(raw, dict) and not all(isinstance(s, dict) for s in raw.values()):
+        if not isinstance(raw, dict) or not all(isinstance(s, dict) for s in raw.values()):
             raise ValueError("state_dict's algorithm_states must map bucket numbers to dicts (each an algorithm's "
-                             f"state_dict()); got {({j: type(s).__name__ for j, s in raw.items()})}")
+                             f"state_dict()); got {raw!r}"[:300])
+        mark = state.get("fingerprint")
+        if type(mark) is not int or not 0 <= mark < 1 << 63:
+            raise ValueError(f"state_dict's fingerprint must be an int in [0, 2**63), got {mark!r}")
+        per_rank = bool(state.get("residuals")) or bool(raw)
+        rank, size = self._rank_and_size()
+        check_owner("DDPHookState", state.get("rank"), state.get("world_size"), rank, size, per_rank)
         self._drain()
+        self._unchecked_owner = (state.get("rank"), state.get("world_size"), per_rank) if rank is None else None
+        self._checkpoint_id = mark
         self.step = int(state["step"])
         self.warmup_steps = int(state.get("warmup_steps", self.warmup_steps))
         self._reducers.clear()
@@ -551,16 +623,31 @@ class DDPHookState:
         self._next_plan = None if not state.get("next_layout") else \
             [_PlanBucket.from_state(planned) for planned in state["next_layout"]]
         self._loose_residuals = {int(k): v for k, v in state["residuals"].items()}
-        if isinstance(raw, list):  # written before plans existed: keyed by (ordinal, offset, numel) layouts
-            by_layout = {tuple(tuple(int(x) for x in entry) for entry in item["layout"]): item["state"] for item in raw}
-            raw = {j: by_layout[key] for j, planned in enumerate(self._plan)
-                   if (key := tuple((o, off, n) for o, off, n, _ in planned.entries)) in by_layout}
         self._loose_algorithm_states = {int(j): dict(s) for j, s in raw.items()}
+
+    def _unpack(self, packed: dict[str, Any]) -> dict[str, Any]:
+        """This rank's local state out of a :meth:`state_dict`, or the error naming whose it is."""
+        if packed.get("checkpoint_version") != CHECKPOINT_VERSION:
+            check_version(packed, "DDPHookState")
+        parts = {key: value for key, value in packed.items() if key.startswith("rank")}
+        rank, _ = self._rank_and_size()
+        key = f"rank{rank}" if f"rank{rank}" in parts else ("rank?" if "rank?" in parts else None)
+        if key is None and rank is None and len(parts) == 1:
+            key = next(iter(parts))   # checked against the Comm's rank when it is built
+        if key is None and len(parts) == 1:
+            key = next(iter(parts))   # another rank's: refused below if it holds per-rank data
+        if key is None or not isinstance(parts[key], (bytes, bytearray)):
+            raise ValueError(f"this DDPHookState state_dict holds the parts {sorted(parts)}, none of them this "
+                             f"rank's (rank {rank}): " + HOW_TO_SAVE)
+        local = torch.load(io.BytesIO(parts[key]), weights_only=True)
+        if not isinstance(local, dict):
+            raise ValueError(f"this DDPHookState state_dict's part {key} is not a state: {type(local).__name__}")
+        return local
 
     def __getstate__(self) -> dict[str, Any]:
         # process groups, communicators and the worker thread cannot be pickled;
         # configuration and residuals can
-        return {**self.state_dict(), "async_comm": self.async_comm}
+        return {**self.local_state_dict(), "async_comm": self.async_comm}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["algorithm"], state["density"], process_group=None,

@@ -53,6 +53,7 @@ from . import _version as _version_module
 from . import algorithms, ops
 from .ops import _torch_impl
 from .comm.base import Comm
+from ._checkpoint import CHECKPOINT_VERSION, check_owner, check_version, fingerprint
 from .errors import AgreedValueError
 from .formats.header import DTYPE_CODES, FORMAT_VERSION, MAGIC
 from .schedule import DensitySchedule, as_schedule
@@ -227,24 +228,44 @@ class SparseAllreduce:
         self._shape = None
 
     def state_dict(self) -> dict[str, Any]:
+        """This rank's state (residual, algorithm state, calls made) and whose it is: ``rank``,
+        ``world_size`` and a ``fingerprint`` equal on every rank of one save (a hash of the
+        configuration, world size, calls made and N; sparsecomm/_checkpoint.py). Local: no
+        communication, so any subset of ranks may call it. Save one per rank."""
+        residual = None if self.residual is None else self.residual.detach().clone()
         return {
-            "format_version": FORMAT_VERSION,
+            "checkpoint_version": CHECKPOINT_VERSION,
             "algorithm": self.algorithm_name,
             "density": self.density,
-            "residual": None if self.residual is None else self.residual.detach().clone(),
+            "rank": self.comm.rank,
+            "world_size": self.comm.size,
+            "fingerprint": fingerprint("SparseAllreduce", self.comm.size, self.algorithm_name, self.density,
+                                       self.options_text(), self.calls,
+                                       None if residual is None else residual.numel()),
+            "residual": residual,
             "algorithm_state": self.algorithm.state_dict(),
             "calls": self.calls,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict` of this rank. A ValueError refuses another rank's state
+        (one holding a residual or algorithm state), another world size's, another algorithm's,
+        or another checkpoint version's. The state's fingerprint becomes the one the next
+        handshake compares, so ranks that loaded different saves (or none) raise together."""
+        check_version(state, "SparseAllreduce")
         if state.get("algorithm") != self.algorithm_name:
             raise ValueError(f"state_dict is for algorithm {state.get('algorithm')!r}, "
                              f"this reducer runs {self.algorithm_name!r}")
-        check_state_version(state)
+        check_owner("SparseAllreduce", state.get("rank"), state.get("world_size"), self.comm.rank, self.comm.size,
+                    per_rank=state.get("residual") is not None or bool(state.get("algorithm_state")))
+        mark = state.get("fingerprint")
+        if type(mark) is not int or not 0 <= mark < 1 << 63:
+            raise ValueError(f"state_dict's fingerprint must be an int in [0, 2**63), got {mark!r}")
         self.reset()
         self._pending_residual = state.get("residual")
         self.calls = int(state.get("calls", 0))
         self.algorithm.load_state_dict(state.get("algorithm_state", {}))
+        self._checkpoint_id = mark
 
     # -- the call --------------------------------------------------------------------------
     # Under torch.compile a call runs eagerly (a graph break around it): its

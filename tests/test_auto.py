@@ -404,7 +404,7 @@ def _bad_state_on_one_rank(rank, world_size):
 
     state = sc.DDPHookState("auto", 0.05, alpha=1e-4, beta=8e-9, tune=0)
     run(state, 3)
-    saved = state.state_dict()
+    saved = state.local_state_dict()
     if rank == 1:
         for j in saved["algorithm_states"]:
             saved["algorithm_states"][j] = {"choice": "topka"}   # keys missing

@@ -43,7 +43,7 @@ def _data(rank: int, n: int = 256):
 
 def _flat_residuals(state: sc.DDPHookState, params) -> torch.Tensor:
     """This rank's residual as one vector in parameter order (zeros where none yet)."""
-    by_ordinal = state.state_dict()["residuals"]
+    by_ordinal = state.local_state_dict()["residuals"]
     parts = []
     for p in params:
         ordinal = state._ordinals.get(id(p))
@@ -87,7 +87,7 @@ def _worker(rank: int, world_size: int, algorithm: str, density: float, options:
         before = _flat_residuals(state, params) if step != 0 else torch.zeros(sum(p.numel() for p in params),
                                                                               dtype=torch.float64)
         if step == RESUME_AT:  # the resumed state has no ordinals yet: take the pickled residuals
-            loaded = pickle.loads(saved).state_dict()["residuals"]
+            loaded = pickle.loads(saved).local_state_dict()["residuals"]
             before = None
         optimizer.zero_grad()
         loss = nn.functional.cross_entropy(model(x), y)

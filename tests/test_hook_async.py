@@ -107,7 +107,7 @@ def _rank(rank, world_size):
         out[alg] = (sync.numpy(), asyn.numpy())
         blob = pickle.dumps(state)  # the worker thread is not pickled
         clone = pickle.loads(blob)
-        out[alg + "_pickle"] = (clone.async_comm, clone._worker is None, len(clone.state_dict()["residuals"]))
+        out[alg + "_pickle"] = (clone.async_comm, clone._worker is None, len(clone.local_state_dict()["residuals"]))
     # overlap: no round can run before the hook returns (the gate), so every Future the hook
     # returns is still pending; a hook that communicated inline would raise at the gate
     done = []

@@ -285,12 +285,12 @@ def _grad_scaler_rank(rank, world_size, algorithm):
             loss = loss * float("inf")   # a hand-made overflow on one rank only
         opt.zero_grad()
         before = [p.detach().clone() for p in model.parameters()]
-        residuals_before = {k: v.clone() for k, v in state.state_dict()["residuals"].items()}
+        residuals_before = {k: v.clone() for k, v in state.local_state_dict()["residuals"].items()}
         scaler.scale(loss).backward()
         scale = scaler.get_scale()
         scaler.step(opt)
         scaler.update()
-        residuals_after = state.state_dict()["residuals"]
+        residuals_after = state.local_state_dict()["residuals"]
         history.append({
             "scale_before": scale, "scale_after": scaler.get_scale(),
             "params_unchanged": all(torch.equal(b, p) for b, p in zip(before, model.parameters())),

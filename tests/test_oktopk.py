@@ -453,7 +453,7 @@ def _hook_worker(rank, world_size, resume_at):
     for step in range(8):
         if step == resume_at:
             saved = pickle.dumps(state)
-            kept = [st["step"] for st in state.state_dict()["algorithm_states"].values()]
+            kept = [st["step"] for st in state.local_state_dict()["algorithm_states"].values()]
             weights = net.module.state_dict()
             state = pickle.loads(saved)
             net = DDP(model(), bucket_cap_mb=0.002)

@@ -1,0 +1,76 @@
+"""What every sparsecomm checkpoint records so that it cannot be loaded wrongly.
+
+A reducer's or the DDP hook's state is *per rank*: each rank's residual is what that rank did
+not send, and auto's trial times are that rank's clock. A state loaded on another rank, or in a
+run with another number of ranks, would be accepted by the arithmetic and silently drift from
+the uninterrupted run. So each state records
+
+* ``checkpoint_version``: the layout of the checkpoint itself (:data:`CHECKPOINT_VERSION`), kept
+  apart from the wire format's ``FORMAT_VERSION``: messages and checkpoints change separately;
+* ``rank`` and ``world_size``: whose state it is (None while the state has not met a process
+  group: then it holds nothing per rank);
+* ``fingerprint``: 63 bits that are the same on every rank of one save -- a hash of the
+  configuration, the world size and the step (call count), never of anything per rank -- and
+  differ between saves at different steps. ``load_state_dict`` hands it to the reducers
+  (``SparseAllreduce._checkpoint_id``, 0 when fresh), whose first-call handshake compares it:
+  ranks resumed from different saves, or some resumed and some fresh, raise the same error on
+  every rank before any message whose size depends on the state. Two runs of one configuration
+  saved at the same step have the same fingerprint (nothing run-specific is agreed without a
+  collective, and ``state_dict()`` must stay local: users call it on some ranks only).
+
+Version 1 is the first version with these fields. A state written before it (it carries the wire
+``format_version`` and no ``checkpoint_version``) is refused with an error that says so: it
+records no rank, so a rank-0-only save loaded everywhere could not be told apart from a
+per-rank save.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+#: the layout of sparsecomm's checkpoints (state_dict), independent of the wire format's version
+CHECKPOINT_VERSION = 1
+
+#: what to do, in every error about a state loaded on the wrong rank or world size
+HOW_TO_SAVE = ("the state is per rank (each rank's residuals): save one file per rank, e.g. "
+               "torch.save(state.state_dict(), f\"hook_rank{rank}.pt\") on every rank and load each rank's own "
+               "file, or use torch.distributed.checkpoint (dcp.save({..., \"hook\": state}) / dcp.load), which "
+               "keeps each rank's part apart")
+
+
+def fingerprint(*parts: Any) -> int:
+    """A nonzero 63-bit hash of ``parts`` (their ``repr``): equal on ranks holding equal parts."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") & ((1 << 63) - 1)) or 1
+
+
+def check_version(state: Any, what: str) -> None:
+    """Refuse anything but a checkpoint of this layout, saying what it is instead."""
+    if not isinstance(state, dict):
+        raise ValueError(f"{what}.load_state_dict expects the dict its state_dict() returned, got "
+                         f"{type(state).__name__}")
+    version = state.get("checkpoint_version")
+    if version is None and "format_version" in state:
+        raise ValueError(f"this {what} state_dict was written by an older sparsecomm (before checkpoints recorded "
+                         "their rank and world size), so it cannot be checked against this rank: resume from a "
+                         f"checkpoint saved by this version, or start this {what} fresh (its residuals, what the "
+                         "ranks had not sent yet, are then dropped)")
+    if version != CHECKPOINT_VERSION:
+        raise ValueError(f"this {what} state_dict has checkpoint_version {version!r}; this sparsecomm reads "
+                         f"version {CHECKPOINT_VERSION}: load it with the sparsecomm that wrote it")
+
+
+def check_owner(what: str, saved_rank: Any, saved_size: Any, rank: int | None, size: int | None,
+                per_rank: bool) -> None:
+    """Refuse a state saved by another rank (when it holds per-rank data) or with another
+    number of ranks. ``rank``/``size`` None: not known here yet (checked again when they are)."""
+    if saved_size is not None and size is not None and int(saved_size) != size:
+        raise ValueError(f"this {what} state_dict was saved by a run of {saved_size} ranks; this run has {size}. "
+                         "A world-size change on resume is not supported: the residuals are per rank and cannot "
+                         f"be re-split. Resume with {saved_size} ranks, or build the {what} fresh without loading "
+                         "its state (the residuals, what the ranks had not sent yet, are dropped)")
+    if per_rank and saved_rank is not None and rank is not None and int(saved_rank) != rank:
+        raise ValueError(f"this {what} state_dict holds the state of rank {saved_rank} (of {saved_size}); this is "
+                         f"rank {rank}. Loading it here would silently drift from the uninterrupted run: "
+                         + HOW_TO_SAVE)
