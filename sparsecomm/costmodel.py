@@ -507,7 +507,8 @@ def _densestream(P, N, k, sets, dtype, **o):
 
 def _oktopk(P, N, k, sets, dtype, first_call=False, **o):
     """Estimate of a threshold-reuse step: the agreement all-gather (step, checksum, P counts,
-    flag), P-1 split rounds of k/P entries, the [m, g] all-gather, one balance round of about
+    flag), P-1 split rounds of k/P entries, the all-gather of m and the 97 rung counts of the
+    global threshold's ladder (only m on a recomputation step), one balance round of about
     G/P entries (G = k) and the Bruck all-gather of P blocks of G/P. ``first_call`` (every
     ``tau``-th step has the radix select, every ``tau_prime``-th the repartition): the proposals'
     agreement and the counts all-gather instead, and 4 all-gathered 256-bin histograms."""
@@ -525,7 +526,7 @@ def _oktopk(P, N, k, sets, dtype, first_call=False, **o):
     ranks = np.arange(P)
     for i in range(1, P):
         s.round(ranks, (ranks + i) % P, [coo_nbytes(per, N, dtype)] * P)
-    _allgather_int64(s, 2)
+    _allgather_int64(s, 1 if first_call else 98)
     if first_call:
         for _ in range(4):
             _allgather_int64(s, 256)

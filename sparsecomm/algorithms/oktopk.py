@@ -6,9 +6,12 @@ One call on P ranks (``step`` counts the calls of this reducer):
 
 1. **Local selection with threshold reuse** (section 3.1.3). Every ``tau`` steps the rank
    takes its exact local top-k (:func:`ops.topk`) and keeps the k-th largest magnitude as its
-   local threshold; in between it selects every entry with ``|acc| >= threshold``, so the
-   count c varies from step to step (one counting pass over ``acc``, in chunks, then the C
-   top-c, which is exactly that set: 3-4x faster than gathering the matches in torch).
+   local threshold; in between it reuses the threshold, adapted (see "Keeping the counts near
+   k" below): of the threshold's *ladder* of 97 rungs it takes the lowest rung selecting at
+   most k entries, if that rung selects at least 2k/3, and selects every entry with
+   ``|acc| >= rung`` (one pass over ``acc`` in chunks, the entries at or above the lowest
+   rung binned by rung, then the C top-c, which is exactly that set); otherwise it takes the
+   exact top-k at this step. So 2k/3 <= c <= k in every call.
 2. **Balanced space repartition** every ``tau_prime`` steps (section 3.1.1): the index space
    [0, N) is cut into P contiguous regions, region j owned by rank j. Each rank proposes the
    P-1 boundaries that split *its own* selected indices into P equal-count parts; the ranks
@@ -24,10 +27,13 @@ One call on P ranks (``step`` counts the calls of this reducer):
 4. **Global selection with threshold reuse** (section 3.1.2): every ``tau`` steps the exact
    global k-th largest magnitude of the reduced values (all regions together) is found by a
    distributed radix select (4 passes of an 8-bit digit histogram, all-gathered) and exactly
-   min(k, candidates) entries are taken (ties to the lower index, as :func:`ops.topk`); in
-   between each owner keeps its reduced entries with magnitude >= the reused global
-   threshold. Magnitudes are compared in float32 here (float64 sums are rounded for the
-   comparison only).
+   min(k, candidates) entries are taken (ties to the lower index, as :func:`ops.topk`). In
+   between each owner counts its reduced entries at or above every rung of the reused global
+   threshold's ladder; the counts are all-gathered (one round, before any entry moves) and
+   every owner keeps its entries at or above the lowest rung whose total G is at most k, if
+   G >= 2k/3 (all candidates when they are at most k); otherwise the exact selection runs at
+   this step. So G <= k always and G >= min(2k/3, candidates). Magnitudes are compared in
+   float32 here (float64 sums are rounded for the comparison only).
 5. **Balance and allgatherv** (section 3.1.2): the owners' selected lists, concatenated in
    rank order, are redistributed in one round into P blocks of equal size (sizes differ by at
    most one), then the shared Bruck all-gather gives every rank all of them; ``out`` is the
@@ -54,27 +60,36 @@ The owner selects among, and every rank sums, decoded values only, so the result
 everywhere and sum_r (g_r + e_r) = out + sum_r e'_r still holds. The volume below counts
 entries, so its bound is unchanged; the codecs shrink the bytes.
 
-**Volume bound and how threshold reuse is kept within it.** Counting entries (an index and a
-value) each rank sends: split <= c_r (its selected count; the entries of its own region stay),
-balance <= G - floor(G/P) and the Bruck all-gather of the balanced blocks (sizes differ by at
-most one) <= (P-1) ceil(G/P), where G is the number of globally selected entries. The paper's
-bound (eq. 3: 6k(P-1)/P words, an entry being two words, in the balanced case) is a bound of
-3k(P-1)/P entries; this module bounds B = floor(6k(P-1)/P) entries per rank per call in every
-case (also when a rank's selection lies entirely outside its own region) by two caps where a
-reused threshold overshoots:
+**Keeping the counts near k.** A reused threshold drifts from the k-th largest magnitude as
+the gradients change (in training the magnitudes shrink, so a fixed global threshold passes
+ever fewer entries: G/k had a median of 0.46 and a minimum of 0.05 on the digits MLP's
+gradients; see docs/oktopk.md). The authors' code (Shigangli/Ok-Topk, VGG/compression.py,
+``add2residual``; VGG/allreducer.py, the ``oktopk`` branch) raises a reused local threshold by
+3% (up to 5 times) while it selects more than 4k/3, scales it by 1.012 for the next step when
+it selected fewer than 2k/3 or more than 5k/4, and scales the global threshold by 1.008 when G
+left [2k/3, 4k/3]. This module keeps their band's lower end and the paper's k as the upper
+one, and moves the threshold as far as needed at once: the *ladder* of a threshold t is the 97
+float32 values whose bit patterns are key(t) + j 2^16, j = -48..48 (1/128 octave, 0.54%, apart;
+a factor of 1.30 either way; integer arithmetic, so identical on every rank). The lowest rung
+selecting at most k becomes the threshold, if it selects at least 2k/3; outside the ladder's
+reach, or when two adjacent rungs straddle the band, the exact selection runs at that step.
+The global counts travel in the all-gather that already carried the count at t, so reuse
+costs no extra round.
 
-* global: if the reused global threshold would select more than k entries in all (the counts
-  are all-gathered before any entry moves), the exact global selection runs at this step, so
-  G <= k always;
-* local: if the reused local threshold selects more than
-  c_max = B - (k - floor(k/P)) - (P-1) ceil(k/P) entries, the exact local top-k runs at this step.
-
-So split + balance + all-gather <= B whenever c_max >= k (:func:`bound_guaranteed`: every
+**Volume bound.** Counting entries (an index and a value) each rank sends: split <= c_r (its
+selected count; the entries of its own region stay), balance <= G - floor(G/P) and the Bruck
+all-gather of the balanced blocks (sizes differ by at most one) <= (P-1) ceil(G/P). The
+paper's bound (eq. 3: 6k(P-1)/P words, an entry being two words, in the balanced case) is
+floor(3k(P-1)/P) entries (:func:`paper_bound`); it holds when the regions are balanced and
+c, G <= k, which the rules above keep. With regions out of balance between repartitions it
+can be exceeded; measured in training it held in every call (docs/oktopk.md). In every case
+c <= k and G <= k bound a call by floor(6k(P-1)/P) entries (:func:`volume_bound`) whenever
+k + (k - floor(k/P)) + (P-1) ceil(k/P) fits in it (:func:`bound_guaranteed`: every
 k >= P(P+1)/(3P-4), e.g. k >= 3 at P = 2 or 4, k >= 12 at P = 33). For smaller k the exact
-top-k alone can exceed B: with fewer than P entries to all-gather, some rank must send an
-entry to P-1 peers. ``last_volume`` reports each phase of the last call (entries; headers and
-the control all-gathers are not entries). An early recomputation does not move the fixed
-schedule (steps that are multiples of ``tau``).
+top-k alone can exceed it: with fewer than P entries to all-gather, some rank must send an
+entry to P-1 peers. ``last_volume`` reports each phase of the last call (entries; headers
+and the control all-gathers are not entries), c, G and the candidates. An early
+recomputation does not move the fixed schedule (steps that are multiples of ``tau``).
 
 **Choices where the paper is open.** Defaults ``tau = 32`` (both thresholds) and
 ``tau_prime = 64``, the authors' settings in their released training code (LSTM trainer and
@@ -86,7 +101,8 @@ call all-gathers the step and a checksum of the shared state (boundaries, global
 ranks that disagree (e.g. only some loaded a checkpoint) raise the same ValueError before
 anything changes.
 
-Cost per call, L = ceil(log2 P): L (count table) + at most P-1 (split) + L (reduced counts) +
+Cost per call, L = ceil(log2 P): L (count table) + at most P-1 (split) + L (reduced counts;
+1 + 97 int64 per rank on a reuse step, 1 otherwise) +
 at most 1 (balance) + L (all-gather) rounds; + L on repartition steps; + 4L when the exact
 global threshold is computed.
 """
@@ -106,16 +122,28 @@ from ..errors import AgreedValueError, WireFormatError
 from ..formats import CODEC_OPTION_DEFAULTS, CooCodec, check_codec_options, index_dtype_for
 from .base import Algorithm, register
 
-__all__ = ["OkTopk", "volume_bound", "local_cap", "bound_guaranteed"]
+__all__ = ["OkTopk", "volume_bound", "paper_bound", "bound_guaranteed", "ladder", "RUNGS"]
 
 #: elements scanned at a time by the threshold selection (bounds its temporaries)
 _SCAN_CHUNK = 1 << 20
+#: rungs on each side of a reused threshold, and their spacing in float32 bit patterns
+RUNGS = 48
+_RUNG_STEP = 1 << 16
+_KEY_INF = 0x7F800000
 _STATE_KEYS = {"n", "k", "size", "step", "local_threshold", "global_threshold", "boundaries"}
 
 
 def volume_bound(k: int, size: int) -> int:
-    """B = floor(6k(P-1)/P): the entries one rank may send in one call (Ok-Topk's bound)."""
+    """floor(6k(P-1)/P): the entries one rank may send in one call in every case (twice the
+    paper's bound; see :func:`paper_bound`)."""
     return 6 * k * (size - 1) // size
+
+
+def paper_bound(k: int, size: int) -> int:
+    """floor(3k(P-1)/P): the paper's bound, 6k(P-1)/P words per rank, in entries (an index and
+    a value, two words). Held whenever a rung of the global ladder fits it (see the module
+    docstring), measured in docs/oktopk.md otherwise."""
+    return 3 * k * (size - 1) // size
 
 
 def _allgather_worst(k: int, size: int) -> int:
@@ -126,17 +154,35 @@ def _allgather_worst(k: int, size: int) -> int:
 
 
 def bound_guaranteed(k: int, size: int) -> bool:
-    """Whether B holds in every case: the exact local top-k (k entries) plus the worst balance
-    and all-gather fit in B. True for every k >= P(P+1)/(3P-4) (k >= 3 at P = 2, k >= 3 at
-    P = 4, k >= 12 at P = 33); below it a call can exceed B only because P-1 ranks must
-    receive entries that fewer ranks hold (the all-gather of k < P entries)."""
+    """Whether floor(6k(P-1)/P) holds in every case: a local selection of at most k entries
+    plus the worst balance and all-gather fit in it. True for every k >= P(P+1)/(3P-4)
+    (k >= 3 at P = 2 or 4, k >= 12 at P = 33); below it a call can exceed the bound only
+    because P-1 ranks must receive entries that fewer ranks hold (the all-gather of k < P
+    entries)."""
     return size == 1 or k + _allgather_worst(k, size) <= volume_bound(k, size)
 
 
-def local_cap(k: int, size: int) -> int:
-    """The most entries a reused local threshold may select before the exact top-k runs
-    instead: B - worst balance and all-gather, at least k."""
-    return max(k, volume_bound(k, size) - _allgather_worst(k, size))
+def ladder(threshold: float) -> list[int]:
+    """The rungs of a reused threshold t: the float32 bit patterns key(t) + j * 2^16 for
+    j = -RUNGS..RUNGS (steps of 1/128 octave, about 0.54%; 3/8 octave, a factor of 1.30,
+    either way; clamped to [0, +inf]), ascending. Integer steps on the bit pattern, so every
+    rank computes the same rungs from the same threshold."""
+    key = int(torch.tensor([threshold], dtype=torch.float32).view(torch.int32))
+    return [min(max(key + j * _RUNG_STEP, 0), _KEY_INF) for j in range(-RUNGS, RUNGS + 1)]
+
+
+def _key_value(key: int) -> float:
+    """The float32 magnitude whose bit pattern is ``key``, as a Python float."""
+    return float(torch.tensor([key], dtype=torch.int32).view(torch.float32))
+
+
+def _pick_rung(counts: list[int], k: int) -> int | None:
+    """The lowest rung (largest count) selecting at most k, if it selects at least 2k/3;
+    None otherwise (the exact selection runs instead)."""
+    for j, c in enumerate(counts):     # counts do not increase with j
+        if c <= k:
+            return j if 3 * c >= 2 * k else None
+    return None
 
 
 def _bruck_entries(block: list[int], rank: int) -> int:
@@ -155,12 +201,22 @@ def _check_period(name: str, value: Any) -> int:
     return value
 
 
-def _count_at_least(acc: torch.Tensor, threshold: float) -> int:
-    """How many entries have |acc| >= threshold, counted in chunks (no N-sized temporary)."""
-    n, total = acc.numel(), 0
+def _ladder_counts(acc: torch.Tensor, keys: list[int]) -> tuple[list[int], list[float]]:
+    """How many entries have |acc| >= each rung (``keys``: ascending float32 bit patterns,
+    compared in acc's dtype), and the rungs as values. One pass in chunks (no N-sized
+    temporary): the entries at or above the lowest rung are binned by ``bucketize``."""
+    values = [_key_value(key) for key in keys]
+    rungs = torch.tensor(values, dtype=acc.dtype, device=acc.device)
+    hist = torch.zeros(len(keys) + 1, dtype=torch.int64, device=acc.device)
+    n = acc.numel()
     for lo in range(0, n, _SCAN_CHUNK):
-        total += int(torch.count_nonzero(acc[lo:lo + _SCAN_CHUNK].abs() >= threshold))
-    return total
+        mags = acc[lo:lo + _SCAN_CHUNK].abs()
+        mags = mags[mags >= rungs[0]]
+        if mags.numel():
+            hist += torch.bincount(torch.bucketize(mags, rungs, right=True), minlength=len(keys) + 1)
+    # bucket i holds rungs[i-1] <= |x| < rungs[i]: |x| >= rungs[j] iff i >= j + 1
+    above = torch.flip(torch.cumsum(torch.flip(hist, [0]), 0), [0])
+    return above[1:].tolist(), values
 
 
 def _member(haystack: torch.Tensor, needles: torch.Tensor) -> torch.Tensor:
@@ -192,6 +248,8 @@ class OkTopk(Algorithm):
 
     name = "oktopk"
     lossless = False
+    #: the reuse step's count all-gather carries the ladder's 2 RUNGS + 1 counts
+    wire_revision = "rung-ladder"
     option_defaults = {"tau": 32, "tau_prime": 64, **CODEC_OPTION_DEFAULTS}
 
     def __init__(self, comm, **options: Any):
@@ -272,12 +330,16 @@ class OkTopk(Algorithm):
         with self.timed("select"):
             selected = None
             if self.local_threshold is not None and step % self.tau != 0:
-                # the count of |acc| >= t first; the exact top-c is then that very set (the
-                # c-th largest magnitude is >= t, the next one below it), by the C top-k
-                count = _count_at_least(acc, self.local_threshold)
-                if size == 1 or count <= local_cap(k, size):
-                    selected = ops.topk(acc, count)[1]
-            if selected is None:                         # schedule, or the reuse overshoots
+                # the counts of |acc| >= each rung of the reused threshold's ladder; the lowest
+                # rung selecting between 2k/3 and k becomes the threshold. The exact top-c is
+                # then that very set (the c-th largest magnitude is >= the rung, the next one
+                # below it), by the C top-k
+                counts, values = _ladder_counts(acc, ladder(self.local_threshold))
+                j = _pick_rung(counts, k)
+                if j is not None:
+                    selected = ops.topk(acc, counts[j])[1]
+                    self.local_threshold = values[j]
+            if selected is None:                     # schedule, or no rung in [2k/3, k]
                 values, selected = ops.topk(acc, k)
                 self.local_threshold = float(values.abs().min()) if values.numel() else 0.0
                 events["local_exact"] = True
@@ -346,19 +408,30 @@ class OkTopk(Algorithm):
                 cand_idx = torch.empty(0, dtype=itype, device=acc.device)
                 cand_val = torch.empty(0, dtype=acc.dtype, device=acc.device)
 
-        # 4. global selection
+        # 4. global selection: at a reuse step every owner counts its reduced entries at or
+        # above each rung of the reused threshold's ladder; the counts are all-gathered before
+        # any entry moves, and the lowest rung selecting between 2k/3 and k in all is taken
+        # (everything when the candidates are at most k); otherwise the exact top-k
         keys = _keys(cand_val)
         m = cand_idx.numel()
         reuse = self.global_threshold is not None and step % self.tau != 0
-        mine_g = 0
+        payload = [m]
         if reuse:
-            t_key = int(torch.tensor([self.global_threshold], dtype=torch.float32, device="cpu").view(torch.int32))
-            mine_g = int((keys >= t_key).sum())
-        mg = allgather_int64(comm, [m, mine_g], n) if size > 1 else torch.tensor([[m, mine_g]], device="cpu")
+            rung_keys = ladder(self.global_threshold)
+            sorted_keys = torch.sort(keys).values
+            at_or_above = torch.searchsorted(sorted_keys, torch.tensor(rung_keys, dtype=keys.dtype,
+                                                                       device=keys.device))
+            payload += (m - at_or_above).tolist()
+        mg = allgather_int64(comm, payload, n) if size > 1 else torch.tensor([payload], device="cpu")
         total_m = int(mg[:, 0].sum())
-        if reuse and int(mg[:, 1].sum()) <= k:
-            keep = keys >= t_key
-            g = mg[:, 1].tolist()
+        j = _pick_rung(mg[:, 1:].sum(dim=0).tolist(), k) if reuse else None
+        if reuse and total_m <= k:                   # every candidate; the threshold stays
+            keep = torch.ones(m, dtype=torch.bool, device=acc.device)
+            g = mg[:, 0].tolist()
+        elif j is not None:
+            keep = keys >= rung_keys[j]
+            g = mg[:, 1 + j].tolist()
+            self.global_threshold = _key_value(rung_keys[j])
         else:
             events["global_exact"] = True
             if total_m <= k:
@@ -367,7 +440,7 @@ class OkTopk(Algorithm):
                 self.global_threshold = 0.0
             else:
                 keep, g, t_key = self._radix_select(keys, k, n)
-                self.global_threshold = float(torch.tensor([t_key], dtype=torch.int32, device="cpu").view(torch.float32))
+                self.global_threshold = _key_value(t_key)
         g_idx, g_val = cand_idx[keep], cand_val[keep]
 
         # 5. balance and allgatherv
@@ -434,8 +507,8 @@ class OkTopk(Algorithm):
         self.last_nnz = int(final_idx.numel())
         gathered = _bruck_entries(block, rank)
         self.last_volume = {"split": split_sent, "balance": balance_sent, "allgather": gathered,
-                            "selected": int(selected.numel()), "global": total_g, "k": k,
-                            "bound": volume_bound(k, size)}
+                            "selected": int(selected.numel()), "global": total_g, "candidates": total_m, "k": k,
+                            "bound": volume_bound(k, size), "paper_bound": paper_bound(k, size)}
         self.last_volume["entries"] = split_sent + balance_sent + gathered
         self.last_events = events
         self.step = step + 1
