@@ -65,7 +65,7 @@ BAD = [
     ("gssgd", {"rows": 7.0}, r"rows must be .*got 7\.0"),
     ("gssgd", {"rows": True}, r"rows must be .*got True"),
     ("gssgd", {"rows": None}, r"rows must be .*got None"),
-    ("gssgd", {"columns": 0}, r"columns must be None \(auto: ceil\(sketch_size k / rows\)\) or an int in 1\.\.4294967295, got 0"),
+    ("gssgd", {"columns": 0}, r"columns must be None \(auto: from sketch_size\) or an int in 1\.\.4294967295, got 0"),
     ("gssgd", {"columns": -256}, r"columns must be .*got -256"),
     ("gssgd", {"columns": 2**32}, r"columns must be .*in 1\.\.4294967295, got 4294967296"),
     ("gssgd", {"columns": 256.0}, r"columns must be .*got 256\.0"),
@@ -76,7 +76,8 @@ BAD = [
     ("gssgd", {"seed": None}, r"seed must be an int, got None"),
     ("gssgd", {"heavymix": "TOPK"}, r"heavymix must be 'topk' or 'random', got 'TOPK'"),
     ("gssgd", {"heavymix": None}, r"heavymix must be .*got None"),
-    ("gssgd", {"sketch_size": 0}, r"sketch_size \(sketch cells per selected entry\) must be a finite number > 0, got 0"),
+    ("gssgd", {"sketch_size": 0}, r"sketch_size \(sketch cells per selected entry\) must be None \(auto: sized to the candidates' "
+                                 r"heavy-hitter guarantee\) or a finite number > 0, got 0"),
     ("gssgd", {"sketch_size": -1.5}, r"sketch_size .*got -1\.5"),
     ("gssgd", {"sketch_size": NAN}, r"sketch_size .*got nan"),
     ("gssgd", {"sketch_size": INF}, r"sketch_size .*got inf"),

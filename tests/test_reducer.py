@@ -76,9 +76,9 @@ def test_k_rule_decimal_density_whose_float_product_overshoots(density, n, k):
      r"sag='recursive', t=0\.2, teams=None, value_codec='none'\}"),
     ("options", lambda rank: {"algorithm": "gssgd", "options": {"rows": 7, "heavymix": "random"} if rank == 0 else {}},
      r"options: ranks \[0\] have \{allreduce='scatter', columns=None, estimate='sliced', heavymix='random', nonfinite='propagate', "
-     r"p1=1\.0, p2=8\.0, rows=7, seed=24301, sketch_size=10\.0\}; "
+     r"p1=1\.0, p2=8\.0, rows=7, seed=24301, sketch_size=None\}; "
      r"ranks \[1, 2, 3\] have \{allreduce='scatter', columns=None, estimate='sliced', heavymix='topk', nonfinite='propagate', "
-     r"p1=1\.0, p2=8\.0, rows=5, seed=24301, sketch_size=10\.0\}"),
+     r"p1=1\.0, p2=8\.0, rows=5, seed=24301, sketch_size=None\}"),
     ("density", lambda rank: {"density": 0.1 if rank == 3 else 0.2},
      r"density: ranks \[0, 1, 2\] have 0\.2; ranks \[3\] have 0\.1"),
 ])

@@ -9,9 +9,16 @@ One call:
 1. each rank selects its local top-``p1 k`` of ``acc`` (its gradient plus residual) by
    magnitude and sketches only those entries into a ``rows x columns`` float32 Count-Sketch
    (the ``sketch_*`` ops of :mod:`sparsecomm.ops`; every rank uses the same ``seed``);
-   ``p1=None`` sketches all of ``acc`` (the paper's Algorithm 1, line 5). ``columns`` is
-   ``ceil(sketch_size k / rows)`` (at least 16) unless given: the sketch costs
-   ``4 sketch_size`` bytes per selected entry whatever N is;
+   ``p1=None`` sketches all of ``acc`` (the paper's Algorithm 1, line 5). ``columns``, unless
+   given, is sized to the candidates' heavy-hitter guarantee (:func:`sketch_columns`): the
+   narrowest width at which k equal heavy entries leave, in expectation, at most half the
+   spare candidates ``(c - k) / 2`` of the other coordinates with estimates as large as theirs
+   (:func:`false_candidates`), so that all k reach the exact round. That width grows like
+   k log(N / k): at 5 rows and p2 = 8, 16.7 cells per entry at density 1%, 40.9 at 0.1%.
+   A width from k alone (``sketch_size`` cells per entry, the previous default of 10) left
+   ~9% of all coordinates with estimates as large as the heavy ones at density 0.1% (5 x 400
+   cells for 200 entries: a bucket holds a heavy entry with probability 0.39 per row), more
+   than 8k candidates hold, and recovered 36% of 200 planted heavy entries;
 2. the sketches are summed without a root (``allreduce="scatter"``, default): a Bruck
    reduce-scatter of P slices of the table and a Bruck all-gather of the summed slices
    (:func:`sparsecomm.comm.collectives.reduce_scatter_allgather_`), 2 ceil(log2 P) rounds,
@@ -40,12 +47,13 @@ One call:
 5. each rank's residual is ``acc`` with its own values at the k outputs removed: exactly what
    it contributed to the output, so conservation holds up to float rounding.
 
-Options: ``rows`` (1..64), ``sketch_size`` (cells per selected entry, > 0), ``columns`` (None:
-from ``sketch_size``; else a width in 1..2^32 - 1), ``p1`` (None or >= 1), ``p2`` (>= 1),
+Options: ``rows`` (1..64), ``sketch_size`` (None: the width of the heavy-hitter guarantee;
+else cells per selected entry, > 0), ``columns`` (None: from ``sketch_size``; else a width in
+1..2^32 - 1), ``p1`` (None or >= 1), ``p2`` (>= 1),
 ``allreduce`` ("scatter" or "tree"), ``estimate`` ("sliced" or "full"), ``seed`` (int),
 ``heavymix`` ("topk" or "random");
 defaults in :attr:`GlobalSketchSGD.option_defaults`, chosen from the measurements of energy
-captured per byte in docs/gssgd.md. A sketch at least as large as the dense gradient warns
+captured per byte and of planted heavy hitters recovered in docs/gssgd.md. A sketch at least as large as the dense gradient warns
 (once per instance): then dense sends less.
 
 Cost per call (:meth:`GlobalSketchSGD.traffic` gives it exactly, per rank): two all-reduces,
@@ -71,16 +79,51 @@ from ..errors import WireFormatError
 from ..formats.header import HEADER_NBYTES, Kind, check_header, index_dtype_for, pack_header
 from .base import Algorithm, register
 
-__all__ = ["GlobalSketchSGD", "sketch_columns", "MIN_COLUMNS"]
+__all__ = ["GlobalSketchSGD", "sketch_columns", "false_candidates", "MIN_COLUMNS"]
 
 #: the narrowest automatic sketch: one run of 16 coordinates takes 16 consecutive buckets
 MIN_COLUMNS = 16
 
 
-def sketch_columns(k: int, rows: int, sketch_size: float) -> int:
-    """The automatic sketch width: ``ceil(sketch_size k / rows)``, at least :data:`MIN_COLUMNS`
-    (so the table holds about ``sketch_size`` cells per selected entry)."""
-    return max(MIN_COLUMNS, math.ceil(sketch_size * k / rows))
+def false_candidates(n: int, k: int, rows: int, columns: int) -> float:
+    """Expected number of coordinates, among the ``n - k`` others, whose median estimate
+    reaches the size of ``k`` equal heavy entries (the hard case for a sketch): in a row a
+    coordinate's bucket holds one of them with probability ``p = 1 - exp(-k / columns)``,
+    with either sign, and the median over ``rows`` rows is as large as a heavy entry when at
+    least ``rows // 2 + 1`` rows collide with the same sign: ``2 P(Binomial(rows, p/2) >= h)``."""
+    p = 1.0 - math.exp(-k / columns)
+    h = rows // 2 + 1
+    tail = sum(math.comb(rows, j) * (p / 2) ** j * (1 - p / 2) ** (rows - j) for j in range(h, rows + 1))
+    return (n - k) * min(1.0, 2.0 * tail)
+
+
+def sketch_columns(n: int, k: int, rows: int, candidates: int, sketch_size: float | None = None) -> int:
+    """The automatic sketch width.
+
+    ``sketch_size`` given: ``ceil(sketch_size k / rows)`` (about ``sketch_size`` cells per
+    selected entry). ``None`` (the default): the heavy-hitter guarantee of the candidates --
+    the narrowest width (at least :data:`MIN_COLUMNS`, at most ``n``) whose
+    :func:`false_candidates` fit half the spare candidates, ``(candidates - k) / 2`` (at
+    least ``k / 16``), so that k planted equal heavy entries all reach the exact round. It
+    grows like ``k log(n / k)``: ~17 cells per entry at 5 rows, p2 = 8 and density 1%, ~41 at
+    0.1% (docs/gssgd.md)."""
+    if sketch_size is not None:
+        return max(MIN_COLUMNS, math.ceil(sketch_size * k / rows))
+    if n <= k:
+        return MIN_COLUMNS
+    budget = max(candidates - k, k / 8) / 2
+    lo, hi = MIN_COLUMNS, max(MIN_COLUMNS, n)
+    if false_candidates(n, k, rows, lo) <= budget:
+        return lo
+    if false_candidates(n, k, rows, hi) > budget:
+        return hi
+    while hi - lo > 1:  # false_candidates falls as the width grows
+        mid = (lo + hi) // 2
+        if false_candidates(n, k, rows, mid) <= budget:
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 def _is_number(value: Any) -> bool:
@@ -91,11 +134,13 @@ def _is_number(value: Any) -> bool:
 class GlobalSketchSGD(Algorithm):
     name = "gssgd"
     lossless = False
-    option_defaults = {"rows": 5, "sketch_size": 10.0, "columns": None, "p1": 1.0, "p2": 8.0,
+    option_defaults = {"rows": 5, "sketch_size": None, "columns": None, "p1": 1.0, "p2": 8.0,
                        "allreduce": "scatter", "estimate": "sliced", "seed": 0x5EED, "heavymix": "topk"}
     # the Count-Sketch hash family of csrc/include/sparsecomm/sketch.h (runs of 16 coordinates
-    # on consecutive buckets): ranks whose builds hash differently would sum unrelated sketches
-    wire_revision = "sketch-runs16"
+    # on consecutive buckets): ranks whose builds hash differently would sum unrelated sketches;
+    # "hh-width": the default width from the heavy-hitter guarantee (a peer sizing from k alone
+    # would send a table of another width)
+    wire_revision = "sketch-runs16/hh-width"
 
     def __init__(self, comm: Comm, **options: Any):
         super().__init__(comm, **options)
@@ -110,12 +155,12 @@ class GlobalSketchSGD(Algorithm):
             "rows", "sketch_size", "columns", "p1", "p2", "allreduce", "estimate", "seed", "heavymix"))
         if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= 64:
             raise ValueError(f"gssgd: option rows must be an int in 1..64, got {rows!r}")
-        if not _is_number(size) or not size > 0:
-            raise ValueError(f"gssgd: option sketch_size (sketch cells per selected entry) must be a finite "
-                             f"number > 0, got {size!r}")
+        if size is not None and (not _is_number(size) or not size > 0):
+            raise ValueError(f"gssgd: option sketch_size (sketch cells per selected entry) must be None (auto: "
+                             f"sized to the candidates' heavy-hitter guarantee) or a finite number > 0, got {size!r}")
         # the sketch kernels take cols in [1, 2^32 - 1] (sketch.h)
         if cols is not None and (isinstance(cols, bool) or not isinstance(cols, int) or not 1 <= cols < 2**32):
-            raise ValueError(f"gssgd: option columns must be None (auto: ceil(sketch_size k / rows)) or an int "
+            raise ValueError(f"gssgd: option columns must be None (auto: from sketch_size) or an int "
                              f"in 1..{2**32 - 1}, got {cols!r}")
         if p1 is not None and (not _is_number(p1) or not p1 >= 1):
             raise ValueError(f"gssgd: option p1 (each rank sketches its local top-p1*k) must be None (sketch "
@@ -148,8 +193,9 @@ class GlobalSketchSGD(Algorithm):
         """(k, rows, columns, candidates wanted) of one call on a length-n tensor."""
         k = min(k, n)
         rows = options["rows"]
-        cols = options["columns"] or sketch_columns(k, rows, options["sketch_size"])
-        return k, rows, cols, min(n, math.ceil(options["p2"] * k))
+        wanted = min(n, math.ceil(options["p2"] * k))
+        cols = options["columns"] or sketch_columns(n, k, rows, wanted, options["sketch_size"])
+        return k, rows, cols, wanted
 
     @staticmethod
     def slice_quotas(n: int, size: int, candidates: int) -> tuple[list[int], list[int]]:
@@ -176,7 +222,8 @@ class GlobalSketchSGD(Algorithm):
 
         ``estimate="full"`` drops the index all-gather (c = ceil(p2 k); 4 ceil(log2 P) rounds);
         with ``"tree"`` rank 0 sends one whole message per tree edge it is on, up and down.
-        The sketch's size does not depend on N; p1 changes only the compute (what is sketched).
+        The default sketch grows like k log(N / k) (:func:`sketch_columns`); p1 changes only the
+        compute (what is sketched).
         """
         options = cls._resolved(options)
         if N == 0 or k == 0 or P == 1:
@@ -210,8 +257,9 @@ class GlobalSketchSGD(Algorithm):
     def carried_state(cls, state: dict[str, Any]) -> dict[str, Any]:
         return {"step": state["step"]} if "step" in state else {}  # seeds randomness, not about the tensor
 
-    def columns_for(self, k: int) -> int:
-        return self.options["columns"] or sketch_columns(k, self.options["rows"], self.options["sketch_size"])
+    def columns_for(self, n: int, k: int) -> int:
+        """The sketch width of a call on a length-``n`` tensor with ``k`` outputs."""
+        return self._shape(n, k, self.options)[2]
 
     # -- one call ----------------------------------------------------------------------------
 
