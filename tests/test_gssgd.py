@@ -383,6 +383,38 @@ def test_nan_estimate_raises_on_every_rank_under_both_heavymix_rules():
         assert all(m is not None and "NaN" in m for m in messages), (heavymix, messages)
 
 
+def test_sliced_candidates_outside_the_senders_slice_are_rejected():
+    """A peer's proposals must lie in its own slice [lo, hi): rank 0 proposes hi (the first index
+    of rank 1's slice), rank 1 proposes lo - 1 (the last of rank 0's); each receiver raises a
+    WireFormatError naming the sender's slice, after the all-gather (no rank waits)."""
+    from sparsecomm.errors import WireFormatError
+    n, k = 1000, 10
+    table = torch.from_numpy(np.random.default_rng(5).standard_normal((5, 64)).astype(np.float32))
+
+    def fn(comm):
+        algorithm = sc.algorithms.get("gssgd")(comm)
+        honest = algorithm.heavymix
+
+        def forged(*args, **kwargs):
+            idx = honest(*args, **kwargs).clone()
+            if comm.rank == 0:
+                idx[-1] = 500   # rank 0's slice is [0, 500)
+            else:
+                idx[0] = 499    # rank 1's slice is [500, 1000)
+            return idx
+
+        algorithm.heavymix = forged
+        try:
+            algorithm._sliced_candidates(table, n, k, 8 * k)
+        except WireFormatError as exc:
+            return str(exc)
+        return None
+
+    got = simulate(2, fn).results
+    assert got[0] is not None and "from rank 1" in got[0] and "[500, 1000)" in got[0], got
+    assert got[1] is not None and "from rank 0" in got[1] and "[0, 500)" in got[1], got
+
+
 def test_heavymix_random_rejects_a_nan_table():
     algorithm = sc.algorithms.get("gssgd")(None, heavymix="random")
     table = torch.zeros(5, 32)
