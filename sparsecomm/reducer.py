@@ -14,8 +14,9 @@ is float32, so a caller can scale it before rounding, as the DDP hook does).
 Non-finite gradients (NaN, +Inf, -Inf) follow one policy for every algorithm, the option
 ``nonfinite``. Before the algorithm runs, each rank checks its gradient in one read
 (:func:`sparsecomm.ops.nonfinite_flags`: NaN, +Inf and -Inf told apart) and the ranks
-all-gather a one-byte flag (``allgather_small``, counted in ``last_stats``). If every rank is
-finite the algorithm runs; otherwise no algorithm runs and no residual changes:
+all-gather its flag in the call's agreement record (below; ``allgather_small``, counted in
+``last_stats`` as ``check_*``). If every rank is finite the algorithm runs; otherwise no
+algorithm runs and no residual changes:
 
 * ``"propagate"`` (the default): the result is the backend's dense allreduce of the raw
   gradients, non-finite exactly where a dense allreduce is (so ``torch.amp.GradScaler`` sees
@@ -23,20 +24,29 @@ finite the algorithm runs; otherwise no algorithm runs and no residual changes:
 * ``"raise"``: every rank raises the same ValueError naming the ranks whose gradient was
   non-finite and what they held.
 
-``dense`` under ``"propagate"`` skips the check and the flag round: it is itself the dense
-allreduce (its residual is always zero). The functional API defaults to ``"propagate"`` like
+``dense`` under ``"propagate"`` skips the read of the gradient (it is itself the dense
+allreduce, its residual always zero) but not the record's round. The functional API defaults to ``"propagate"`` like
 the hook: a SparseAllreduce then behaves as the ``dist.all_reduce`` it replaces, non-finite
 values are never dropped or silently mixed into residuals, and the caller sees them in the
 result on every rank; ``"raise"`` is the opt-in for failing fast. The check is on the
 gradient: a sum of finite values that overflows inside an algorithm is that algorithm's
 arithmetic (Inf is selected first; the kernels still raise on a NaN they meet).
 
-Before the first call with a given length and dtype the ranks exchange a small signature
-(format version, sparsecomm version, algorithm, options, density, N, dtype, k). Any
-difference raises the same ValueError on every rank, naming the ranks and the field, instead
-of a hang or a wrong sum; differing sparsecomm versions, algorithms and options are named
-in words (two more small all-gathers of the texts, only on that error path). The options are
-the algorithm's options and ``nonfinite``, as sorted ``key=value`` text.
+Every call begins with one all-gather of a fixed-size agreement record
+(:data:`sparsecomm.formats.header.AGREEMENT_FIELDS`, 120 bytes: format version, kind,
+sparsecomm version, algorithm, options, density, N, dtype, k, checkpoint, calls made, step,
+resets, and the non-finite flag). The first call after construction, ``reset()`` or
+``load_state_dict()`` sends it as a handshake; later calls send it as their check, in the round
+the non-finite flag takes anyway (no extra round). Because every kind has the same size and
+goes first on the call's tag, ranks at different points -- one reset and another not, another
+step, N, k or dtype, another checkpoint -- compare records before any message whose size
+depends on those values. Any difference raises the same
+:class:`~sparsecomm.errors.AgreedValueError` (a ValueError) on every rank, naming the ranks
+and the field, instead of a hang, a process abort or a wrong sum; the Comm stays usable.
+Differing sparsecomm versions, algorithms and options are named in words (two more small
+all-gathers of the texts, only on that error path). The options are the algorithm's options
+and ``nonfinite``, as sorted ``key=value`` text. ``reset()`` is therefore collective: every
+rank calls it, between the same calls.
 """
 
 from __future__ import annotations
@@ -55,14 +65,17 @@ from .ops import _torch_impl
 from .comm.base import Comm
 from ._checkpoint import CHECKPOINT_VERSION, check_owner, check_version, fingerprint
 from .errors import AgreedValueError
-from .formats.header import DTYPE_CODES, FORMAT_VERSION, MAGIC
+from .formats.header import AGREEMENT_FIELDS, DTYPE_CODES, FORMAT_VERSION, MAGIC, AgreementKind
 from .schedule import DensitySchedule, as_schedule
 
 __all__ = ["SparseAllreduce", "k_for"]
 
 _HALF_TYPES = (torch.float16, torch.bfloat16)
-_SIGNATURE_FIELDS = ("magic", "format version", "sparsecomm version", "algorithm", "options", "density", "N",
-                     "dtype", "k", "checkpoint")
+#: the agreement record's fields the ranks must share (all but the non-finite flag)
+_COMPARED = tuple(i for i, field in enumerate(AGREEMENT_FIELDS) if field != "nonfinite")
+_FIELD = {field: i for i, field in enumerate(AGREEMENT_FIELDS)}
+_KIND_WORDS = {AgreementKind.HANDSHAKE: "the first call after construction, reset() or load_state_dict()",
+               AgreementKind.CALL: "a later call", AgreementKind.REUSED: "a call with another tensor, without reset()"}
 #: signature fields whose value is a text sent as a hash; the error names them in words
 _TEXT_FIELDS = ("sparsecomm version", "algorithm", "options")
 #: the values of the ``nonfinite`` option
@@ -200,6 +213,9 @@ class SparseAllreduce:
         #: 0 on a fresh reducer; load_state_dict sets a 63-bit fingerprint of the loaded state,
         #: which the handshake compares across ranks ("checkpoint")
         self._checkpoint_id = 0
+        self._resets = 0    # reset() and load_state_dict() calls: part of every agreement record
+        #: this rank's fixed record fields and texts, from its last handshake (reused by later calls)
+        self._signature: tuple[list[int], dict[str, str]] | None = None
         self.last_stats: dict[str, Any] = {}
 
     # -- public state ----------------------------------------------------------------------
@@ -221,7 +237,13 @@ class SparseAllreduce:
         return self.density_schedule.density_at(step, self.density)
 
     def reset(self) -> None:
-        """Forget the residual (e.g. before reusing the reducer for another tensor)."""
+        """Forget the residual (e.g. before reusing the reducer for another tensor).
+
+        Collective: every rank calls it, between the same two calls. The next call then
+        starts with a handshake on every rank; a rank that reset alone (or another number of
+        times) makes that call raise the same ValueError on every rank, naming the ranks, and
+        the reducers stay usable once every rank has called ``reset()``."""
+        self._resets += 1
         self._residual = None
         self._pending_residual = None
         self._agreed = None
@@ -307,11 +329,8 @@ class SparseAllreduce:
                                 or out.device != grad.device):
             raise ValueError(f"out must match grad (shape {tuple(grad.shape)}, {grad.dtype} or {work_dtype}, "
                              f"{grad.device}); got shape {tuple(out.shape)}, {out.dtype}, {out.device}")
-        key = (grad.numel(), work_dtype, grad.device)
-        if self._agreed is not None and self._agreed != key:
-            raise ValueError(f"this reducer was used for N={self._agreed[0]} ({self._agreed[1]}, "
-                             f"{self._agreed[2]}) and now gets N={key[0]} ({work_dtype}, {grad.device}): "
-                             "use one SparseAllreduce per tensor, or call reset() first")
+        # another N, dtype or device than agreed is found inside the call, by the agreement
+        # record (kind REUSED): every rank raises the same error, whether all or some changed
 
     def _call(self, grad: torch.Tensor, out: torch.Tensor | None, step: int) -> torch.Tensor:
         work_dtype = torch.float32 if grad.dtype in _HALF_TYPES else grad.dtype
@@ -319,12 +338,17 @@ class SparseAllreduce:
         flat = grad.detach().reshape(-1)
         n = flat.numel()
         handshake = self.comm.stats.snapshot()
-        # the handshake agreed on the schedule and the callers on the step: the same k everywhere
+        # the schedule and the step are in the agreement record: the same k everywhere
         k = k_for(self.density_at(step), n)
-        acc = self._prepare(n, work_dtype, grad, k)
+        key = (n, work_dtype, grad.device)
+        reused = self._agreed is not None and self._agreed != key
+        acc = None if reused else self._prepare(n, work_dtype, grad, k, step)
         after_handshake = self.comm.stats.snapshot()
         check_start = time.perf_counter()
-        nonfinite = self._nonfinite_ranks(flat)  # the same list on every rank; raises under "raise"
+        # the same list on every rank; raises on any disagreement, a reuse, and under "raise"
+        nonfinite = self._check_call(flat, grad.dtype, k, step,
+                                     AgreementKind.REUSED if reused else AgreementKind.CALL)
+        assert acc is not None
         check_s = time.perf_counter() - check_start
         after_check = self.comm.stats.snapshot()
         # acc = g + e, accumulated in the working dtype: here, or by the algorithm fused with
@@ -380,22 +404,34 @@ class SparseAllreduce:
             self.last_stats.update(extra(self.last_stats["total_s"]))
         return result
 
-    def _nonfinite_ranks(self, flat: torch.Tensor) -> list[int]:
-        """The ranks whose gradient holds NaN or Inf, agreed by all ranks with one all-gather
-        of a one-byte flag; under ``nonfinite="raise"`` every rank raises the same ValueError
-        when the list is not empty. Skipped (empty) for N = 0 on every rank (N was agreed),
-        and for an algorithm that is itself the dense allreduce under ``"propagate"``."""
-        if flat.numel() == 0 or (self.nonfinite == "propagate" and self.algorithm.propagates_nonfinite):
-            return []
-        mine = torch.tensor([_nonfinite_flag(flat)], dtype=torch.uint8, device="cpu")
-        flags = self.comm.allgather_small(mine).view(-1).tolist()
+    def _check_call(self, flat: torch.Tensor, dtype: torch.dtype, k: int, step: int,
+                    kind: AgreementKind) -> list[int]:
+        """This call's agreement record, all-gathered with its non-finite flag: the ranks whose
+        gradient holds NaN or Inf (the same list on every rank). Raises the same
+        AgreedValueError on every rank when the records differ (:meth:`_agree`), when every rank
+        reuses the reducer for another tensor without reset(), and under ``nonfinite="raise"``
+        when the list is not empty. The gradient is not read for N = 0 nor for an algorithm
+        that is itself the dense allreduce under ``"propagate"`` (its flag is 0)."""
+        n = flat.numel()
+        read = (kind == AgreementKind.CALL and n > 0
+                and not (self.nonfinite == "propagate" and self.algorithm.propagates_nonfinite))
+        flags = self._agree(kind, n, dtype, k, step, _nonfinite_flag(flat) if read else 0)
+        if kind == AgreementKind.REUSED:
+            agreed_n, agreed_dtype, agreed_device = self._agreed
+            raise AgreedValueError(f"rank {self.comm.rank}: this reducer was used for N={agreed_n} ({agreed_dtype}, "
+                                   f"{agreed_device}) and now gets N={n} ({flat.dtype}, {flat.device}) on every "
+                                   "rank: use one SparseAllreduce per tensor, or call reset() on every rank first")
+        if self.algorithm.propagates_nonfinite or any(flags):
+            # the records proved every rank is in this call with the same N and dtype, and
+            # will run the dense allreduce: the Comm's own size check before it adds nothing
+            self.comm._dense_agreed = self.comm._current
         if not any(flags):
             return []
         if self.nonfinite == "raise":
-            raise nonfinite_error(flags, flat.numel(), self.algorithm_name)
+            raise nonfinite_error(flags, n, self.algorithm_name)
         return [rank for rank, flag in enumerate(flags) if flag]
 
-    def _prepare(self, n: int, work_dtype: torch.dtype, grad: torch.Tensor, k: int) -> torch.Tensor:
+    def _prepare(self, n: int, work_dtype: torch.dtype, grad: torch.Tensor, k: int, step: int) -> torch.Tensor:
         """The residual buffer for this call (the key was checked in _check_arguments); agree
         with the other ranks first if new. An algorithm's ``prepare(n, k, dtype)`` runs for
         every call, with this call's k, before anything asks it what it will do (its
@@ -408,9 +444,9 @@ class SparseAllreduce:
                 # prepare may communicate (auto's ping-pong), and what it sends depends on the
                 # options and any loaded state: agree on those first, so ranks that differ raise
                 # the handshake's error instead of exchanging mismatched messages in prepare
-                self._handshake(n, grad.dtype)
+                self._handshake(n, grad.dtype, k, step)
                 prepare(n, k, work_dtype)
-            self._handshake(n, grad.dtype)
+            self._handshake(n, grad.dtype, k, step)
             self._agreed = key
             pending, self._pending_residual = self._pending_residual, None
             self._residual = torch.zeros(n, dtype=work_dtype, device=grad.device)
@@ -423,26 +459,39 @@ class SparseAllreduce:
             prepare(n, k, work_dtype)
         return self._residual
 
-    def _handshake(self, n: int, dtype: torch.dtype) -> None:
-        """Exchange a signature; raise the same ValueError on every rank on any difference."""
+    def _handshake(self, n: int, dtype: torch.dtype, k: int, step: int) -> None:
+        """The first call's agreement record: this rank's signature (texts as CRCs) taken
+        afresh and kept for the later calls' records; raises on any difference."""
         options = self.options_text()
         density_bits = torch.tensor([self.density], dtype=torch.float64, device="cpu").view(torch.int64).item()
         revision = self.algorithm.wire_revision
         algorithm_id = f"{self.algorithm_name}/{revision}" if revision else self.algorithm_name
         version = _version()
-        mine = torch.tensor([MAGIC, FORMAT_VERSION, _crc(version), _crc(algorithm_id), _crc(options),
-                             density_bits, n, DTYPE_CODES.get(dtype, 0), self.k_for(n),
-                             int(self._checkpoint_id)], dtype=torch.int64,
-                            device="cpu")
-        table = self.comm.allgather_small(mine).cpu()
-        differing = [i for i in range(len(_SIGNATURE_FIELDS)) if not bool((table[:, i] == table[0, i]).all())]
+        self._signature = ([_crc(version), _crc(algorithm_id), _crc(options), density_bits],
+                           {"sparsecomm version": version, "algorithm": algorithm_id, "options": options})
+        self._agree(AgreementKind.HANDSHAKE, n, dtype, k, step, 0)
+
+    def _agree(self, kind: AgreementKind, n: int, dtype: torch.dtype, k: int, step: int, flag: int) -> list[int]:
+        """All-gather this rank's agreement record (fixed size, whatever the kind); return every
+        rank's non-finite flag, or raise the same AgreedValueError on every rank naming each
+        differing field and the ranks on each side."""
+        assert self._signature is not None, "a handshake comes first"
+        fixed, texts = self._signature
+        record = [0] * len(AGREEMENT_FIELDS)
+        for field, value in (("magic", MAGIC), ("format version", FORMAT_VERSION), ("kind", int(kind)),
+                             ("sparsecomm version", fixed[0]), ("algorithm", fixed[1]), ("options", fixed[2]),
+                             ("density", fixed[3]), ("N", n), ("dtype", DTYPE_CODES.get(dtype, 0)), ("k", k),
+                             ("checkpoint", int(self._checkpoint_id)), ("calls", self.calls), ("step", int(step)),
+                             ("resets", self._resets), ("nonfinite", flag)):
+            record[_FIELD[field]] = value
+        table = self.comm.allgather_small(torch.tensor(record, dtype=torch.int64, device="cpu")).cpu()
+        differing = [i for i in _COMPARED if not bool((table[:, i] == table[0, i]).all())]
         if not differing:
-            return
-        texts = {"sparsecomm version": version, "algorithm": algorithm_id, "options": options}
+            return table[:, _FIELD["nonfinite"]].tolist()
         words = self._words(texts, differing, table)
         lines = []
         for i in differing:
-            field = _SIGNATURE_FIELDS[i]
+            field = AGREEMENT_FIELDS[i]
             values = table[:, i].tolist()
             if field in words:
                 values = words[field]
@@ -455,18 +504,30 @@ class SparseAllreduce:
                 values = [f"#{v:x}" for v in values]
             elif field == "checkpoint":
                 values = ["a fresh start" if v == 0 else f"checkpoint #{v:x}" for v in values]
+            elif field == "kind":
+                values = [_KIND_WORDS.get(v, f"kind {v}") for v in values]
             groups: dict[Any, list[int]] = {}
             for rank, value in enumerate(values):
                 groups.setdefault(value, []).append(rank)
             lines.append(f"{field}: " + "; ".join(f"ranks {ranks} have {value}" for value, ranks in groups.items()))
+        names = {AGREEMENT_FIELDS[i] for i in differing}
         advice = ("\nevery rank must call the same reducer with the same tensor size, dtype, "
                   "algorithm, options (including nonfinite) and sparsecomm version")
-        if _SIGNATURE_FIELDS.index("checkpoint") in differing:
+        if names & {"kind", "resets"}:
+            advice += ("\nreset() is collective: every rank must call it (and load_state_dict) between the same "
+                       "calls; call reset() on every rank to start this reducer afresh"
+                       + ("; a reducer serves one tensor: reset() on every rank before giving it another"
+                          if bool((table[:, _FIELD["kind"]] == AgreementKind.REUSED).any()) else ""))
+        if names & {"calls", "step"}:
+            advice += ("\nthe ranks are at different steps: pass the same step= on every rank, and resume every "
+                       "rank from the same save")
+        if "checkpoint" in names:
             advice += ("\nthe ranks resumed from different checkpoints (or some from none): every rank must "
                        "load its own state from the same save, or every rank start fresh")
+        what = "first call" if kind == AgreementKind.HANDSHAKE else f"call {self.calls}"
         raise AgreedValueError(f"rank {self.comm.rank}: the ranks disagree on the reduction "
-                         f"({self.algorithm_name}, density {self.density}, this rank N={n}, {dtype}):\n  "
-                         + "\n  ".join(lines) + advice)
+                               f"({self.algorithm_name}, density {self.density}, this rank N={n}, {dtype}, "
+                               f"{what}):\n  " + "\n  ".join(lines) + advice)
 
     def options_text(self) -> str:
         """The options as the handshake compares and the mismatch error shows them: the
@@ -483,11 +544,11 @@ class SparseAllreduce:
         lengths, one of the texts padded to the longest, only on this error path. Only when
         the handshake layout itself agrees (same magic and format version): a peer speaking
         another layout might not answer, so its texts are then shown by hash."""
-        fields = [_SIGNATURE_FIELDS[i] for i in differing if _SIGNATURE_FIELDS[i] in _TEXT_FIELDS]
+        fields = [AGREEMENT_FIELDS[i] for i in differing if AGREEMENT_FIELDS[i] in _TEXT_FIELDS]
         if not fields:
             return {}
-        if any(_SIGNATURE_FIELDS[i] in ("magic", "format version") for i in differing):
-            return {field: [f"#{h:x}" for h in table[:, _SIGNATURE_FIELDS.index(field)].tolist()] for field in fields}
+        if any(AGREEMENT_FIELDS[i] in ("magic", "format version") for i in differing):
+            return {field: [f"#{h:x}" for h in table[:, _FIELD[field]].tolist()] for field in fields}
         raw = [texts[field].encode() for field in fields]
         lengths = self.comm.allgather_small(torch.tensor([len(r) for r in raw], dtype=torch.int64,
                                                          device="cpu")).cpu()

@@ -4,7 +4,7 @@
     mpirun -np P python tests/_mpi_program.py timeout OUT_DIR SECONDS
     mpirun -np P python tests/_mpi_program.py fail OUT_DIR      (a ValueError on rank 1)
     mpirun -np P python tests/_mpi_program.py reorder OUT_DIR   (ranks call reducers in other orders)
-    mpirun -np P python tests/_mpi_program.py argument OUT_DIR  (rank 1 reuses a reducer for another N)
+    mpirun -np P python tests/_mpi_program.py argument OUT_DIR  (rank 1 passes a wrong out=)
     mpirun --enable-recovery -np P python tests/_mpi_program.py fault OUT_DIR ALGORITHM kill|stop SEED TIMEOUT
                                                        (tests/_faults.py: a rank SIGKILLs / SIGSTOPs itself)
 
@@ -99,7 +99,9 @@ def fail_together(mode: str) -> dict:
 
 
 def argument_error() -> dict:
-    """Rank 1 reuses a reducer for another N: ValueError there, CommAbortedError elsewhere."""
+    """Rank 1 passes a wrong ``out`` (caught before anything is sent): ValueError there,
+    CommAbortedError elsewhere. (A reducer reused for another N is no argument error: the
+    call's agreement record names it on every rank, tests/test_agreement.py.)"""
     from sparsecomm import SparseAllreduce
     from sparsecomm.comm.mpi_comm import MPIComm
 
@@ -109,7 +111,7 @@ def argument_error() -> dict:
         reducer = SparseAllreduce(alg, 0.05, comm=MPIComm(timeout=60))
         reducer(torch.randn(n))
         MPI.COMM_WORLD.Barrier()
-        out[alg] = _outcome(lambda: reducer(torch.randn(n + 1 if reducer.comm.rank == 1 else n)))
+        out[alg] = _outcome(lambda: reducer(torch.randn(n), out=torch.empty(n - 1 if reducer.comm.rank == 1 else n)))
         MPI.COMM_WORLD.Barrier()
     return out
 

@@ -254,19 +254,23 @@ def test_local_error_fails_every_rank_within_2s():
 
 @pytest.mark.distributed
 def test_argument_error_before_sending_fails_every_rank_within_2s():
-    """Rank 1 reuses a reducer for another N, passes an integer gradient or a wrong ``out``:
-    the reducer raises before sending anything; rank 1 keeps its ValueError, ranks 0 and 2
-    raise CommAbortedError naming rank 1 and the cause, all within 2 s (before: the peers
-    waited the whole Comm timeout)."""
+    """Rank 1 passes an integer gradient or a wrong ``out``: the reducer raises before sending
+    anything; rank 1 keeps its ValueError, ranks 0 and 2 raise CommAbortedError naming rank 1
+    and the cause, all within 2 s (before: the peers waited the whole Comm timeout). Rank 1
+    reusing the reducer for another N is found by the call's agreement record instead: every
+    rank raises the same ValueError naming rank 1 and both sizes (nothing aborted)."""
     results = spawn(_argument_error, 3, ["topka", "spardl"], 1, timeout=120)
-    causes = {"new N": f"this reducer was used for N={N}", "int grad": "grad must be a floating-point tensor",
-              "bad out": "out must match grad"}
+    causes = {"new N": f"N: ranks [0, 2] have {N}; ranks [1] have {N + 1}",
+              "int grad": "grad must be a floating-point tensor", "bad out": "out must match grad"}
     for key in results[0]:
         cause = causes[key.split("/")[1]]
         for rank, out in enumerate(results):
             got = out[key]
             assert got["s"] < LIMIT_S, (key, rank, got)
-            if rank == 1:
+            if key.endswith("/new N"):
+                assert got["type"] == "AgreedValueError" and cause in got["msg"], (key, rank, got)
+                assert "ranks [1] have a call with another tensor, without reset()" in got["msg"], (key, rank, got)
+            elif rank == 1:
                 assert got["type"] == "ValueError" and cause in got["msg"], (key, got)
             else:
                 assert got["type"] == "CommAbortedError", (key, rank, got)

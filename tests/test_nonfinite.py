@@ -176,9 +176,10 @@ def test_nonfinite_half_gradients_propagate(algorithm, dtype):
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_finite_check_is_one_small_counted_round(algorithm):
-    """The flag round is reported apart (check_bytes, check_rounds), like the handshake: a
-    one-byte all-gather, ceil(log2 P) rounds, (P-1) payloads of 1 byte + nothing else;
-    dense under "propagate" skips it (it is the dense allreduce itself)."""
+    """The flag round is reported apart (check_bytes, check_rounds), like the handshake: the
+    call's agreement record (flag and fingerprint, 120 bytes) all-gathered, ceil(log2 P)
+    rounds, (P-1) records + nothing else; dense under "propagate" sends it too (it carries
+    the call's fingerprint) but does not read the gradient."""
     size = 5
 
     def fn(comm):
@@ -192,9 +193,8 @@ def test_finite_check_is_one_small_counted_round(algorithm):
 
     for rank, stats in enumerate(simulate(size, fn).results):
         for policy, s in stats.items():
-            skipped = algorithm == "dense" and policy == "propagate"
-            assert s["check_rounds"] == (0 if skipped else math.ceil(math.log2(size))), (algorithm, policy, s)
-            assert s["check_bytes"] == (0 if skipped else size - 1), (algorithm, policy, s)
+            assert s["check_rounds"] == math.ceil(math.log2(size)), (algorithm, policy, s)
+            assert s["check_bytes"] == 120 * (size - 1), (algorithm, policy, s)
             assert s["nonfinite_ranks"] == []
 
 

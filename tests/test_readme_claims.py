@@ -401,8 +401,9 @@ def test_messages_are_uint8_in_documented_layouts(algorithm, monkeypatch):
     that either starts with the documented 32-byte header (sender = the sending rank), or is
     shorter than a header and then a whole number of little-endian int64 sizes, each the size
     of a headed message (>= 32 B): exchange_var's size round, bruck_allgather_var's sizes; or
-    the reducer's non-finite flags (reducer.py: one byte per rank, 0 = finite, else the bits
-    NaN 1, +Inf 2, -Inf 4), all-gathered before the algorithm: a Bruck round of 1..4 bytes.
+    the reducer's agreement records (formats/header.py: 15 little-endian int64 per rank, magic
+    0x4D435053, format version 1, kind 2 for a later call, ..., the non-finite flag last: 0 =
+    finite), all-gathered before the algorithm: a Bruck round of 1..4 records of 120 B.
     At P = 5 a Bruck round carries at most 2 sizes (16 B), so the kinds cannot be confused."""
     from sparsecomm.comm.simulated import SimComm
 
@@ -429,8 +430,12 @@ def test_messages_are_uint8_in_documented_layouts(algorithm, monkeypatch):
     headed = 0
     for sender, peer, payload in sent:
         assert payload.dtype == torch.uint8 and payload.dim() == 1 and payload.is_contiguous()
-        if payload.numel() < 8:   # the flag round: this step's gradients are all finite
-            assert payload.numel() <= size - 1 and not payload.any(), (algorithm, sender, peer, payload)
+        words = np.frombuffer(payload.numpy().tobytes()[:payload.numel() // 8 * 8], dtype="<i8")
+        if payload.numel() % 120 == 0 and words[0] == 0x4D435053 and words[1] == 1:   # agreement records
+            records = words.reshape(-1, 15)
+            assert len(records) <= size - 1, (algorithm, sender, peer, len(records))
+            assert (records[:, 0] == 0x4D435053).all() and (records[:, 1] == 1).all(), (algorithm, records)
+            assert (records[:, 2] == 2).all() and (records[:, -1] == 0).all(), (algorithm, records)  # finite
             continue
         if payload.numel() < 32:
             assert payload.numel() % 8 == 0, (algorithm, sender, peer, payload.numel())

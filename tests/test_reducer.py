@@ -121,7 +121,7 @@ def test_builds_with_another_wire_revision_refuse_on_every_rank():
         return None
 
     messages = simulate(3, fn).results
-    expected = r"algorithm: ranks \[0, 2\] have 'gssgd/sketch-runs16'; ranks \[1\] have 'gssgd/sketch-per-coordinate'"
+    expected = r"algorithm: ranks \[0, 2\] have 'gssgd/sketch-runs16/hh-width'; ranks \[1\] have 'gssgd/sketch-per-coordinate'"
     assert all(m is not None and any(re.fullmatch(expected, line.strip()) for line in m.splitlines())
                for m in messages), messages
 
@@ -178,23 +178,34 @@ def test_shape_dtype_and_out_are_kept():
 
 
 def test_reuse_for_other_size_raises_on_every_rank_and_reset_allows_it():
-    """Reusing a reducer for another N raises ValueError on that rank before anything is sent;
-    its peer, waiting in the call, raises CommAbortedError naming it (the Comm is aborted).
-    On one rank nothing waits: the Comm stays usable and reset() allows the new size."""
-    from sparsecomm.comm.base import CommAbortedError
+    """Reusing a reducer for another N is found by the call's agreement record: when one rank
+    does it, every rank raises the same ValueError naming the ranks, N and k on each side
+    (nothing is aborted: the Comm stays usable, and the reducers go on once every rank
+    resets); when every rank does it, every rank raises the reuse error."""
 
     def fn(comm):
         reducer = sc.SparseAllreduce("topka", 0.5, comm=comm)
         reducer(torch.ones(8))
-        if comm.rank == 1:
-            with pytest.raises(ValueError, match="one SparseAllreduce per tensor"):
-                reducer(torch.ones(9))
-            return "ValueError"
-        with pytest.raises(CommAbortedError, match="rank 1 failed: ValueError: this reducer was used for N=8"):
-            reducer(torch.ones(8))
-        return "CommAbortedError"
+        with pytest.raises(ValueError) as one:
+            reducer(torch.ones(9 if comm.rank == 1 else 8))
+        with pytest.raises(ValueError) as every:
+            reducer(torch.ones(9))
+        reducer.reset()
+        return str(one.value), str(every.value), reducer(torch.ones(9)).sum().item()
 
-    assert simulate(2, fn).results == ["CommAbortedError", "ValueError"]
+    results = simulate(2, fn).results
+    for rank, (one, every, total) in enumerate(results):
+        assert one.startswith(f"rank {rank}: the ranks disagree"), one
+        lines = [line.strip() for line in one.splitlines()]
+        assert "kind: ranks [0] have a later call; ranks [1] have a call with another tensor, without reset()" \
+            in lines, one
+        assert "N: ranks [0] have 8; ranks [1] have 9" in lines and "k: ranks [0] have 4; ranks [1] have 5" in lines
+        assert "reset() on every rank before giving it another" in one
+        assert every == (f"rank {rank}: this reducer was used for N=8 (torch.float32, cpu) and now gets N=9 "
+                         "(torch.float32, cpu) on every rank: use one SparseAllreduce per tensor, or call reset() "
+                         "on every rank first")
+        assert total == 10.0   # k = 5 ones per rank, both ranks
+    assert results[0][0].split("\n", 1)[1] == results[1][0].split("\n", 1)[1]
 
     def alone(comm):
         reducer = sc.SparseAllreduce("topka", 0.5, comm=comm)

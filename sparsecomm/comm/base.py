@@ -317,8 +317,11 @@ class Comm(ABC):
         """Inside a call, before a backend's dense allreduce (which takes no tag): swap
         (bytes, dtype) with the ring neighbours on the call's tag with bit 29 set. Neighbours
         in another call never match (the reorder check reports it); a size difference raises
-        here instead of making gloo abort the process. Not counted: not part of the algorithm."""
-        if self._current is None or self.size < 2:
+        here instead of making gloo abort the process. Not counted: not part of the algorithm.
+        Skipped in a call whose caller has already all-gathered and compared the size, dtype
+        and call with every rank and set ``_dense_agreed`` to that call (the reducer's
+        agreement record, before its dense paths)."""
+        if self._current is None or self.size < 2 or getattr(self, "_dense_agreed", None) == self._current:
             return
         mine = torch.tensor([tensor.numel() * tensor.element_size(), zlib.crc32(str(tensor.dtype).encode())],
                             dtype=torch.int64, device="cpu")

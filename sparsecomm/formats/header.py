@@ -16,6 +16,15 @@ Layout (little-endian)::
 The receiver validates every field it can know (:func:`check_header`, in C: ``csrc/cpu/wire.c``
 through :mod:`._wire_ops`); a mismatch raises :class:`WireFormatError` naming both ranks and
 the field, never a silent wrong sum.
+
+The reducer's agreement record (:data:`AGREEMENT_FIELDS`) is the one message every call of a
+:class:`~sparsecomm.SparseAllreduce` sends first: ``AGREEMENT_NBYTES`` bytes (int64 per field,
+native order, all-gathered), the same size whatever the call is -- the first call's handshake,
+a later call's check (which also carries the non-finite flag) or a call that reuses the reducer
+for another tensor without ``reset()`` (the ``kind`` field tells them apart). So ranks at
+different points (one reset, another not; another step, N, k or dtype) always exchange equal
+sizes on the call's tag, compare every field and raise the same error, before any message
+whose size depends on those values.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import torch
 from ..errors import WireFormatError
 from . import _wire_ops
 
-__all__ = ["HEADER_NBYTES", "FORMAT_VERSION", "MAGIC", "Kind", "WireFormatError", "DTYPE_CODES",
+__all__ = ["AGREEMENT_FIELDS", "AGREEMENT_NBYTES", "AgreementKind", "HEADER_NBYTES", "FORMAT_VERSION", "MAGIC", "Kind", "WireFormatError", "DTYPE_CODES",
            "dtype_code", "dtype_from_code", "index_dtype_for", "pack_header", "parse_header", "check_header"]
 
 HEADER_NBYTES = 32
@@ -44,6 +53,17 @@ class Kind(IntEnum):
     COO_CODED = 5  # a COO vector in a codec body (:mod:`.codec`)
 
 
+class AgreementKind(IntEnum):
+    """What a rank's agreement record announces (field ``kind``)."""
+    HANDSHAKE = 1   # the first call after construction, reset() or load_state_dict()
+    CALL = 2        # a later call, agreed at an earlier handshake
+    REUSED = 3      # a later call with another N, dtype or device, without reset()
+
+
+#: the reducer's agreement record, one int64 each; ``nonfinite`` (the last) is data, not compared
+AGREEMENT_FIELDS = ("magic", "format version", "kind", "sparsecomm version", "algorithm", "options", "density",
+                    "N", "dtype", "k", "checkpoint", "calls", "step", "resets", "nonfinite")
+AGREEMENT_NBYTES = 8 * len(AGREEMENT_FIELDS)
 
 DTYPE_CODES: dict[torch.dtype, int] = {
     torch.float32: 1, torch.float64: 2, torch.float16: 3, torch.bfloat16: 4,
