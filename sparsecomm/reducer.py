@@ -485,9 +485,10 @@ class SparseAllreduce:
                              ("resets", self._resets), ("nonfinite", flag)):
             record[_FIELD[field]] = value
         table = self.comm.allgather_small(torch.tensor(record, dtype=torch.int64, device="cpu")).cpu()
-        differing = [i for i in _COMPARED if not bool((table[:, i] == table[0, i]).all())]
+        rows = table.tolist()   # compared as Python ints: one conversion, not a tensor op per field
+        differing = [i for i in _COMPARED if any(row[i] != rows[0][i] for row in rows)]
         if not differing:
-            return table[:, _FIELD["nonfinite"]].tolist()
+            return [row[_FIELD["nonfinite"]] for row in rows]
         words = self._words(texts, differing, table)
         lines = []
         for i in differing:
