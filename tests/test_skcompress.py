@@ -445,3 +445,73 @@ def test_random_corruption_never_crashes(index_codec, value_codec):
         except WireFormatError:
             continue
         assert di.numel() == count and (di.numel() == 0 or (bool((di[1:] > di[:-1]).all()) and int(di[-1]) < N))
+
+
+# ---------------------------------------------------------------- MinMaxSketch, exactly
+
+_M64 = (1 << 64) - 1
+
+
+def _ref_mix(z: int) -> int:
+    """splitmix64's finaliser (the header's mix)."""
+    z &= _M64
+    z ^= z >> 30
+    z = (z * 0xBF58476D1CE4E5B9) & _M64
+    z ^= z >> 27
+    z = (z * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def _ref_col(key: int, row: int, cols: int) -> int:
+    return ((_ref_mix(key ^ _ref_mix(0x5C0DE + row)) >> 32) * cols) >> 32
+
+
+@pytest.mark.parametrize("seed,q,s,t,r", [(1, 256, 2, 0.2, 8), (2, 64, 3, 0.1, 2), (3, 16, 1, 0.3, 1)])
+def test_minmax_sketch_decodes_exactly_min_insert_max_query(seed, q, s, t, r):
+    """Section 4.2 / Appendix A.2 on one message, bucket for bucket: each (sign, group) list
+    has s rows of cols cells (cols read from the body); a cell holds the least in-group offset
+    of the keys hashed to it (Min on insert), a key decodes to the largest of its s cells (Max
+    on query), i.e. to the mean of bucket group * G + that offset. Few columns per key, so
+    collisions make the rule visible: the test checks first that the reference differs both
+    from the true buckets and from the group floors, then that the decoder agrees exactly."""
+    N, entries = 50_000, 3000
+    idx, val = _message(entries, N, seed, "normal")
+    body = ops.skcompress_encode(idx, val, N, index_codec=0, value_codec=1, q=q, s=s, t=t, r=r).numpy()
+    _, dv = ops.skcompress_decode(torch.from_numpy(body.copy()), N, entries, torch.float32)
+    v = val.double().numpy()
+    bucket, splits, used = _ref_quantize(v, q)
+    B = q // 2
+    G = -(-B // r)
+    # the body's list table: after the 8-byte head, [u32 B][u16 G][u8 s][u8 r], two u32 nb and
+    # the nb_neg + nb_pos float32 means, 2r x [u32 n_l][u32 cols_l], negative groups first
+    head = np.frombuffer(body[8:16].tobytes(), dtype=np.dtype([("B", "<u4"), ("G", "<u2"), ("s", "u1"), ("r", "u1")]))[0]
+    assert (head["B"], head["G"], head["s"], head["r"]) == (B, G, s, r)
+    nb = np.frombuffer(body[16:24].tobytes(), dtype="<u4")
+    assert nb.tolist() == used
+    at = 24 + 4 * int(nb.sum())
+    table = np.frombuffer(body[at:at + 16 * r].tobytes(), dtype="<u4").reshape(2 * r, 2)
+    sign = (v >= 0).astype(int)           # 0: negative, 1: non-negative (zeros count as positive)
+    group, offset = bucket // G, bucket % G
+    keys = idx.numpy()
+    want_bucket = np.empty(entries, dtype=np.int64)
+    for sg in (0, 1):
+        for g in range(r):
+            members = np.flatnonzero((sign == sg) & (group == g))
+            n_l, cols = (int(x) for x in table[sg * r + g])
+            assert n_l == members.size
+            if n_l == 0:
+                continue
+            cells = np.full((s, cols), G, dtype=np.int64)
+            for e in members:                                   # Min on insert
+                for j in range(s):
+                    c = _ref_col(int(keys[e]), j, cols)
+                    cells[j, c] = min(cells[j, c], offset[e])
+            for e in members:                                   # Max on query
+                want_bucket[e] = g * G + max(cells[j, _ref_col(int(keys[e]), j, cols)] for j in range(s))
+    assert (want_bucket != bucket).any(), "no collision: the case cannot tell the rule from exact decoding"
+    assert (want_bucket != group * G).any(), "the case cannot tell the rule from the group floor"
+    lo = splits[sign, want_bucket]
+    hi = splits[sign, want_bucket + 1]
+    means = torch.from_numpy((lo + hi) / 2).float().numpy()
+    want = np.where(sign == 1, means, -means)
+    assert np.array_equal(dv.numpy(), want), int((dv.numpy() != want).sum())
