@@ -58,6 +58,16 @@ fresh DDP model, training continues bit-identically to the uninterrupted run
 P = 2 and 3). The state pickles without its process group (like PowerSGD's state), and the
 default group is used after unpickling unless ``process_group`` is set again.
 
+The state is per rank (each rank's residuals), so it records whose it is -- ``rank``,
+``world_size`` and a ``fingerprint`` equal on every rank of one save (sparsecomm/_checkpoint.py)
+-- and ``load_state_dict`` refuses another rank's state or another world size's with a
+ValueError saying how to save: one file per rank (``torch.save(state.state_dict(),
+f"hook_rank{rank}.pt")``), or ``torch.distributed.checkpoint`` with the state as a ``Stateful``
+(``state_dict()`` puts this rank's part, ``local_state_dict()`` as ``torch.save`` bytes, under
+the key ``rank<r>``, so DCP writes and returns each rank's own; tests/test_checkpoint.py).
+The loaded fingerprint goes to every reducer's first handshake: ranks resumed from different
+saves, or some fresh, raise the same ValueError on every rank.
+
 Non-blocking communication (SparCML section 5; ``async_comm=True``, the default): the hook
 only queues the bucket and returns its Future at once; one background worker thread per
 state runs the collectives in FIFO order (bucket order, the same on every rank, so the

@@ -288,3 +288,42 @@ def test_hook_state_refuses_another_ranks_residuals():
         with pytest.raises(ValueError, match="saved by a run of 2 ranks; this run has 1"):
             sc.DDPHookState("topka", 0.05, comm=comm).load_state_dict(local)
     simulate(1, fn)
+
+
+def _dcp_save_after_two_steps(rank, world_size, path):
+    from sparsecomm.comm.torch_comm import TorchComm
+
+    model, state, optimizer = _build(CONFIG, "topka", {}, TorchComm(timeout=30), world_size)
+    for step in range(2):
+        _step(model, optimizer, CONFIG, rank, step)
+    _save_dcp(path, model, optimizer, state, 2)
+
+
+def _dcp_load(rank, world_size, path):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from sparsecomm.comm.torch_comm import TorchComm
+
+    model, state, optimizer = _build(CONFIG, "topka", {}, TorchComm(timeout=30), world_size)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    try:
+        dcp.load({"model": model_sd, "optim": optim_sd, "hook": state}, checkpoint_id=os.path.join(path, "dcp_step2"))
+        return None
+    except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
+        return f"{type(exc).__name__}: {exc}"
+
+
+@pytest.mark.distributed
+def test_a_world_size_change_through_dcp_is_refused_on_every_rank(tmp_path):
+    """Saved by 3 ranks, loaded by 2: every rank finds its own part and refuses it (ValueError:
+    not supported, what to do); saved by 2, loaded by 3: rank 2 has no part, and DCP's own
+    planning error names the missing key on every rank. Never a silent resume."""
+    three, two = str(tmp_path / "three"), str(tmp_path / "two")
+    spawn(_dcp_save_after_two_steps, 3, three, timeout=300)
+    shrunk = spawn(_dcp_load, 2, three, timeout=300)
+    assert all(msg and msg.startswith("ValueError") and "saved by a run of 3 ranks; this run has 2" in msg
+               for msg in shrunk), shrunk
+    spawn(_dcp_save_after_two_steps, 2, two, timeout=300)
+    grown = spawn(_dcp_load, 3, two, timeout=300)
+    assert all(msg and msg.startswith("CheckpointException") for msg in grown), grown

@@ -35,7 +35,10 @@ a CommTimeoutError; own process group and per-call tags                mpirun an
 (find_unused_parameters)                                               find_unused_parameters), test_comm_mpi.py
 a hook checkpoint resumes bit-identically in fresh processes           test_resume.py (every algorithm x 10 DDP
                                                                        configurations x P = 2, 3; warm-up;
-                                                                       density schedule)
+                                                                       density schedule; auto's default trials),
+(per-rank files or DCP); another rank's state, another world size,     test_checkpoint.py (per-rank files and DCP;
+different saves on different ranks are refused on every rank           rank 0's file everywhere, mixed saves,
+                                                                       world size, versions)
 "Measured": the time-to-accuracy tables are the committed runs'       test_readme_time_to_accuracy_tables_are_the_committed_runs
 =====================================================================  ==========================================
 """

@@ -29,9 +29,15 @@ rank
 
 A measured choice depends on this run's timings: two runs of one script may keep different
 algorithms (as two ping-pong fits may differ). ``alpha``, ``beta`` and ``tune=0`` make the
-choice a function of (P, N, k) alone; a resumed run keeps the saved choice, and a checkpoint
-taken while tuning resumes the trials where they stopped (the remaining trials are measured
-anew).
+choice a function of (P, N, k) alone. Checkpoints (per rank: the trial times are this rank's
+clock): a state saved after the trials holds the choice, and the resumed run continues
+bit-identically to the uninterrupted one; a state saved while tuning holds the fit, the shortlist,
+the trial position, this rank's times so far and the candidates' states, and the resumed run
+continues the trials in the same order (its trial calls are bit-identical) but times the
+remaining ones in the new processes, so its decision -- the same on every rank -- may keep
+another candidate than the uninterrupted run would have (docs/scale.md, "auto and
+checkpoints"). A state saved before the tensor's first call holds no fit unless one was
+carried from another bucket; the resumed run then measures its own ping-pong.
 
 ``last_stats`` gets ``auto_choice`` (the algorithm this call ran), ``auto_tuning`` (whether
 it was a trial), ``auto_predicted_s`` (the model's time of it), ``auto_measured_s`` (the
