@@ -91,10 +91,22 @@ _CODEC_SUFFIXES = {"delta_binary": ("index_codec", "delta_binary"), "skcompress"
 
 def _variant(label: str) -> tuple[str, dict]:
     """``"topka+delta_binary+skcompress"`` -> ("topka", {"index_codec": ..., "value_codec": ...}):
-    an algorithm with the COO codecs of sparsecomm.formats.codec, benchmarked beside the plain one."""
+    an algorithm with the COO codecs of sparsecomm.formats.codec, benchmarked beside the plain one;
+    ``"gssgd+sketch_size=10"`` -> ("gssgd", {"sketch_size": 10}): an option set by name."""
     name, *suffixes = label.split("+")
     options = {}
     for suffix in suffixes:
+        if "=" in suffix:  # "gssgd+sketch_size=10": an option of the algorithm (int, float, None or text)
+            key, text = suffix.split("=", 1)
+            for convert in (int, float):
+                try:
+                    options[key] = convert(text)
+                    break
+                except ValueError:
+                    pass
+            else:
+                options[key] = None if text == "None" else text
+            continue
         if suffix not in _CODEC_SUFFIXES:
             raise ValueError(f"unknown codec {suffix!r} in {label!r}; use {', '.join(_CODEC_SUFFIXES)}")
         key, value = _CODEC_SUFFIXES[suffix]
@@ -127,6 +139,7 @@ def _check_algorithm(name: str, density: float, n: int, comm) -> dict:
     carried = torch.zeros(n, dtype=torch.float64)
     bit_exact = True
     worst_cons = worst_lossless = 0.0
+    energies = []   # lossy: ||out||^2 / ||exact global top-k of the summed acc||^2, per step
     for step in range(_CHECK_STEPS):
         g = bench_gradient(comm.rank, step, n, torch.float64)
         acc = carried + g if step else g.clone()       # what the reducer forms: e + g
@@ -141,6 +154,9 @@ def _check_algorithm(name: str, density: float, n: int, comm) -> dict:
         worst_cons = max(worst_cons, err)
         if err > 1e-9:
             raise AssertionError(f"{name} step {step}: conservation off by {err:.3g} (relative)")
+        best = float(total_in.abs().topk(min(n, max(1, reducer.last_stats.get("k") or 1))).values.pow(2).sum())
+        if not lossless and best > 0:
+            energies.append(float(outs[0].pow(2).sum()) / best)
         if lossless:
             for r, (a, e) in enumerate(zip(accs, ress)):
                 if not bool(((e == 0) | (e == a)).all()):
@@ -157,7 +173,8 @@ def _check_algorithm(name: str, density: float, n: int, comm) -> dict:
         carried = res
     return {"lossless": lossless, "conservation_rel_err": worst_cons,
             "lossless_rel_err": worst_lossless if lossless else None,
-            "bit_exact": bit_exact if lossless else None}
+            "bit_exact": bit_exact if lossless else None,
+            "energy_captured": min(energies) if energies else None}
 
 
 def _check_baseline(name: str, n: int, comm) -> dict:
@@ -280,6 +297,9 @@ def _worker(rank: int, size: int, cfg: dict) -> dict | None:
                         else _check_algorithm(name, cfg["densities"][0], cfg["check_n"], comm))
     say(f"correctness checked on N = {cfg['check_n']} (float64, {_CHECK_STEPS} steps): "
         + ", ".join(f"{a}{' (lossless)' if c['lossless'] else ''}" for a, c in checks.items()), flush=True)
+    say("energy captured (lossy; least over the checked steps, of the exact global top-k's): "
+        + ", ".join(f"{a} {c['energy_captured']:.3f}" for a, c in checks.items()
+                    if c.get("energy_captured") is not None), flush=True)
     # 2. alpha-beta
     sizes = []
     s = 1 << 10
@@ -348,6 +368,7 @@ def _worker(rank: int, size: int, cfg: dict) -> dict | None:
                          "bytes_sent": int(m["bytes_sent"]), "rounds": int(m["rounds"]),
                          "speedup_vs_dense": dense_t / m["wall_s"] if dense_t else None,
                          "bound_s": bound, "bound_over_measured": bound / m["comm_s"] if m["comm_s"] > 0 else None,
+                         "energy_captured_check": checks[a].get("energy_captured"),
                          **({"chose": chosen[(a, d)]} if (a, d) in chosen else {})})
     return {"P": size, "N": n, "densities": dens, "repeats": cfg["repeats"], "alpha_s": alpha,
             "beta_s_per_byte": beta, "pingpong": {"bytes": sizes, "half_rtt_s": halves},
@@ -491,9 +512,11 @@ def _collectives(argv) -> int:
 
     def _known(label):
         try:
-            base, _ = _variant(label)
+            base, options = _variant(label)
         except ValueError:
             return False
+        if base in algorithms.names() and options and all("=" in x for x in label.split("+")[1:]):
+            return set(options) <= set(algorithms.get(base).option_defaults)   # "gssgd+sketch_size=10"
         return label in known or (base in algorithms.names() and "value_codec" in algorithms.get(base).option_defaults)
 
     bad = [a for a in names if not _known(a)]
