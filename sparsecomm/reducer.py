@@ -96,13 +96,6 @@ def k_for(density: float, n: int) -> int:
     return min(n, max(1, math.ceil(Fraction(repr(float(density))) * n)))
 
 
-def check_state_version(state: dict[str, Any]) -> None:
-    """Refuse a state_dict written by another sparsecomm format version."""
-    if state.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"state_dict has format version {state.get('format_version')}, "
-                         f"this sparsecomm writes {FORMAT_VERSION}")
-
-
 def _crc(text: str) -> int:
     return zlib.crc32(text.encode())
 
