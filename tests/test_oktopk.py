@@ -370,6 +370,64 @@ def test_the_papers_bound_holds_and_the_counts_stay_near_k_with_the_default_peri
     assert np.median([results[0][s]["volume"]["global"] for s in range(steps)]) >= 0.9 * k
 
 
+def test_ties_between_two_rungs_fall_back_to_the_exact_top_k():
+    """When no rung selects between 2k/3 and k (here 4 entries at the threshold, then 20 tied
+    just below it, within one rung), the reused threshold is not taken: the exact top-k runs
+    at that step (ties to the lower index), so the update still holds k entries."""
+    n, density = 1000, 0.01
+    k = ref_k(density, n)
+    assert k == 10
+    g0 = torch.zeros(n)
+    g0[:k] = 5.0                    # step 0: exactly k entries, threshold 5
+    g1 = torch.zeros(n)
+    g1[100:104] = 5.0               # step 1: 4 at the threshold (fewer than 2k/3) ...
+    g1[200:220] = 4.99              # ... and 20 between it and the next rung down (0.54% lower)
+
+    def fn(comm):
+        reducer = sc.SparseAllreduce("oktopk", density, comm=comm, tau=100, tau_prime=100)
+        reducer(g0.clone())
+        out = reducer(g1.clone()).clone()
+        return out, dict(reducer.algorithm.last_volume), dict(reducer.algorithm.last_events)
+
+    for size in (1, 2):
+        out, volume, events = simulate(size, fn).results[0]
+        assert events["local_exact"] and volume["selected"] == k, (size, volume, events)
+        want = torch.zeros(n)
+        want[100:104] = 5.0 * size
+        want[200:206] = 4.99 * size
+        assert torch.equal(out, want), size
+
+
+def test_few_candidates_are_all_taken_and_the_global_threshold_stays():
+    """A reuse step whose reduced candidates are at most k takes every one of them without an
+    exact selection, and keeps the global threshold for the next steps, even when they all lie
+    below its ladder (sums of 2 under a threshold of 5)."""
+    n, density = 1000, 0.01
+    k = ref_k(density, n)
+
+    def grad(rank, step):
+        g = torch.zeros(n)
+        if step == 0:   # rank 0's k entries of 5 win the exact selection; rank 1 keeps its 1.5s
+            g[rank * k:(rank + 1) * k] = 5.0 if rank == 0 else 1.5
+        elif rank == 0:  # both ranks now select k..2k-1 (rank 1 from its residual)
+            g[k:2 * k] = 0.5
+        return g
+
+    def fn(comm):
+        reducer = sc.SparseAllreduce("oktopk", density, comm=comm, tau=100, tau_prime=100)
+        reducer(grad(comm.rank, 0))
+        out = reducer(grad(comm.rank, 1)).clone()
+        alg = reducer.algorithm
+        return out, dict(alg.last_volume), dict(alg.last_events), alg.state_dict()["global_threshold"]
+
+    want = torch.zeros(n)
+    want[k:2 * k] = 2.0
+    for out, volume, events, threshold in simulate(2, fn).results:
+        assert torch.equal(out, want)
+        assert volume["candidates"] == volume["global"] == k and not events["global_exact"], (volume, events)
+        assert threshold == 5.0
+
+
 def test_a_band_that_jumps_regions_meets_the_bound_in_the_worst_split():
     """The large entries of every rank move at step 1 from the first region to the last,
     where the boundaries (fixed until tau_prime) give them to one owner: ranks 0..P-2 send
