@@ -211,6 +211,8 @@ class DDPHookState:
         self.process_group = process_group
         self.step = 0
         self._comm = comm
+        self._owns_comm = comm is None  # a Comm this state builds is closed by close()
+        self._closed = False
         self._warmup = None  # (comm, CallScope) of the warm-up's dense allreduce
         # The plan: the bucket layout the reductions use (see the module docstring, "Bucket
         # rebuilds and exact resume"); one reducer per plan bucket.
@@ -253,6 +255,9 @@ class DDPHookState:
         # Built on DDP's thread at the first bucket (the same point on every rank): a
         # TorchComm runs on a private process group, so DDP's own collectives (e.g. its
         # find_unused_parameters allreduce) never interleave with the hook's.
+        if self._closed:
+            raise ValueError("sparsecomm: this DDPHookState was closed; build a new one on every rank (its "
+                             "state_dict() carries the residuals) and register it on the model")
         if self._comm is None:
             from .comm.torch_comm import TorchComm
             size = _group_size(self.process_group)
@@ -667,10 +672,17 @@ class DDPHookState:
         self.load_state_dict(state)
 
     def close(self) -> None:
-        """Stop the background worker (after the queued buckets); a later bucket restarts one."""
+        """Release what the state took: stop the background worker (after the queued buckets)
+        and close the Comm it built (a TorchComm's private process group, sockets and threads;
+        a Comm passed as ``comm=`` is the caller's to close). Call it on every rank when done
+        with the model, or before building a new state after a failure. ``state_dict()`` still
+        works; a later bucket raises ValueError. Idempotent."""
         if self._worker is not None:
             self._worker.stop()
             self._worker = None
+        self._closed = True
+        if self._owns_comm and self._comm is not None and hasattr(self._comm, "close"):
+            self._comm.close()
 
     def _submit(self, job, future: torch.futures.Future) -> None:
         if self._worker is None or not self._worker.alive():

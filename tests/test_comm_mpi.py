@@ -183,3 +183,46 @@ def test_missing_mpi4py_is_a_clear_import_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "mpi4py", None)  # import mpi4py -> ImportError
     with pytest.raises(ImportError, match=r"pip install sparsecomm\[mpi\]"):
         MPIComm()
+
+
+_REBUILD = r'''
+import gc, json, os, sys, threading
+import torch
+from mpi4py import MPI
+from sparsecomm import SparseAllreduce
+from sparsecomm.comm.mpi_comm import MPIComm
+
+def counts():
+    gc.collect()
+    return {"fds": len(os.listdir("/proc/self/fd")), "tasks": len(os.listdir("/proc/self/task")),
+            "threads": threading.active_count()}
+
+out = {}
+for i in range(int(sys.argv[2]) + 1):
+    comm = MPIComm(timeout=60)
+    SparseAllreduce("topka", 0.1, comm=comm)(torch.randn(1000))
+    comm.close()
+    del comm
+    if i == 0:  # after the first: what MPI creates once per process is no leak of the rebuilds
+        out["before"] = counts()
+out["after"] = counts()
+with open(os.path.join(sys.argv[1], f"rebuild{MPI.COMM_WORLD.Get_rank()}.json"), "w") as f:
+    json.dump(out, f)
+'''
+
+
+@needs_mpi
+def test_rebuilding_mpicomms_leaks_no_fd_or_thread(tmp_path):
+    """100 MPIComms, each used for one reducer call and closed (its two duplicated
+    communicators freed): descriptors and threads back to their count after the first."""
+    script = tmp_path / "rebuild.py"
+    script.write_text(_REBUILD)
+    cmd = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable, str(script), str(tmp_path), "100"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.dirname(HERE))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT * 2, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for r in range(2):
+        with open(tmp_path / f"rebuild{r}.json") as f:
+            out = json.load(f)
+        print(f"rebuild MPIComm rank {r}: {out}")
+        assert all(out["after"][k] <= out["before"][k] for k in ("fds", "tasks", "threads")), out
