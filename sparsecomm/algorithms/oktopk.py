@@ -9,9 +9,10 @@ One call on P ranks (``step`` counts the calls of this reducer):
    local threshold; in between it reuses the threshold, adapted (see "Keeping the counts near
    k" below): of the threshold's *ladder* of 97 rungs it takes the lowest rung selecting at
    most k entries, if that rung selects at least 2k/3, and selects every entry with
-   ``|acc| >= rung`` (one pass over ``acc`` in chunks, the entries at or above the lowest
-   rung binned by rung, then the C top-c, which is exactly that set); otherwise it takes the
-   exact top-k at this step. So 2k/3 <= c <= k in every call.
+   ``|acc| >= rung`` (found among the C top-(k+1): a rung selects at most k exactly when it
+   lies above the (k+1)-th largest magnitude; on the CPU that kernel is one filtering pass,
+   faster than counting in torch); otherwise it takes the exact top-k at this step. So
+   2k/3 <= c <= k in every call.
 2. **Balanced space repartition** every ``tau_prime`` steps (section 3.1.1): the index space
    [0, N) is cut into P contiguous regions, region j owned by rank j. Each rank proposes the
    P-1 boundaries that split *its own* selected indices into P equal-count parts; the ranks
@@ -124,8 +125,6 @@ from .base import Algorithm, register
 
 __all__ = ["OkTopk", "volume_bound", "paper_bound", "bound_guaranteed", "ladder", "RUNGS"]
 
-#: elements scanned at a time by the threshold selection (bounds its temporaries)
-_SCAN_CHUNK = 1 << 20
 #: rungs on each side of a reused threshold, and their spacing in float32 bit patterns
 RUNGS = 48
 _RUNG_STEP = 1 << 16
@@ -201,22 +200,29 @@ def _check_period(name: str, value: Any) -> int:
     return value
 
 
-def _ladder_counts(acc: torch.Tensor, keys: list[int]) -> tuple[list[int], list[float]]:
-    """How many entries have |acc| >= each rung (``keys``: ascending float32 bit patterns,
-    compared in acc's dtype), and the rungs as values. One pass in chunks (no N-sized
-    temporary): the entries at or above the lowest rung are binned by ``bucketize``."""
-    values = [_key_value(key) for key in keys]
-    rungs = torch.tensor(values, dtype=acc.dtype, device=acc.device)
-    hist = torch.zeros(len(keys) + 1, dtype=torch.int64, device=acc.device)
+def _local_rung(acc: torch.Tensor, k: int, threshold: float) -> tuple[torch.Tensor, float] | None:
+    """The ladder rule on ``|acc|``: (the indices of every entry at or above the lowest rung
+    of ``threshold``'s ladder that selects at most k entries, that rung) if the rung selects
+    at least 2k/3; None otherwise. Compared in acc's dtype.
+
+    Computed from the exact top-(k+1) (:func:`ops.topk`, one pass in the C kernel) rather than
+    a count per rung: a rung selects at most k entries exactly when it lies above the
+    (k+1)-th largest magnitude, and then everything it selects is among the top k."""
     n = acc.numel()
-    for lo in range(0, n, _SCAN_CHUNK):
-        mags = acc[lo:lo + _SCAN_CHUNK].abs()
-        mags = mags[mags >= rungs[0]]
-        if mags.numel():
-            hist += torch.bincount(torch.bucketize(mags, rungs, right=True), minlength=len(keys) + 1)
-    # bucket i holds rungs[i-1] <= |x| < rungs[i]: |x| >= rungs[j] iff i >= j + 1
-    above = torch.flip(torch.cumsum(torch.flip(hist, [0]), 0), [0])
-    return above[1:].tolist(), values
+    values = [_key_value(key) for key in ladder(threshold)]
+    rungs = torch.tensor(values, dtype=acc.dtype, device=acc.device)
+    top_values, top_idx = ops.topk(acc, min(k + 1, n))
+    mags = top_values.abs()
+    j = 0
+    if n > k:   # the lowest rung strictly above the (k+1)-th largest magnitude
+        j = int(torch.searchsorted(rungs, torch.sort(mags).values[:1], right=True))
+        if j == len(values):
+            return None
+    chosen = mags >= rungs[j]
+    count = int(chosen.sum())
+    if 3 * count < 2 * k:
+        return None
+    return top_idx[chosen], values[j]
 
 
 def _member(haystack: torch.Tensor, needles: torch.Tensor) -> torch.Tensor:
@@ -330,15 +336,12 @@ class OkTopk(Algorithm):
         with self.timed("select"):
             selected = None
             if self.local_threshold is not None and step % self.tau != 0:
-                # the counts of |acc| >= each rung of the reused threshold's ladder; the lowest
-                # rung selecting between 2k/3 and k becomes the threshold. The exact top-c is
-                # then that very set (the c-th largest magnitude is >= the rung, the next one
-                # below it), by the C top-k
-                counts, values = _ladder_counts(acc, ladder(self.local_threshold))
-                j = _pick_rung(counts, k)
-                if j is not None:
-                    selected = ops.topk(acc, counts[j])[1]
-                    self.local_threshold = values[j]
+                # the lowest rung of the reused threshold's ladder selecting between 2k/3 and
+                # k entries becomes the threshold; its entries are those of the top-(k+1) at
+                # or above it
+                picked = _local_rung(acc, k, self.local_threshold)
+                if picked is not None:
+                    selected, self.local_threshold = picked
             if selected is None:                     # schedule, or no rung in [2k/3, k]
                 values, selected = ops.topk(acc, k)
                 self.local_threshold = float(values.abs().min()) if values.numel() else 0.0
