@@ -632,3 +632,24 @@ def test_boundary_proposals_of_peers_are_validated(row, match):
     table[2] = torch.tensor(row)
     with pytest.raises(WireFormatError, match=match):
         check_proposals(table, 100, 0)
+
+
+@pytest.mark.parametrize("bad", [[900, 100, 500], [-1, 10, 20], [10, 20, 5000]])
+def test_a_peers_bad_boundary_proposals_are_refused(monkeypatch, bad):
+    """A rank whose proposals are outside [0, N] or decrease (a faulty or hostile peer) is
+    refused: WireFormatError naming it, before any boundary is used (the other ranks are
+    released by the simulated Comm's abort)."""
+    import threading
+
+    from sparsecomm.algorithms import densestream as mod
+    real = mod.propose_boundaries
+
+    def skewed(sorted_indices, parts):
+        if threading.current_thread().name == "sim-rank-2":
+            return torch.tensor(bad, dtype=torch.int64)
+        return real(sorted_indices, parts)
+    monkeypatch.setattr(mod, "propose_boundaries", skewed)
+    n = 1000
+    grads = [torch.randn(n, generator=torch.Generator().manual_seed(r)) for r in range(4)]
+    with pytest.raises(WireFormatError, match="from rank 2 a boundary proposal"):
+        simulate(4, lambda comm: sc.SparseAllreduce("densestream", 0.05, comm=comm)(grads[comm.rank].clone()))
