@@ -398,6 +398,38 @@ def test_ties_between_two_rungs_fall_back_to_the_exact_top_k():
         assert torch.equal(out, want), size
 
 
+def test_reduced_ties_between_two_rungs_fall_back_to_the_exact_global_selection():
+    """The global rule's band: 4 reduced sums at the global threshold (5) and 16 tied just
+    below it, within one rung. No rung selects between 2k/3 and k, so the exact selection runs
+    (G = k, ties to the lower index) instead of passing 4 entries."""
+    n, density = 1000, 0.01
+    k = ref_k(density, n)
+
+    def grad(rank, step):
+        g = torch.zeros(n)
+        if step == 0:   # rank 0's k entries of 5 win: global threshold 5
+            g[rank * k:(rank + 1) * k] = 5.0 if rank == 0 else 1.0
+        elif rank == 0:
+            g[100:104] = 5.0
+            g[200:206] = 4.99
+        else:
+            g[206:216] = 4.99
+        return g
+
+    def fn(comm):
+        reducer = sc.SparseAllreduce("oktopk", density, comm=comm, tau=100, tau_prime=100)
+        reducer(grad(comm.rank, 0))
+        out = reducer(grad(comm.rank, 1)).clone()
+        return out, dict(reducer.algorithm.last_volume), dict(reducer.algorithm.last_events)
+
+    want = torch.zeros(n)
+    want[100:104] = 5.0
+    want[200:206] = 4.99
+    for out, volume, events in simulate(2, fn).results:
+        assert volume["candidates"] == 20 and volume["global"] == k and events["global_exact"], (volume, events)
+        assert torch.equal(out, want)
+
+
 def test_few_candidates_are_all_taken_and_the_global_threshold_stays():
     """A reuse step whose reduced candidates are at most k takes every one of them without an
     exact selection, and keeps the global threshold for the next steps, even when they all lie
