@@ -391,3 +391,56 @@ def test_coded_stream_malformed(name, payload, codec, kw, match):
     with pytest.raises(WireFormatError, match=match) as info:
         decode_sparse_stream(payload, codec=codec, **kw)
     assert "rank 0 received from rank" in str(info.value), str(info.value)
+
+
+# -- summation order and entry counts (found by the mutation pass: nothing pinned them) -----
+
+def _shared_support_grads(size, n, k, seed=5):
+    """Every rank's gradient has the same k non-zeros (so its top-k is exactly them), with
+    magnitudes spread over 8 decades and random signs: float32 sums depend on their order."""
+    gen = torch.Generator().manual_seed(seed)
+    support = torch.randperm(n, generator=gen)[:k]
+    grads = []
+    for _ in range(size):
+        g = torch.zeros(n)
+        mag = 10.0 ** (torch.rand(k, generator=gen) * 8 - 4)
+        sign = torch.where(torch.rand(k, generator=gen) < 0.5, -1.0, 1.0)
+        g[support] = mag * sign
+        grads.append(g)
+    return grads
+
+
+@pytest.mark.parametrize("options", [{}, INDEX], ids=["plain", "index_codec"])
+def test_topka_adds_the_ranks_in_rank_order(options):
+    """topka: every rank decodes the same P messages and adds them in rank order, element-wise
+    ((x_0 + x_1) + x_2) + ... in float32, so the result is that sum bit for bit (the reference
+    here); last_stats' nnz_out counts the merged entries."""
+    size, n, k = 4, 4000, 400
+    grads = _shared_support_grads(size, n, k)
+    want = grads[0].clone()
+    for g in grads[1:]:
+        want = want + g
+    assert not torch.equal(want, ((grads[3] + grads[2]) + grads[1]) + grads[0]), "order must matter here"
+
+    def run(comm):
+        red = sc.SparseAllreduce("topka", k / n, comm=comm, **options)
+        return red(grads[comm.rank].clone()), dict(red.last_stats)
+    for out, stats in simulate(size, run).results:
+        assert torch.equal(out, want)
+        assert stats["nnz_out"] == k
+
+
+@pytest.mark.parametrize("size", [3, 4])
+def test_gtopk_result_holds_k_entries(size):
+    """gTop-k keeps exactly k entries of the sum (k <= the union): k non-zeros in the result
+    on every rank, and nnz_out says k."""
+    n, density = 3000, 0.02
+    k = 60
+    grads = [torch.randn(n, generator=torch.Generator().manual_seed(r)) for r in range(size)]
+
+    def run(comm):
+        red = sc.SparseAllreduce("gtopk", density, comm=comm)
+        return red(grads[comm.rank].clone()), dict(red.last_stats)
+    for out, stats in simulate(size, run).results:
+        assert int(torch.count_nonzero(out)) == k
+        assert stats["nnz_out"] == k
