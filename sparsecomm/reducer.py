@@ -480,7 +480,11 @@ class SparseAllreduce:
         table = self.comm.allgather_small(torch.tensor(record, dtype=torch.int64, device="cpu")).cpu()
         rows = table.tolist()   # compared as Python ints: one conversion, not a tensor op per field
         differing = [i for i in _COMPARED if any(row[i] != rows[0][i] for row in rows)]
-        if not differing:
+        # resets alone is no disagreement: a reset on some ranks only is told by the kind (a
+        # handshake meets a later call), and ranks all at a handshake after the same calls hold
+        # the same state however often each reset -- counting them would make the advice below
+        # (reset() on every rank, or every rank loading the same save) never agree again
+        if all(AGREEMENT_FIELDS[i] == "resets" for i in differing):
             return [row[_FIELD["nonfinite"]] for row in rows]
         words = self._words(texts, differing, table)
         lines = []

@@ -185,3 +185,34 @@ def test_the_record_is_one_round_per_call_whatever_its_kind():
 
     for stats in simulate(4, fn).results:
         assert (stats["handshake_rounds"], stats["check_rounds"], stats["check_bytes"]) == (0, 2, 3 * 120), stats
+
+
+@pytest.mark.parametrize("recovery", ["reset everywhere", "load everywhere"])
+def test_after_a_reset_on_one_rank_the_advice_recovers(recovery):
+    """The error's advice -- reset() on every rank -- (or every rank loading its own state of
+    one save) must make the reducers agree again, although the rank that reset alone has now
+    reset once more than the others: ranks that are all at a handshake after the same calls
+    hold the same state however often each reset. The results (k = 2 of 8) are written out below."""
+
+    def fn(comm):
+        reducer = sc.SparseAllreduce("topka", 0.25, comm=comm)
+        grad = torch.arange(8, dtype=torch.float32) * (comm.rank + 1)
+        reducer(grad)
+        saved = reducer.state_dict()
+        reducer(grad)
+        if comm.rank == 1:
+            reducer.reset()
+        with pytest.raises(ValueError, match="reset\\(\\) is collective"):
+            reducer(grad)
+        if recovery == "reset everywhere":
+            reducer.reset()
+        else:
+            reducer.load_state_dict(saved)   # the residual after the first call: 0..5, times (rank + 1)
+        return reducer(grad).tolist()
+
+    if recovery == "reset everywhere":   # no residual: each rank sends its two largest, 6 and 7 (x1, x2)
+        expected = [0.0] * 6 + [6.0 * 3, 7.0 * 3]
+    else:   # grad + residual = 0, 2, 4, 6, 8, 10, 6, 7 (x1, x2): the two largest are 10 and 8
+        expected = [0.0] * 4 + [8.0 * 3, 10.0 * 3] + [0.0] * 2
+    for rank, got in enumerate(simulate(2, fn, timeout=10).results):
+        assert got == expected, (rank, got)
