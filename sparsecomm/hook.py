@@ -621,7 +621,16 @@ class DDPHookState:
             raise ValueError(f"state_dict's fingerprint must be an int in [0, 2**63), got {mark!r}")
         per_rank = bool(state.get("residuals")) or bool(raw)
         rank, size = self._rank_and_size()
-        check_owner("DDPHookState", state.get("rank"), state.get("world_size"), rank, size, per_rank)
+        try:
+            check_owner("DDPHookState", state.get("rank"), state.get("world_size"), rank, size, per_rank)
+        except ValueError as exc:
+            # the peers that loaded their own state are about to build the Comm at their first
+            # bucket (a collective: without this rank it waits for the process group's timeout)
+            # and wait for this rank's messages: join that construction and abort the Comm, so
+            # they raise naming this rank at once
+            if size is not None and size > 1 and not self._closed:
+                self.comm.abort(f"ValueError: {exc} (loading the hook's state, before it sent anything)")
+            raise
         self._drain()
         self._unchecked_owner = (state.get("rank"), state.get("world_size"), per_rank) if rank is None else None
         self._checkpoint_id = mark

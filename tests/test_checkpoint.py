@@ -327,3 +327,40 @@ def test_a_world_size_change_through_dcp_is_refused_on_every_rank(tmp_path):
     spawn(_dcp_save_after_two_steps, 2, two, timeout=300)
     grown = spawn(_dcp_load, 3, two, timeout=300)
     assert all(msg and msg.startswith("CheckpointException") for msg in grown), grown
+
+
+def _load_rank0_file_with_the_default_comm(rank, world_size, directory, report):
+    """The README's quick start: DDPHookState without comm= (its Comm is built at the first
+    bucket, a collective of every rank), rank 0's one file loaded on both ranks."""
+    model, state, optimizer = _build(CONFIG, "topka", {}, None, world_size)
+    outcome = {"rank": rank}
+    try:
+        state.load_state_dict(torch.load(os.path.join(directory, "ckpt3.pt"))["hook"])
+    except ValueError as exc:
+        outcome.update(phase="load", type=type(exc).__name__, msg=str(exc))
+        torch.save(outcome, f"{report}.{rank}")
+        os._exit(3)   # the user's script stops here
+    start = time.monotonic()
+    try:
+        for step in range(2):
+            _step(model, optimizer, CONFIG, rank, step)
+        outcome.update(phase="train", type=None)
+    except Exception as exc:  # noqa: BLE001 - the test inspects it
+        outcome.update(phase="train", type=type(exc).__name__, msg=str(exc))
+    outcome["s"] = time.monotonic() - start
+    torch.save(outcome, f"{report}.{rank}")
+    return outcome
+
+
+@pytest.mark.distributed
+def test_rank0_file_loaded_everywhere_with_the_default_comm_fails_the_peer_quickly(saved_run):
+    """As above, but with the Comm the state builds itself at its first bucket (no comm=):
+    rank 1 refuses at load_state_dict, before any Comm exists, so rank 0 would wait in the
+    Comm's construction (a collective) for the process group's timeout. The refusing rank
+    joins that construction and aborts the Comm, so rank 0 raises within seconds."""
+    report = os.path.join(saved_run, "report_default_comm")
+    spawn(_load_rank0_file_with_the_default_comm, 2, saved_run, report, timeout=60, may_die=(1,))
+    zero, one = (torch.load(f"{report}.{rank}") for rank in range(2))
+    assert one["phase"] == "load" and one["type"] == "ValueError" and "rank 0" in one["msg"], one
+    assert zero["phase"] == "train" and zero["type"] is not None, zero
+    assert zero["s"] < 20, zero
