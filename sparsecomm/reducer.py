@@ -233,9 +233,10 @@ class SparseAllreduce:
         """Forget the residual (e.g. before reusing the reducer for another tensor).
 
         Collective: every rank calls it, between the same two calls. The next call then
-        starts with a handshake on every rank; a rank that reset alone (or another number of
-        times) makes that call raise the same ValueError on every rank, naming the ranks, and
-        the reducers stay usable once every rank has called ``reset()``."""
+        starts with a handshake on every rank; a rank that reset alone makes that call raise
+        the same ValueError on every rank, naming the ranks, and the reducers stay usable once
+        every rank has called ``reset()`` (ranks that all reset between the same two calls
+        agree, however many times each did)."""
         self._resets += 1
         self._residual = None
         self._pending_residual = None
