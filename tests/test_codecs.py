@@ -444,3 +444,18 @@ def test_gtopk_result_holds_k_entries(size):
     for out, stats in simulate(size, run).results:
         assert int(torch.count_nonzero(out)) == k
         assert stats["nnz_out"] == k
+
+
+@pytest.mark.parametrize("topology", ["allgather", "ps"])
+def test_skcompress_nnz_out_counts_the_result(topology):
+    """nnz_out is the number of entries of the reduced result (the union of the selections),
+    not of this rank's selection: with random values none decodes to zero, so it is the
+    result's non-zero count on every rank."""
+    size, n, density = 3, 2000, 0.02
+    grads = [torch.randn(n, generator=torch.Generator().manual_seed(r)) for r in range(size)]
+
+    def run(comm):
+        red = sc.SparseAllreduce("skcompress", density, comm=comm, topology=topology)
+        return red(grads[comm.rank].clone()), dict(red.last_stats)
+    for out, stats in simulate(size, run).results:
+        assert stats["nnz_out"] == int(torch.count_nonzero(out)) > 40
