@@ -221,6 +221,53 @@ def test_topkdsa_quantized_unbiased():
     assert err < single / 6, (float(err), float(single))  # ~ 1/sqrt(trials) of one draw's error
 
 
+def test_topkdsa_quantized_draws_differ_across_steps_ranks_and_seeds():
+    """QSGD's stochastic rounding draws afresh every step, on every rank and for every seed
+    option (also seeds that differ only above bit 31): one fixed input, reduced again and
+    again by one instance, must round differently each call; two ranks' ranges holding the
+    same values must round differently; seed=0, 2**31 and 2**32 must round differently. Each
+    result stays within one level of the exact sum (the level step is max|x| / 7 of its
+    64-value bucket at 4 bits) and the mean over the calls converges to it (unbiased)."""
+    size, n, bucket, steps = 2, 1024, 64, 48
+    half = torch.randn(n // size, generator=torch.Generator().manual_seed(11))
+    # both ranks send the same vector, whose two halves are equal: ranges 0 and 1 sum to the same values
+    grads = [torch.cat([half, half]) for _ in range(size)]
+    exact = (2 * torch.cat([half, half])).double()
+
+    def fn(comm, seed=0, calls=steps):
+        alg = sc.algorithms.get("topkdsa")(comm, quantize_bits=4, bucket_size=bucket, seed=seed)
+        outs = []
+        for _ in range(calls):
+            out = torch.empty(n)
+            alg.reduce(grads[comm.rank].clone(), n, out)
+            outs.append(out.double())
+        return torch.stack(outs)
+
+    runs = simulate(size, fn).results
+    assert torch.equal(runs[0], runs[1])                       # every rank decodes the same bytes
+    outs = runs[0]
+    step = exact.view(-1, bucket).abs().amax(1).repeat_interleave(bucket) / 7
+    for t in range(steps):
+        assert bool(((outs[t] - exact).abs() <= step * 1.0001 + 1e-6).all()), t   # one level at most
+        assert not torch.equal(outs[t], exact), t                               # it did round
+    # across steps: no two calls drew the same roundings
+    distinct = {tuple(o.tolist()) for o in outs}
+    assert len(distinct) == steps, f"{steps - len(distinct)} calls repeated an earlier call's roundings"
+    # across ranks: rank 0 owns [0, 512), rank 1 [512, 1024), the same values, different draws
+    for t in range(steps):
+        assert not torch.equal(outs[t, :n // 2], outs[t, n // 2:]), f"call {t}: both ranks drew alike"
+    # unbiased: the mean over the calls is much closer to the exact sum than one call
+    single = (outs[0] - exact).abs().mean()
+    err = (outs.mean(0) - exact).abs().mean()
+    assert err < single / 3, (float(err), float(single))
+    # across seed options, also those equal in their low 31 bits
+    firsts = [simulate(size, lambda c, s=s: fn(c, seed=s, calls=1)).results[0][0] for s in (0, 2**31, 2**32)]
+    assert torch.equal(firsts[0], outs[0])                     # seed=0 is the default-seeded run's first call
+    for a in range(3):
+        for b in range(a + 1, 3):
+            assert not torch.equal(firsts[a], firsts[b]), ("seeds", a, b)
+
+
 def test_options_validated():
     with pytest.raises(ValueError, match="quantize_bits"):
         sc.algorithms.get("topkdsa")(None, quantize_bits=3)
