@@ -233,6 +233,57 @@ def test_tuning_measures_the_shortlist_and_keeps_the_fastest(monkeypatch):
             assert torch.equal(results[rank][step][2], ref[rank][step][1]), (rank, step, ran[step])
 
 
+def test_tuning_keeps_each_ranks_best_trial_then_the_slowest_rank(monkeypatch):
+    """The documented rule: each rank's *best* time per candidate (of its ``tune`` calls: the
+    first also pays first-call costs), then a candidate's time is its *slowest rank's*, the
+    least wins. The trial calls' clock (``auto._clock``) is a per-rank virtual clock here, moved
+    on by fixed seconds after a candidate's real work (the work itself takes milliseconds):
+
+        call 1 / call 2 (s)   short[0]      short[1]   short[2]
+        rank 0                3 / 4         0 / 0      0 / 0
+        rank 1                100 / 0       10 / 10    20 / 20
+        rank 2                0 / 0         0 / 0      0 / 0
+
+    best per rank, slowest rank: 3, 10, 20 -> short[0] is kept (its worst call, 100 s, is the
+    slowest of all; its fastest rank's best is 0)."""
+    import threading
+
+    from sparsecomm.algorithms import auto as auto_mod
+
+    P, n, density, tune = 3, 20_000, 0.01, 2
+    k = sc.k_for(density, n)
+    model = choose_algorithm(P, n, k, 1e-4, 8e-9, candidates=CANDS)
+    short = shortlist(model["predictions"], CANDS, 3, 100.0)
+    extra = {short[0]: {0: [3.0, 4.0], 1: [100.0, 0.0]}, short[1]: {1: [10.0, 10.0]},
+             short[2]: {1: [20.0, 20.0]}}
+    local = threading.local()   # simulate runs each rank in its own thread
+
+    monkeypatch.setattr(auto_mod, "_clock", lambda: time.perf_counter() + getattr(local, "skew", 0.0))
+    for name, per_rank in extra.items():
+        cls = sc.algorithms.get(name)
+
+        def timed(self, *args, _real=cls.reduce, _per_rank=per_rank, **kwargs):
+            _real(self, *args, **kwargs)
+            call = self.__dict__.setdefault("_test_calls", 0)
+            self._test_calls = call + 1
+            delays = _per_rank.get(self.comm.rank, [0.0, 0.0])
+            local.skew = getattr(local, "skew", 0.0) + (delays[call] if call < len(delays) else 0.0)
+        monkeypatch.setattr(cls, "reduce", timed)
+
+    def fn(comm):
+        red = sc.SparseAllreduce("auto", density, comm=comm, alpha=1e-4, beta=8e-9, candidates=CANDS,
+                                 margin=100.0, tune=tune)
+        for step in range(tune * 3 + 1):
+            red(_grad(comm.rank, n, step))
+        return dict(red.last_stats)
+    for stats in simulate(P, fn).results:
+        assert not stats["auto_tuning"] and stats["auto_choice"] == short[0], stats["auto_choice"]
+        trials = stats["auto_trials"]
+        assert 3.0 <= trials[short[0]] < 3.5, trials
+        assert 10.0 <= trials[short[1]] < 10.5, trials
+        assert 20.0 <= trials[short[2]] < 20.5, trials
+
+
 def test_tuning_resumes_mid_way(monkeypatch):
     P, n, density = 2, 20_000, 0.01
     k = sc.k_for(density, n)
