@@ -168,6 +168,25 @@ def test_dense_invariants(size, n, density, dtype, pattern):
     check_lossless(size, "dense", density, n, dtype, pattern, dense_cost)
 
 
+@pytest.mark.parametrize("size", [1, 3])
+def test_dense_nnz_out_counts_every_entry(size):
+    """dense lets every entry through whatever the density: last_stats' nnz_out is N, which
+    here is also the number of non-zeros of the sum computed in the test (random values)."""
+    n, density = 1000, 0.01
+    grads = [torch.randn(n, generator=torch.Generator().manual_seed(40 + r)) for r in range(size)]
+    want = torch.zeros(n, dtype=torch.float64)
+    for g in grads:
+        want += g.double()
+    assert int(torch.count_nonzero(want)) == n
+
+    def run(comm):
+        red = sc.SparseAllreduce("dense", density, comm=comm)
+        return red(grads[comm.rank].clone()), dict(red.last_stats)
+    for out, stats in simulate(size, run).results:
+        np.testing.assert_allclose(out.double().numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+        assert stats["nnz_out"] == int(torch.count_nonzero(want)) == n
+
+
 GLOO_CASES = [  # (algorithm, N, density, dtype, pattern), run on every P in 1..8
     ("topka", 1025, 0.01, torch.float32, "random"),
     ("topka", 3001, 0.05, torch.float64, "disjoint"),
