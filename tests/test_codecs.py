@@ -393,6 +393,35 @@ def test_coded_stream_malformed(name, payload, codec, kw, match):
     assert "rank 0 received from rank" in str(info.value), str(info.value)
 
 
+@pytest.mark.parametrize("options", [INDEX, BOTH])
+@pytest.mark.parametrize("dtype,delta", [(torch.float32, 500), (torch.float64, 666)])
+def test_coded_stream_of_exactly_delta_items(options, dtype, delta):
+    """A sparse range may hold up to delta = n * isize // (4 + isize) items (4-byte indices at
+    n = 1000: 500 in float32, 666 in float64). A coded stream of delta - 1 or exactly delta
+    items is received; delta + 1 is refused as a range the sender should have sent dense."""
+    from sparsecomm.algorithms._sparse_stream import SparseStream, decode_sparse_stream, encode_sparse_stream
+
+    n, offset = 1000, 500
+    codec = _stream_codec(options)
+    kw = dict(n=n, offset=offset, value_dtype=dtype, receiver=0, sender=2)
+    for count in (delta - 1, delta, delta + 1):
+        g = torch.Generator().manual_seed(count)
+        idx = torch.sort(torch.randperm(n, generator=g)[:count]).values
+        vals = torch.randn(count, generator=g, dtype=dtype)
+        if count <= delta:
+            message, sent = encode_sparse_stream(SparseStream.sparse(idx, vals, n, offset), 2, codec)
+            assert int(message[6]) == int(sc.formats.Kind.COO_CODED)
+            got = decode_sparse_stream(message, codec=codec, **kw)
+            assert (got.n, got.offset, got.is_dense) == (n, offset, False)
+            assert torch.equal(got.indices.long(), idx) and torch.equal(got.values, sent.values)
+            if codec.lossless:
+                assert torch.equal(got.values, vals)
+        else:
+            message = codec.encode(idx, vals, n, 2)[0]   # what a wrong sender would send
+            with pytest.raises(WireFormatError, match="past delta"):
+                decode_sparse_stream(message, codec=codec, **kw)
+
+
 # -- summation order and entry counts (found by the mutation pass: nothing pinned them) -----
 
 def _shared_support_grads(size, n, k, seed=5):
