@@ -166,13 +166,13 @@ def ladder(threshold: float) -> list[int]:
     j = -RUNGS..RUNGS (steps of 1/128 octave, about 0.54%; 3/8 octave, a factor of 1.30,
     either way; clamped to [0, +inf]), ascending. Integer steps on the bit pattern, so every
     rank computes the same rungs from the same threshold."""
-    key = int(torch.tensor([threshold], dtype=torch.float32).view(torch.int32))
+    key = int(torch.tensor([threshold], dtype=torch.float32, device="cpu").view(torch.int32))
     return [min(max(key + j * _RUNG_STEP, 0), _KEY_INF) for j in range(-RUNGS, RUNGS + 1)]
 
 
 def _key_value(key: int) -> float:
     """The float32 magnitude whose bit pattern is ``key``, as a Python float."""
-    return float(torch.tensor([key], dtype=torch.int32).view(torch.float32))
+    return float(torch.tensor([key], dtype=torch.int32, device="cpu").view(torch.float32))
 
 
 def _pick_rung(counts: list[int], k: int) -> int | None:
