@@ -418,7 +418,7 @@ class SparseAllreduce:
         if self.algorithm.propagates_nonfinite or any(flags):
             # the records proved every rank is in this call with the same N and dtype, and
             # will run the dense allreduce: the Comm's own size check before it adds nothing
-            self.comm._dense_agreed = self.comm._current
+            self.comm.mark_dense_agreed()
         if not any(flags):
             return []
         if self.nonfinite == "raise":

@@ -193,6 +193,7 @@ class Comm(ABC):
         self._broken: str | None = None
         #: bound on a size received in a variable-size round (set per call by the reducer)
         self.max_message_bytes: int | None = None
+        self._dense_agreed = None   # the call whose size and dtype a caller proved equal (mark_dense_agreed)
 
     # -- failing together ------------------------------------------------------------------
     def new_scope(self, label: str) -> CallScope:
@@ -319,9 +320,9 @@ class Comm(ABC):
         in another call never match (the reorder check reports it); a size difference raises
         here instead of making gloo abort the process. Not counted: not part of the algorithm.
         Skipped in a call whose caller has already all-gathered and compared the size, dtype
-        and call with every rank and set ``_dense_agreed`` to that call (the reducer's
+        and call with every rank and said so with :meth:`mark_dense_agreed` (the reducer's
         agreement record, before its dense paths)."""
-        if self._current is None or self.size < 2 or getattr(self, "_dense_agreed", None) == self._current:
+        if self._current is None or self.size < 2 or self._dense_agreed == self._current:
             return
         mine = torch.tensor([tensor.numel() * tensor.element_size(), zlib.crc32(str(tensor.dtype).encode())],
                             dtype=torch.int64, device="cpu")
@@ -340,6 +341,11 @@ class Comm(ABC):
                 (a, va), (c, vc) = sorted([(self.rank, mine), (q, theirs)], key=lambda x: x[0])
                 raise CommError(f"allreduce_dense in {self.waiting_in()}: rank {a} has {int(va[0])} bytes, "
                                 f"rank {c} has {int(vc[0])} bytes (or another dtype)")
+
+    def mark_dense_agreed(self) -> None:
+        """Inside a call: every rank has all-gathered and compared this call's size and dtype,
+        so a dense allreduce later in the same call needs no neighbour size check."""
+        self._dense_agreed = self._current
 
     def _check_peers(self, peers: Sequence[int]) -> None:
         for peer in peers:
