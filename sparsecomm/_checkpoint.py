@@ -61,6 +61,14 @@ def check_version(state: Any, what: str) -> None:
                          f"version {CHECKPOINT_VERSION}: load it with the sparsecomm that wrote it")
 
 
+def loaded_fingerprint(state: dict[str, Any]) -> int:
+    """The ``fingerprint`` of a state being loaded, or a ValueError if it is not one."""
+    mark = state.get("fingerprint")
+    if type(mark) is not int or not 0 <= mark < 1 << 63:
+        raise ValueError(f"state_dict's fingerprint must be an int in [0, 2**63), got {mark!r}")
+    return mark
+
+
 def check_owner(what: str, saved_rank: Any, saved_size: Any, rank: int | None, size: int | None,
                 per_rank: bool) -> None:
     """Refuse a state saved by another rank (when it holds per-rank data) or with another

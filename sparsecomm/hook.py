@@ -98,7 +98,7 @@ import torch.distributed as dist
 from . import algorithms
 from ._bucket_worker import BucketWorker, fail_future
 from .comm.base import Comm
-from ._checkpoint import CHECKPOINT_VERSION, HOW_TO_SAVE, check_owner, check_version, fingerprint
+from ._checkpoint import CHECKPOINT_VERSION, HOW_TO_SAVE, check_owner, check_version, fingerprint, loaded_fingerprint
 from .reducer import NONFINITE_POLICIES, SparseAllreduce
 from .schedule import DensitySchedule, as_schedule
 
@@ -616,9 +616,7 @@ class DDPHookState:
         if not isinstance(raw, dict) or not all(isinstance(s, dict) for s in raw.values()):
             raise ValueError("state_dict's algorithm_states must map bucket numbers to dicts (each an algorithm's "
                              f"state_dict()); got {raw!r}"[:300])
-        mark = state.get("fingerprint")
-        if type(mark) is not int or not 0 <= mark < 1 << 63:
-            raise ValueError(f"state_dict's fingerprint must be an int in [0, 2**63), got {mark!r}")
+        mark = loaded_fingerprint(state)
         per_rank = bool(state.get("residuals")) or bool(raw)
         rank, size = self._rank_and_size()
         try:

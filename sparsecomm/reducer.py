@@ -63,7 +63,7 @@ from . import _version as _version_module
 from . import algorithms, ops
 from .ops import _torch_impl
 from .comm.base import Comm
-from ._checkpoint import CHECKPOINT_VERSION, check_owner, check_version, fingerprint
+from ._checkpoint import CHECKPOINT_VERSION, check_owner, check_version, fingerprint, loaded_fingerprint
 from .errors import AgreedValueError
 from .formats.header import AGREEMENT_FIELDS, DTYPE_CODES, FORMAT_VERSION, MAGIC, AgreementKind
 from .schedule import DensitySchedule, as_schedule
@@ -274,9 +274,7 @@ class SparseAllreduce:
                              f"this reducer runs {self.algorithm_name!r}")
         check_owner("SparseAllreduce", state.get("rank"), state.get("world_size"), self.comm.rank, self.comm.size,
                     per_rank=state.get("residual") is not None or bool(state.get("algorithm_state")))
-        mark = state.get("fingerprint")
-        if type(mark) is not int or not 0 <= mark < 1 << 63:
-            raise ValueError(f"state_dict's fingerprint must be an int in [0, 2**63), got {mark!r}")
+        mark = loaded_fingerprint(state)
         self.reset()
         self._pending_residual = state.get("residual")
         self.calls = int(state.get("calls", 0))
