@@ -23,7 +23,7 @@ itself on loopback with :func:`sparsecomm.testing.spawn`. On every rank it
 2. fits alpha and beta by a ping-pong between ranks 0 and 1 (1 KB .. ``--pingpong-max``,
    default 64 MB, half round trip, median of a few trips per size), ordinary least squares
    on ``t = alpha + beta * bytes``; if the intercept is negative, alpha is the smallest
-   message's time less its beta * bytes (see :func:`fit_alpha_beta`);
+   message's time less its beta * bytes (see :func:`sparsecomm.costmodel.fit_alpha_beta`);
 
 3. times every algorithm (interleaved repeats after one warm-up call, ``auto`` after its trial
    calls too; ``--shuffle``: each repeat in its own order, the same on every rank; a barrier
@@ -76,10 +76,11 @@ from .bench_common import bench_gradient
 from .bench_kernels import main as kernels_main
 from .comm.torch_comm import TorchComm
 from .launch import describe_link
+from .costmodel import fit_alpha_beta
 from .reducer import SparseAllreduce, k_for
 from .testing import spawn
 
-__all__ = ["main", "fit_alpha_beta"]
+__all__ = ["main"]
 
 _FIELDS = ("wall_s", "comm_s", "bytes_sent", "rounds")
 _CHECK_STEPS = 3
@@ -264,25 +265,6 @@ def _pingpong(sizes: list[int], rank: int) -> list[float]:
     t = torch.tensor(halves, dtype=torch.float64)
     dist.broadcast(t, 0)
     return t.tolist()
-
-
-def fit_alpha_beta(sizes, times) -> tuple[float, float]:
-    """Ordinary least squares on t = alpha + beta * bytes.
-
-    beta is the slope (the large messages set it, as they should: tbf lets a burst of a few
-    hundred KB through faster than the rate). When the intercept comes out negative,
-    alpha = t - beta * bytes of the smallest message, clamped at 0.
-    """
-    x = np.asarray(sizes, dtype=np.float64)
-    t = np.asarray(times, dtype=np.float64)
-    A = np.stack([np.ones_like(x), x], 1)
-    alpha, beta = (float(v) for v in np.linalg.lstsq(A, t, rcond=None)[0])
-    if beta <= 0:
-        beta = float(np.sum(x * t) / np.sum(x * x))
-    if alpha < 0:
-        i = int(np.argmin(x))
-        alpha = max(0.0, float(t[i] - beta * x[i]))
-    return alpha, beta
 
 
 def _worker(rank: int, size: int, cfg: dict) -> dict | None:

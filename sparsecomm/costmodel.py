@@ -43,7 +43,7 @@ from .formats.header import HEADER_NBYTES
 from .formats.stream import stream_delta, stream_nbytes
 
 __all__ = ["Schedule", "IndexSets", "model_sets", "traffic", "modelled", "EXACT", "SET_BASED", "ESTIMATED",
-           "paper_formula", "gssgd_traffic"]
+           "paper_formula", "gssgd_traffic", "fit_alpha_beta"]
 
 #: algorithms whose sizes do not depend on the data (exact for any input)
 EXACT = ("dense", "topka", "gtopk", "gssgd", "spardl")
@@ -107,6 +107,25 @@ class Schedule:
     @property
     def max_rounds(self) -> int:
         return int(self.rounds.max()) if self.size else 0
+
+
+def fit_alpha_beta(sizes, times) -> tuple[float, float]:
+    """Ordinary least squares on t = alpha + beta * bytes.
+
+    beta is the slope (the large messages set it, as they should: tbf lets a burst of a few
+    hundred KB through faster than the rate). When the intercept comes out negative,
+    alpha = t - beta * bytes of the smallest message, clamped at 0.
+    """
+    x = np.asarray(sizes, dtype=np.float64)
+    t = np.asarray(times, dtype=np.float64)
+    A = np.stack([np.ones_like(x), x], 1)
+    alpha, beta = (float(v) for v in np.linalg.lstsq(A, t, rcond=None)[0])
+    if beta <= 0:
+        beta = float(np.sum(x * t) / np.sum(x * x))
+    if alpha < 0:
+        i = int(np.argmin(x))
+        alpha = max(0.0, float(t[i] - beta * x[i]))
+    return alpha, beta
 
 
 # -- index sets ---------------------------------------------------------------------------------

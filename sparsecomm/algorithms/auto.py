@@ -6,7 +6,7 @@ rank
 
 1. takes alpha and beta: the options when given, else a short ping-pong between ranks 0 and 1
    through the Comm (1 KB, 64 KB and 1 MB, three trips each, half round trips, least squares:
-   :func:`sparsecomm.bench.fit_alpha_beta`), done once per Comm and reused by every reducer on
+   :func:`sparsecomm.costmodel.fit_alpha_beta`), done once per Comm and reused by every reducer on
    it; rank 0's fit is all-gathered and every rank uses rank 0's values, so the inputs of the
    decision are identical everywhere;
 2. predicts each candidate's time per call: the alpha-beta time of its message schedule
@@ -148,7 +148,7 @@ def shortlist(predictions: dict[str, float], candidates, size: int, margin: floa
 
 def _pingpong_fit(comm) -> tuple[float, float]:
     """Rank 0's alpha-beta fit of a ping-pong with rank 1, the same on every rank."""
-    from ..bench import fit_alpha_beta
+    from ..costmodel import fit_alpha_beta
     sizes = [1 << 10, 1 << 16, 1 << 20]
     halves = []
     for size in sizes:
