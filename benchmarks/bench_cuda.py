@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sparsecomm import ops  # noqa: E402
-from sparsecomm.bench_common import format_size, parse_size  # noqa: E402
+from sparsecomm.bench.common import format_size, parse_size  # noqa: E402
 
 
 def cuda_time(fn: Callable[[], object], repeats: int) -> float:

@@ -6,7 +6,7 @@ Run under the launcher's MPI backend (gloo works there too), e.g.::
     python -m sparsecomm.launch --nproc 4 --bandwidth 1gbit --backend mpi -- \\
         python benchmarks/bench_floor.py --N 15000000 --density 0.01 --repeats 9
 
-Every rank draws the benchmark gradients (:func:`sparsecomm.bench_common.bench_gradient`),
+Every rank draws the benchmark gradients (:func:`sparsecomm.bench.common.bench_gradient`),
 builds one reducer per (algorithm, comm), warms each up (handshake, plans, caches), then
 times ``--repeats`` rounds interleaved over them: a barrier, one call with ``out=`` (the
 DDP hook's way; ``--no-out`` also times calls without it). Per call the slowest rank's wall
@@ -46,7 +46,7 @@ def main() -> int:
     from mpi4py import MPI
 
     import sparsecomm
-    from sparsecomm.bench_common import bench_gradient
+    from sparsecomm.bench.common import bench_gradient
     from sparsecomm.comm import MPIComm, TorchComm
 
     torch.set_num_threads(1)

@@ -40,7 +40,7 @@ try:
 except ImportError:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     import sparsecomm as sc
-from sparsecomm.bench_common import bench_gradient, parse_size
+from sparsecomm.bench.common import bench_gradient, parse_size
 from sparsecomm.comm import GBIT_BETA, simulate
 
 ALGORITHMS = ["dense", "topka", "gtopk", "gssgd"]

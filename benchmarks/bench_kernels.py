@@ -1,5 +1,5 @@
 """Benchmark of sparsecomm's CPU kernels (top-k, block top-k, COO merges): the checkout's
-entry point to :mod:`sparsecomm.bench_kernels`, which also runs from an installed wheel as
+entry point to :mod:`sparsecomm.bench.kernels`, which also runs from an installed wheel as
 ``python -m sparsecomm.bench kernels``.
 
 Usage::
@@ -13,10 +13,10 @@ import os
 import sys
 
 try:
-    from sparsecomm.bench_kernels import main
+    from sparsecomm.bench.kernels import main
 except ImportError:  # running from a checkout without installing
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from sparsecomm.bench_kernels import main
+    from sparsecomm.bench.kernels import main
 
 if __name__ == "__main__":
     main()

@@ -38,7 +38,7 @@ except ImportError:  # running from a checkout without installing
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     import sparsecomm as sc
 
-from sparsecomm.bench_common import bench_gradient, parse_size
+from sparsecomm.bench.common import bench_gradient, parse_size
 from sparsecomm.comm import GBIT_BETA, TorchComm, simulate
 from sparsecomm.testing import spawn
 

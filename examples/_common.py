@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import sparsecomm as sc
+from sparsecomm.bench import baselines
 from sparsecomm.launch import EmulatedNetwork, NetworkSetupError, describe_link, launch, parse_rate
 
 
@@ -54,12 +55,12 @@ _CODEC_SUFFIXES = {"delta_binary": ("index_codec", "delta_binary"), "skcompress"
 
 def algorithm_names() -> list[str]:
     """What ``--algorithm(s)`` accepts: the registered algorithms and PyTorch's hooks as baselines."""
-    return sc.algorithms.names() + sc.baselines.names()
+    return sc.algorithms.names() + baselines.names()
 
 
 def check_algorithm(name: str) -> None:
     """A clear error, before any rank starts, for a name that is neither."""
-    if not sc.baselines.is_baseline(name):
+    if not baselines.is_baseline(name):
         base, *codecs = name.split("+")
         sc.algorithms.get(base)
         unknown = [c for c in codecs if c not in _CODEC_SUFFIXES]
@@ -119,8 +120,8 @@ def make_ddp(model: nn.Module, algorithm: str, density: float) -> tuple[nn.Modul
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ddp = DDP(model)
-    if sc.baselines.is_baseline(algorithm):
-        state = sc.baselines.TorchHook(algorithm)
+    if baselines.is_baseline(algorithm):
+        state = baselines.TorchHook(algorithm)
         state.register(ddp)
         return ddp, state
     name, *codecs = algorithm.split("+")

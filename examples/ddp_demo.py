@@ -15,7 +15,7 @@ rank trains on its own shard, accuracy is measured on held-out samples.
 Methods (``--algorithms``, default ``all``): ``dense`` (the backend's own allreduce, through
 the hook), every registered sparsecomm algorithm at ``--density`` (1%), and PyTorch's
 ``fp16_compress_hook`` and ``powerSGD_hook`` (rank 4) as ``torch_fp16`` / ``torch_powersgd``.
-This is ``python -m sparsecomm.bench accuracy --task mlp`` (sparsecomm/bench_accuracy.py):
+This is ``python -m sparsecomm.bench accuracy --task mlp`` (sparsecomm/bench/accuracy.py):
 every method trains from the same initial weights and data order for ``--steps`` (80) updates,
 interleaved (turns of 4 updates, then an evaluation), and the table gives the training wall
 time until the test accuracy first reaches the target (99% of dense's best in the same run),
@@ -53,8 +53,8 @@ import torch.nn as nn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 from models import MLP  # noqa: E402
-from sparsecomm import bench_accuracy  # noqa: E402
-from sparsecomm.bench_tasks import prototype_data  # noqa: E402
+from sparsecomm.bench import accuracy as bench_accuracy  # noqa: E402
+from sparsecomm.bench.tasks import prototype_data  # noqa: E402
 from sparsecomm.launch import describe_link  # noqa: E402
 
 INPUTS, CLASSES = 784, 10
@@ -63,7 +63,7 @@ INPUTS, CLASSES = 784, 10
 def make_data(stream: int, samples: int, seed: int = 0, separation: float = 0.2
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """``samples`` generated inputs of data stream ``stream`` and their labels (the task's data,
-    :func:`sparsecomm.bench_tasks.prototype_data`)."""
+    :func:`sparsecomm.bench.tasks.prototype_data`)."""
     return prototype_data(samples, stream, INPUTS, CLASSES, separation, seed)
 
 

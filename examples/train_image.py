@@ -35,7 +35,7 @@ import models  # noqa: E402
 from sparsecomm.launch import describe_link  # noqa: E402
 
 # the CIFAR readers are the time-to-accuracy benchmark's (one copy, in the package)
-from sparsecomm.bench_tasks import find_cifar, load_cifar  # noqa: E402,F401
+from sparsecomm.bench.tasks import find_cifar, load_cifar  # noqa: E402,F401
 
 
 def generated(n_train: int, n_test: int, seed: int = 0) -> tuple[torch.Tensor, ...]:

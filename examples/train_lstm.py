@@ -27,7 +27,7 @@ import _common  # noqa: E402
 from models import LSTMClassifier  # noqa: E402
 
 # the IMDB reader is the time-to-accuracy benchmark's (one copy, in the package)
-from sparsecomm.bench_tasks import has_imdb, load_imdb, tokenize  # noqa: E402,F401
+from sparsecomm.bench.tasks import has_imdb, load_imdb, tokenize  # noqa: E402,F401
 
 
 def generated(n_train: int, n_test: int, vocab: int, seq_len: int, seed: int = 0) -> tuple[torch.Tensor, ...]:

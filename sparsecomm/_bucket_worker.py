@@ -1,7 +1,7 @@
 """The background thread that runs gradient-bucket collectives in order.
 
 Shared by the DDP hook (:mod:`sparsecomm.hook`, ``async_comm=True``) and PyTorch's
-PowerSGD hook off NCCL (:mod:`sparsecomm.baselines`): each queues one job per bucket, in
+PowerSGD hook off NCCL (:mod:`sparsecomm.bench.baselines`): each queues one job per bucket, in
 bucket order (the same on every rank, so the ranks' collectives pair up), and DDP waits on
 the job's Future in ``loss.backward()``.
 """

@@ -4,7 +4,7 @@
 sizes only -- the same rounds, peers and wire sizes (:mod:`sparsecomm.formats` sizes) as the
 algorithm module -- and returns a :class:`Schedule`: bytes sent, bytes received and rounds of
 every rank, and the alpha-beta time of the schedule. Used by the scale study
-(:mod:`sparsecomm.bench_scale`, ``python -m sparsecomm.bench scale``) and by ``auto``
+(:mod:`sparsecomm.bench.scale`, ``python -m sparsecomm.bench scale``) and by ``auto``
 (:mod:`sparsecomm.algorithms.auto`).
 
 Three kinds of algorithms:

@@ -383,7 +383,7 @@ class SparseAllreduce:
             else int(torch.count_nonzero(work_out)),
             "select_s": times.get("select", 0.0) + times.get("residual", 0.0),
             "merge_s": times.get("merge", 0.0) + times.get("scatter", 0.0),
-            # local compute by phase (sparsecomm.bench_phases): the residual add, then the
+            # local compute by phase (sparsecomm.bench.phases): the residual add, then the
             # algorithm's select / residual / merge / scatter
             "phases_s": {"add": add_s, **times},
             "comm_s": spent.comm_s, "total_s": time.perf_counter() - start,

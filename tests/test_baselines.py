@@ -1,11 +1,11 @@
-"""PyTorch's hooks as baselines (sparsecomm.baselines): flat-tensor runs, DDP runs, wire counts."""
+"""PyTorch's hooks as baselines (sparsecomm.bench.baselines): flat-tensor runs, DDP runs, wire counts."""
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from sparsecomm.baselines import TorchHook, bucket_shapes, powersgd_plan
+from sparsecomm.bench.baselines import TorchHook, bucket_shapes, powersgd_plan
 from sparsecomm.comm.base import ring_allreduce_cost
 from sparsecomm.testing import spawn
 

@@ -1,4 +1,4 @@
-"""The time-to-accuracy benchmark (sparsecomm/bench_accuracy.py, sparsecomm/bench_tasks.py):
+"""The time-to-accuracy benchmark (sparsecomm/bench/accuracy.py, sparsecomm/bench/tasks.py):
 time to target from a curve, the table, presets, the tasks' data, one small run end to end."""
 
 from __future__ import annotations
@@ -9,8 +9,10 @@ import re
 import pytest
 import torch
 
-from sparsecomm import DensitySchedule, bench_accuracy, bench_tasks
-from sparsecomm.bench import main as bench_main
+from sparsecomm import DensitySchedule
+from sparsecomm.bench import accuracy as bench_accuracy
+from sparsecomm.bench import tasks as bench_tasks
+from sparsecomm.bench.cli import main as bench_main
 
 CURVE = [{"updates": 0, "time_s": 0.0, "accuracy": 0.1}, {"updates": 4, "time_s": 1.5, "accuracy": 0.6},
          {"updates": 8, "time_s": 3.0, "accuracy": 0.9}, {"updates": 12, "time_s": 4.5, "accuracy": 0.85}]

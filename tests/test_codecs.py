@@ -258,7 +258,7 @@ def test_codec_malformed_messages(options):
 
 
 def test_benchmark_and_example_labels_name_codecs():
-    from sparsecomm.bench import _variant
+    from sparsecomm.bench.collectives import _variant
 
     assert _variant("topka") == ("topka", {})
     assert _variant("spardl+delta_binary+skcompress") == ("spardl", BOTH)

@@ -147,7 +147,7 @@ def test_scale_cli_writes_every_row(tmp_path):
     among them at its own model time, the JSON and CSV written."""
     import json
 
-    from sparsecomm.bench import main
+    from sparsecomm.bench.cli import main
     assert main(["scale", "--P", "2", "5", "8", "--N", "200000", "--density", "0.01", "--bandwidth", "1gbit",
                  "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "scale.json").read_text())

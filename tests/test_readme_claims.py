@@ -531,7 +531,7 @@ def test_readme_time_to_accuracy_tables_are_the_committed_runs(path):
     import json
     import os
 
-    from sparsecomm.bench_accuracy import format_table, time_to_target
+    from sparsecomm.bench.accuracy import format_table, time_to_target
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(root, path)) as f:

@@ -137,7 +137,7 @@ class Algorithm(ABC):
         """Accumulate wall time of a local phase into :attr:`times`: ``select`` (choosing
         entries), ``residual`` (removing them from ``acc``), ``merge`` (combining received
         vectors) and ``scatter`` (writing the result into ``out``); the phase benchmark
-        (:mod:`sparsecomm.bench_phases`) reports them apart."""
+        (:mod:`sparsecomm.bench.phases`) reports them apart."""
         start = time.perf_counter()
         try:
             yield

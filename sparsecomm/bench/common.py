@@ -1,6 +1,6 @@
 """What the benchmark command lines share: size arguments and the gradients they time.
 
-Used by :mod:`sparsecomm.bench`, :mod:`sparsecomm.bench_kernels` and the scripts in the
+Used by :mod:`sparsecomm.bench.collectives`, :mod:`sparsecomm.bench.kernels` and the scripts in the
 checkout's ``benchmarks/`` folder, so that ``--n 15M`` means the same everywhere and every
 benchmark draws its gradients the same way.
 """

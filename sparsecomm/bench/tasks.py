@@ -41,7 +41,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import bench_models
+from . import models
 
 __all__ = ["Task", "TASKS", "make_task", "find_cifar", "load_cifar", "has_imdb", "load_imdb", "tokenize"]
 
@@ -212,20 +212,20 @@ def make_task(name: str, data_dir: str | None = None, seed: int = 0, hidden: int
         h = hidden or 256
         return Task("digits", "REAL: scikit-learn's digits (1797 8x8 images; 360 held out)",
                     f"MLP 64-{h}-{h}-10", x[360:], y[360:], x[:360], y[:360],
-                    lambda: bench_models.MLP(64, h, 10), sgd(0.05), batch=32, steps=300, eval_every=10)
+                    lambda: models.MLP(64, h, 10), sgd(0.05), batch=32, steps=300, eval_every=10)
     if name == "mlp":
         h = hidden or 2048
         train_x, train_y = prototype_data(32 * 4 * 100, 0, seed=seed)
         test_x, test_y = prototype_data(4000, 10_000, seed=seed)
         return Task("mlp", "GENERATED: MNIST-shaped noisy class prototypes (0.2 x prototype + unit noise)",
                     f"MLP 784-{h}-{h}-10 (SparCML's MNIST MLP{' at full width' if h == 4096 else ''})",
-                    train_x, train_y, test_x, test_y, lambda: bench_models.MLP(784, h, 10), sgd(0.05),
+                    train_x, train_y, test_x, test_y, lambda: models.MLP(784, h, 10), sgd(0.05),
                     batch=32, steps=80, eval_every=4)
     if name in ("vgg16", "resnet20"):
         w = width or (0.125 if name == "vgg16" else 0.5)
         size = 32 if name == "vgg16" else 16  # VGG's five pools need 32 pixels; ResNet-20 pools globally
         found = find_cifar(data_dir)
-        build = lambda: bench_models.build(name, 10, w)  # noqa: E731
+        build = lambda: models.build(name, 10, w)  # noqa: E731
         model = f"{'VGG-16' if name == 'vgg16' else 'ResNet-20'} at width {w:g}"
         if found:
             train_x, train_y, test_x, test_y = load_cifar(found)
@@ -246,7 +246,7 @@ def make_task(name: str, data_dir: str | None = None, seed: int = 0, hidden: int
                     batch=32, steps=steps, eval_every=10, eval_batch=256)
     if name == "lstm":
         vocab, seq_len = 2000, 32
-        build = lambda: bench_models.LSTMClassifier(vocab)  # noqa: E731
+        build = lambda: models.LSTMClassifier(vocab)  # noqa: E731
         if has_imdb(data_dir):
             train_x, train_y, test_x, test_y = load_imdb(data_dir, vocab, seq_len)
             data, steps = f"REAL: IMDB (aclImdb layout) from {data_dir}", 1000

@@ -34,8 +34,8 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from ._bucket_worker import BucketWorker
-from .comm.base import ring_allreduce_cost
+from .._bucket_worker import BucketWorker
+from ..comm.base import ring_allreduce_cost
 
 __all__ = ["TorchHook", "names", "is_baseline", "powersgd_plan", "bucket_shapes"]
 

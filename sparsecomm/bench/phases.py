@@ -38,7 +38,9 @@ from typing import Any, Dict, List, Sequence
 
 import torch
 
-from .bench_common import bench_gradient, format_size, parse_size
+from ..comm.simulated import simulate
+from ..reducer import SparseAllreduce
+from .common import bench_gradient, format_size, parse_size
 
 __all__ = ["main", "run_phases", "PHASES", "DEFAULT_ALGORITHMS"]
 
@@ -50,7 +52,6 @@ UNFUSED = "/unfused"
 
 
 def _rank_work(comm, algorithms: Sequence[str], n: int, density: float, repeats: int) -> List[Dict[str, Any]]:
-    from .reducer import SparseAllreduce
     reducers = {}
     for a in algorithms:
         reducers[a] = SparseAllreduce(a.removesuffix(UNFUSED), density, comm=comm)
@@ -88,7 +89,6 @@ def _rank_work(comm, algorithms: Sequence[str], n: int, density: float, repeats:
 def run_phases(algorithms: Sequence[str], n: int, density: float, sizes: Sequence[int], threads: Sequence[int],
                repeats: int) -> List[Dict[str, Any]]:
     """Median phases in units of one residual-add pass, rank 0's figures, per (P, T, algorithm)."""
-    from .comm.simulated import simulate
     table = []
     before = torch.get_num_threads()
     try:
@@ -133,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--unfused", action="store_true",
                     help="also time each algorithm with the residual add unfused (NAME/unfused rows: the reducer "
-                         "adds, then the algorithm selects, as before issue 17), interleaved in the same run")
+                         "adds the gradient first, then the algorithm selects from the sum), interleaved in the same run")
     ap.add_argument("--json", default=None, help="write the table here")
     args = ap.parse_args(list(argv) if argv is not None else None)
     algorithms = list(args.algorithms)

@@ -13,7 +13,7 @@ Usage::
     python -m sparsecomm.bench kernels                      # N in 1M, 10M, 100M
     python -m sparsecomm.bench kernels --sizes 1M 10M --repeats 7 --json out.json
 
-Also importable: ``from sparsecomm.bench_kernels import main; main(["--sizes", "1M"])``
+Also importable: ``from sparsecomm.bench.kernels import main; main(["--sizes", "1M"])``
 (``benchmarks/bench_kernels.py`` in a checkout runs the same ``main``).
 """
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from . import ops
-from .bench_common import format_size, parse_size
+from .. import ops
+from .common import format_size, parse_size
 
 __all__ = ["main", "bench_topk", "bench_block_topk", "bench_merge", "markdown", "machine"]
 

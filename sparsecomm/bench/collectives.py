@@ -1,6 +1,6 @@
-"""Benchmark CLI: ``python -m sparsecomm.bench collectives ...``, ``... kernels ...``, ``... accuracy ...``, ``... phases ...`` and ``... scale ...``.
+"""The collective benchmark: ``python -m sparsecomm.bench collectives ...``.
 
-``collectives`` is meant to run under the launcher (:mod:`sparsecomm.launch`), e.g. on the
+It is meant to run under the launcher (:mod:`sparsecomm.launch`), e.g. on the
 emulated 1 Gbit/s cluster::
 
     python -m sparsecomm.launch --nproc 4 --bandwidth 1gbit -- \\
@@ -38,19 +38,12 @@ itself on loopback with :func:`sparsecomm.testing.spawn`. On every rank it
    (one launch per P into the same folder, same N and first density).
 
 ``--algorithms`` also takes PyTorch's own hooks, ``torch_fp16`` (``fp16_compress_hook``) and
-``torch_powersgd`` (``powerSGD_hook``, rank 4), through :mod:`sparsecomm.baselines` on the
+``torch_powersgd`` (``powerSGD_hook``, rank 4), through :mod:`sparsecomm.bench.baselines` on the
 same flat gradient cut into VGG-like matrices; ``all`` includes them. They are checked for
 consistency across ranks and, for fp16, closeness to the mean, for PowerSGD conservation
 with its error feedback.
 
 Results travel between ranks only as plain tensors (``all_gather``), never pickled.
-
-``accuracy`` is the time-to-accuracy benchmark (:mod:`sparsecomm.bench_accuracy`): every
-method trains a task from the same weights, interleaved, to a target accuracy.
-
-``kernels`` forwards its arguments to :func:`sparsecomm.bench_kernels.main` (the CPU kernel
-benchmark, part of the package so that it runs from an installed wheel too); ``phases`` to
-:func:`sparsecomm.bench_phases.main` (a call's local compute by phase, in residual-add passes).
 """
 from __future__ import annotations
 
@@ -61,7 +54,6 @@ import math
 import os
 import random
 import statistics
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -70,15 +62,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import algorithms, baselines
+from .. import algorithms
+from ..comm.torch_comm import TorchComm
+from ..costmodel import fit_alpha_beta
+from ..launch import describe_link
+from ..reducer import SparseAllreduce, k_for
+from ..testing import spawn
+from . import baselines
 from .baselines import TorchHook, bucket_shapes, is_baseline, powersgd_plan
-from .bench_common import bench_gradient
-from .bench_kernels import main as kernels_main
-from .comm.torch_comm import TorchComm
-from .launch import describe_link
-from .costmodel import fit_alpha_beta
-from .reducer import SparseAllreduce, k_for
-from .testing import spawn
+from .common import bench_gradient
+from .plots import line_plot
 
 __all__ = ["main"]
 
@@ -412,39 +405,15 @@ def _write(report: dict, out_dir: Path) -> list[Path]:
     plt.close(fig)
     if len(dens) > 1:
         series = {a: sorted((r["density"], r["time_s"]) for r in rows if r["algorithm"] == a) for a in algos}
-        written.append(_line_plot(plt, out_dir / "time_vs_density.png", series, "density",
+        written.append(line_plot(plt, out_dir / "time_vs_density.png", series, "density",
                                   f"P = {report['P']}, N = {report['N']} ({report['where']})", log_x=True))
     by_p = _runs_by_p(out_dir, report)
     if len(by_p) > 1:
         series = {a: [(p, r["time_s"]) for p, run in sorted(by_p.items()) for r in run["rows"]
                       if r["algorithm"] == a and r["density"] == dens[0]] for a in algos}
-        written.append(_line_plot(plt, out_dir / "time_vs_P.png", series, "P (ranks)",
+        written.append(line_plot(plt, out_dir / "time_vs_P.png", series, "P (ranks)",
                                   f"N = {report['N']}, density {dens[0]} ({report['where']})", xticks=sorted(by_p)))
     return written
-
-
-def _line_plot(plt, path: Path, series: dict[str, list[tuple[float, float]]], xlabel: str, title: str,
-               log_x: bool = False, xticks: list | None = None) -> Path:
-    """Median time per call against x, one line per algorithm (PyTorch's hooks dashed)."""
-    fig, ax = plt.subplots(figsize=(9, 4.8))
-    colors = plt.get_cmap("tab20").colors
-    for i, (name, pts) in enumerate(series.items()):
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="os^Dv"[i % 5], color=colors[(2 * i) % 20 + i // 10],
-                    linestyle="--" if is_baseline(name) else "-", label=name)
-    ax.set_yscale("log")
-    if log_x:
-        ax.set_xscale("log")
-    if xticks:
-        ax.set_xticks(xticks)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("median time per call (s, log)")
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def _runs_by_p(out_dir: Path, report: dict) -> dict[int, dict]:
@@ -462,7 +431,7 @@ def _runs_by_p(out_dir: Path, report: dict) -> dict[int, dict]:
 
 
 # -- CLI --------------------------------------------------------------------------------------
-def _collectives(argv) -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sparsecomm.bench collectives",
                                  description="Check, then time, every sparse allreduce algorithm.")
     ap.add_argument("--algorithms", nargs="+", default=["all"],
@@ -533,34 +502,3 @@ def _collectives(argv) -> int:
     for p in _write(report, Path(args.out)):
         print(f"wrote {p}")
     return 0
-
-
-def _kernels(argv) -> int:
-    kernels_main(list(argv))
-    return 0
-
-
-def _phases(argv) -> int:
-    from .bench_phases import main as phases_main
-    return phases_main(list(argv))
-
-
-def _accuracy(argv) -> int:
-    from .bench_accuracy import main as accuracy_main  # imports the tasks' data only when asked
-    return accuracy_main(list(argv))
-
-
-def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    from .bench_scale import main as scale_main   # the schedule-only scale study (docs/scale.md)
-    commands = {"collectives": _collectives, "kernels": _kernels, "accuracy": _accuracy, "phases": _phases,
-                "scale": scale_main}
-    if not argv or argv[0] not in commands:
-        print(__doc__.split("\n")[0] + "\n\nusage: python -m sparsecomm.bench {collectives,kernels,accuracy,phases,scale} [options]"
-              "\n(add --help after the command for its options)", file=sys.stderr)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
-    return commands[argv[0]](argv[1:])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

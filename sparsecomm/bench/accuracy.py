@@ -1,7 +1,7 @@
 """Time to accuracy: ``python -m sparsecomm.bench accuracy ...``.
 
 Every method (dense, each sparsecomm algorithm at ``--density``, PyTorch's fp16 / PowerSGD
-hooks) trains one task (:mod:`sparsecomm.bench_tasks`) with DDP from the same initial weights
+hooks) trains one task (:mod:`sparsecomm.bench.tasks`) with DDP from the same initial weights
 and the same data order for the same step budget. The methods run *interleaved*: all models
 live at once and take turns of ``eval_every`` updates each, so a load spike on a shared
 machine hits every method alike. After each turn a method is evaluated on the held-out set
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -42,11 +41,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import algorithms, baselines
-from .bench_tasks import TASKS, Task, make_task
-from .launch import describe_link
-from .schedule import DensitySchedule
+from .. import algorithms
+from ..hook import DDPHookState, ddp_hook
+from ..launch import describe_link
+from ..schedule import DensitySchedule
+from ..testing import spawn
+from . import baselines
+from .tasks import TASKS, Task, make_task
 
 __all__ = ["main", "run_rank", "time_to_target", "schedule_preset", "format_table"]
 
@@ -74,8 +77,6 @@ def time_to_target(curve: list[dict], target: float) -> tuple[float | None, int 
 
 def _build(method: str, task: Task, density: float, schedule_steps: int):
     """DDP model, hook state (or PyTorch hook) and optimizer of ``method``."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     ddp = DDP(task.build())
     name, _, preset = method.partition("@")
     if baselines.is_baseline(name):
@@ -83,7 +84,6 @@ def _build(method: str, task: Task, density: float, schedule_steps: int):
         state.register(ddp)
     else:
         schedule = schedule_preset(preset, schedule_steps) if preset else None
-        from .hook import DDPHookState, ddp_hook
         state = DDPHookState(name, 1.0 if name == "dense" else density, density_schedule=schedule)
         ddp.register_comm_hook(state, ddp_hook)
     return ddp, state, task.optimizer(list(ddp.parameters()))
@@ -369,7 +369,6 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             dist.destroy_process_group()
     else:
-        from .testing import spawn
         if args.nproc < 1:
             ap.error("--nproc must be >= 1")
         cfg["where"] = "gloo loopback"

@@ -8,7 +8,8 @@ index sets come from :func:`sparsecomm.costmodel.model_sets` (a model of real gr
 top-k: shared fraction, hot layers; drawn at length ``--model-n`` and scaled to N), so P = 1024
 needs about P k / scale int64 values, well under 1 GiB.
 
-Time per call = the alpha-beta cost of the schedule (:meth:`Schedule.time`) with alpha given
+Time per call = the alpha-beta cost of the schedule (the ``time(alpha, beta)`` of what
+:func:`sparsecomm.costmodel.traffic` returns) with alpha given
 (fitted by ``python -m sparsecomm.bench collectives`` on the emulated links) and beta = 8 /
 bandwidth. ``auto`` is the algorithm :mod:`sparsecomm.algorithms.auto` picks for that (P, N,
 k, alpha, beta) with its compute table; its time is that algorithm's. Writes ``scale.json``,
@@ -20,12 +21,13 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import time
 from pathlib import Path
 
-from . import costmodel
-from .reducer import k_for
+from .. import costmodel
+from ..algorithms.auto import choose_algorithm
+from ..reducer import k_for
+from .plots import line_plot
 
 __all__ = ["main", "ROWS", "run"]
 
@@ -61,7 +63,6 @@ def _paper(name: str, options: dict, P: int, N: int, k: int):
 
 def run(sizes: list[int], N: int, densities: list[float], bandwidths: dict[str, float], alpha: float,
         model_n: int, say=print) -> dict:
-    from .algorithms.auto import choose_algorithm
     rows = []
     for d in densities:
         k = k_for(d, N)
@@ -115,13 +116,12 @@ def _plot(report: dict, bw: str, density: float, path: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    from .bench import _line_plot
     series = {}
     for r in report["rows"]:
         if r["density"] != density or (r["name"] == "auto" and r["algorithm"] != f"auto@{bw}"):
             continue
         series.setdefault(r["algorithm"].split("@")[0], []).append((r["P"], r[f"time_s@{bw}"]))
-    return _line_plot(plt, path, series, "P (ranks, log)", f"alpha-beta model: N = {report['N']}, density {density}, "
+    return line_plot(plt, path, series, "P (ranks, log)", f"alpha-beta model: N = {report['N']}, density {density}, "
                       f"{bw}, alpha = {report['alpha_s'] * 1e6:.0f} us", log_x=True)
 
 

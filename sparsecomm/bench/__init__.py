@@ -1,0 +1,11 @@
+"""Benchmark tooling: ``python -m sparsecomm.bench {collectives,kernels,accuracy,phases,scale}``.
+
+Tooling, not library: the library (everything else under :mod:`sparsecomm` but
+:mod:`sparsecomm.launch` and :mod:`sparsecomm.testing`) never imports this package
+(tests/test_import_rules.py checks it). The command line is :mod:`sparsecomm.bench.cli`;
+each subcommand is a module with a ``main(argv)``: :mod:`~sparsecomm.bench.collectives`,
+:mod:`~sparsecomm.bench.kernels`, :mod:`~sparsecomm.bench.accuracy` (with its
+:mod:`~sparsecomm.bench.tasks` and :mod:`~sparsecomm.bench.models`),
+:mod:`~sparsecomm.bench.phases` and :mod:`~sparsecomm.bench.scale`;
+:mod:`~sparsecomm.bench.baselines` wraps PyTorch's own DDP hooks for comparison.
+"""
