@@ -26,6 +26,7 @@ The rules:
 from __future__ import annotations
 
 import ast
+import functools
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +79,7 @@ def _statements(tree: ast.AST):
         stack.extend(ast.iter_child_nodes(node))
 
 
+@functools.lru_cache(maxsize=None)   # the three rules read the same tree once
 def collect_imports(root: Path, package: str) -> tuple[dict[str, Path | None], list[Import]]:
     modules = _module_names(root, package)
     imports: list[Import] = []
