@@ -135,7 +135,7 @@ def bench_algorithms(size, n, density, repeats, baseline_lib=None):
             def fn(comm):
                 # gssgd-base patches the dense build and the full estimate: compare it with gssgd
                 # run the same way (the whole acc sketched, all N estimated, the defaults before
-                # issue 14's truncation and slicing), not with the current defaults
+                # the local top-k truncation and the sliced estimate), not with the current defaults
                 options = {"p1": None, "estimate": "full"} if alg.startswith("gssgd") and baseline_lib else {}
                 red = sc.SparseAllreduce(alg.replace("-base", ""), density, comm=comm, **options)
                 g = bench_gradient(comm.rank, rep, n)

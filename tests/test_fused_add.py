@@ -1,4 +1,4 @@
-"""The residual add fused with the first selection (issue 17): every algorithm that takes the
+"""The residual add fused with the first selection: every algorithm that takes the
 gradient apart (``fuses_add``) gives bit for bit the results, residuals and byte counts of the
 unfused path (the reducer adds, then the algorithm selects), on the sampled fast path (N above
 the kernels' 65 536 threshold), over several steps of error feedback, also when ``out`` is the

@@ -147,7 +147,7 @@ def test_dense_switch_happens_mid_reduction(monkeypatch):
     simulate(8, lambda comm: history(comm, "sparcml_recursive_double", density, grads))
     full = [c for c in calls if c[1] == n]
     assert len(full) == 8, calls                      # once per rank
-    assert all(2 * k < count <= 4 * k for count, _ in full), (k, full)  # the 4k-item stream of round 2
+    assert all(2 * k < count <= 4 * k for count, _ in full), (k, full)  # the 4k-item stream after the second doubling step
 
 
 GLOO = [  # (algorithm, N, density, dtype, pattern, options)
