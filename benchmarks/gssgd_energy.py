@@ -34,7 +34,7 @@ from sparsecomm.algorithms.gssgd import GlobalSketchSGD  # noqa: E402
 from sparsecomm.comm import simulate  # noqa: E402
 
 GRID = [
-    # the sketches before this work and the figures
+    # the earlier default sketches and the rework's proposed sizes
     "p1=None,rows=7,columns=10k,p2=1,allreduce=tree",
     "p1=None,rows=5,sketch_size=5,p2=1",
     "p1=None,rows=7,sketch_size=14,p2=1",

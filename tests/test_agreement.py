@@ -24,7 +24,7 @@ from sparsecomm.testing import spawn
 N = 1 << 14
 DENSITY = 0.05
 LIMIT_S = 2.0
-#: the ones the issue saw abort or raise WireFormatError, plus every other registered algorithm
+#: every registered algorithm, including those once seen to abort or raise WireFormatError on a disagreement
 ALL = ["auto", "dense", "densestream", "gssgd", "gtopk", "oktopk", "skcompress", "sparcml",
        "sparcml_recursive_double", "sparcml_split_allgather", "spardl", "spardl+codecs", "topka", "topkdsa"]
 CODECS = {"index_codec": "delta_binary", "value_codec": "skcompress"}
