@@ -8,7 +8,7 @@ index sets come from :func:`sparsecomm.costmodel.model_sets` (a model of real gr
 top-k: shared fraction, hot layers; drawn at length ``--model-n`` and scaled to N), so P = 1024
 needs about P k / scale int64 values, well under 1 GiB.
 
-Time per call = the alpha-beta cost of the schedule (:meth:`Schedule.time`) with alpha given
+Time per call = the alpha-beta cost of the schedule (:meth:`Traffic.time`) with alpha given
 (fitted by ``python -m sparsecomm.bench collectives`` on the emulated links) and beta = 8 /
 bandwidth. ``auto`` is the algorithm :mod:`sparsecomm.algorithms.auto` picks for that (P, N,
 k, alpha, beta) with its compute table; its time is that algorithm's. Writes ``scale.json``,
