@@ -11,7 +11,7 @@ feedback on the simulated Comm. Per call: energy captured = ||out||^2 / ||top-k(
 where total = sum over ranks of acc = out + the ranks' residuals after the call (conservation),
 i.e. the fraction of the exact global top-k's energy the call delivered. Bytes: the slowest
 rank's bytes sent as the simulated Comm counted them (checked against
-``GlobalSketchSGD.traffic``), and the same for topka / gtopk / spardl for reference.
+``GlobalSketchSGD.rank_traffic``), and the same for topka / gtopk / spardl for reference.
 Prints one row per configuration: mean energy over the calls after the first, bytes per rank,
 bytes relative to a dense ring allreduce (2 (P-1)/P 4N), energy per MB.
 """
@@ -125,7 +125,7 @@ def run(name: str, options: dict, grads, density: float, nproc: int) -> tuple[li
         energy.append(float(out.pow(2).sum() / best))
     sent = max(max(s) for s, _ in results)
     if name == "gssgd":
-        formula = GlobalSketchSGD.traffic(nproc, n, k, **options)[0]
+        formula = GlobalSketchSGD.rank_traffic(nproc, n, k, **options)[0]
         assert formula == sent, (options, formula, sent)
     seconds = sorted(max(r[1][i] for r in results) for i in range(len(grads)))[len(grads) // 2]
     return energy, sent, seconds

@@ -8,7 +8,7 @@ Gradients: k coordinates of magnitude ~1 (uniform 0.9..1.1, random signs) in Gau
 scale 0.01, either on every rank ("every") or each on a random nonempty subset of about half the
 ranks ("some"); the planted ones are then the exact global top-k. One call of
 ``SparseAllreduce("gssgd", k / n)`` on the simulated Comm per seed; recall = the fraction of the
-global top-k among the k outputs. Bytes: the slowest rank's, ``GlobalSketchSGD.traffic`` (what the
+global top-k among the k outputs. Bytes: the slowest rank's, ``GlobalSketchSGD.rank_traffic`` (what the
 Comm counts, tests/test_gssgd.py). Prints one row per configuration: rows, sketch cells per
 selected entry, p2, bytes per rank, bytes per output entry, mean and min recall per case.
 """
@@ -76,7 +76,7 @@ def main() -> None:
     for options in GRID:
         o = {**GlobalSketchSGD.option_defaults, **options}
         _, rows, cols, _ = GlobalSketchSGD._shape(n, k, o)
-        sent = GlobalSketchSGD.traffic(P, n, k, **options)[0]
+        sent = GlobalSketchSGD.rank_traffic(P, n, k, **options)[0]
         cells = f"{rows * cols / k:.1f}" + ("" if options.get("sketch_size") else " (auto)")
         res = []
         for everywhere in (True, False):

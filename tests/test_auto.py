@@ -33,13 +33,13 @@ def _ref_cheapest(P: int, n: int, k: int, alpha: float, beta: float) -> tuple[st
     times = []
     for i, name in enumerate(CANDIDATES):
         try:
-            sched = costmodel.traffic(name, P, n, k, sets=sets)
+            wire = costmodel.traffic(name, P, n, k, sets=sets)
         except ValueError:
             continue
         y = COMPUTE_NS[name]
         j = 0 if x <= xs[1] else 1
         ns = y[j] + (y[j + 1] - y[j]) * (x - xs[j]) / (xs[j + 1] - xs[j])
-        times.append((sched.time(alpha, beta) + ns * 1e-9 * n, i, name))
+        times.append((wire.time(alpha, beta) + ns * 1e-9 * n, i, name))
     t, _, name = min(times)
     return name, t
 

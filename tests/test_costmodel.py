@@ -1,4 +1,4 @@
-"""The schedule model (sparsecomm/costmodel.py) against what the simulated Comm counts.
+"""The cost model (sparsecomm/costmodel.py, each algorithm's traffic()) against what the simulated Comm counts.
 
 Every registered algorithm runs one call on the simulated Comm; its bytes sent and rounds,
 rank by rank, are compared with the model's replay of the schedule: equal for the algorithms
@@ -62,7 +62,7 @@ CASES = [  # (algorithm, options, P values)
 
 @pytest.mark.parametrize("name,options,sizes", CASES, ids=[f"{c[0]}{c[1] or ''}" for c in CASES])
 @pytest.mark.parametrize("density", [0.01, 0.2])
-def test_schedule_equals_counted(name, options, sizes, density):
+def test_traffic_equals_counted(name, options, sizes, density):
     for P in sizes:
         sent, rounds = _run(name, P, density, options)
         k = sc.k_for(density, N)
@@ -100,11 +100,26 @@ def test_estimates_within_bounds(name, P, tolerance):
 
 def test_every_registered_algorithm_is_modelled():
     missing = set(algorithms.names()) - set(costmodel.modelled()) - {"auto"}
-    assert not missing, f"no schedule model for {sorted(missing)}"
+    assert not missing, f"no traffic model for {sorted(missing)}"
+
+
+def test_each_class_states_its_own_traffic_model():
+    """The kinds come from the classes (EXACT, SET_BASED, ESTIMATED as the module docstring lists
+    them); a class with a traffic model defines traffic() itself, so a subclass (skcompress of
+    topka) does not inherit its parent's schedule; one without says so, by name."""
+    assert costmodel.EXACT == ("dense", "gssgd", "gtopk", "spardl", "topka")
+    assert costmodel.SET_BASED == ("sparcml", "sparcml_recursive_double", "sparcml_split_allgather", "topkdsa")
+    assert costmodel.ESTIMATED == ("densestream", "oktopk", "skcompress")
+    for name in costmodel.modelled():
+        assert "traffic" in vars(algorithms.get(name)), name
+    with pytest.raises(ValueError, match="no traffic model for 'auto'"):
+        costmodel.traffic("auto", 4, 1000, 10)
+    with pytest.raises(NotImplementedError, match="'auto' has no traffic model"):
+        algorithms.get("auto").traffic(4, 1000, 10, None, torch.float32)
 
 
 @pytest.mark.parametrize("P", [2, 4, 16, 256, 1024])
-def test_paper_formulas_where_they_describe_the_schedule(P):
+def test_paper_formulas_where_they_describe_the_traffic(P):
     """SparDL Table 1 (words of 4 bytes, an entry 2 words) against the model, headers aside."""
     n, k = 1 << 20, 1 << 12
     coo = 32  # a message's header (k entries of int32 + float32 are exactly 2 words each)

@@ -1,7 +1,7 @@
 """gssgd against a numpy gs-SGD written here (numpy Count-Sketch of each rank's local top-p1*k,
 summed; median estimates; top-p2*k candidates; exact sums; top-k), bit for bit on
 integer-valued gradients, with error feedback over several steps; the root-free sketch
-all-reduce against numpy sums; bytes and rounds against ``GlobalSketchSGD.traffic`` and the
+all-reduce against numpy sums; bytes and rounds against ``GlobalSketchSGD.rank_traffic`` and the
 Comm's counts; planted heavy-hitter recall and energy captured on real gradients as sanity
 bounds; the NaN policy; the size warning."""
 
@@ -139,7 +139,7 @@ def rank_history(comm, density, grads_by_step, opts):
 
 def check(size, n, density, results, grads_by_step, opts):
     """Every step equals the numpy reference on every rank (out bit for bit, residuals), and
-    the bytes and rounds each rank's Comm counted are GlobalSketchSGD.traffic's."""
+    the bytes and rounds each rank's Comm counted are GlobalSketchSGD.rank_traffic's."""
     k = min(n, max(1, math.ceil(density * n)))
     residuals = [np.zeros(n) for _ in range(size)]
     for step, grads in enumerate(grads_by_step):
@@ -149,7 +149,7 @@ def check(size, n, density, results, grads_by_step, opts):
             got_out, got_residual, stats = results[r][step]
             np.testing.assert_array_equal(got_out, out, err_msg=f"step {step} rank {r}")
             np.testing.assert_array_equal(got_residual, residuals[r], err_msg=f"step {step} rank {r}")
-            assert (stats["bytes_sent"], stats["rounds"]) == GlobalSketchSGD.traffic(
+            assert (stats["bytes_sent"], stats["rounds"]) == GlobalSketchSGD.rank_traffic(
                 size, n, k, value_size=8, rank=r, **opts), (step, r, stats)
             assert stats["nnz_out"] == k
 
@@ -228,8 +228,8 @@ def test_traffic_formula_is_what_the_comm_counts(P, opts):
 
     counted = simulate(P, fn).results
     for rank, got in enumerate(counted):
-        assert got == GlobalSketchSGD.traffic(P, n, k, rank=rank, **opts), (rank, got)
-    assert max(counted) == GlobalSketchSGD.traffic(P, n, k, **opts)
+        assert got == GlobalSketchSGD.rank_traffic(P, n, k, rank=rank, **opts), (rank, got)
+    assert max(counted) == GlobalSketchSGD.rank_traffic(P, n, k, **opts)
     # the closed form of the docstring for "scatter", written here: 2 (P-1)/P of both vectors,
     # plus headers, within one value per slice of rounding
     o = {**DEFAULTS, **opts}
@@ -250,8 +250,8 @@ def test_traffic_formula_is_what_the_comm_counts(P, opts):
 
 def test_traffic_rejects_unknown_options():
     with pytest.raises(ValueError, match="gssgd"):
-        GlobalSketchSGD.traffic(4, 1000, 10, width=3)
-    assert GlobalSketchSGD.traffic(1, 1000, 10) == (0, 0)
+        GlobalSketchSGD.rank_traffic(4, 1000, 10, width=3)
+    assert GlobalSketchSGD.rank_traffic(1, 1000, 10) == (0, 0)
 
 
 def test_halving_tree_matches_figure_1():

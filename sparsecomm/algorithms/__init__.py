@@ -1,10 +1,12 @@
 """Sparse allreduce algorithms, one module per family, found by name in a registry.
 
-``sparsecomm.algorithms.names()`` lists what is registered; ``get(name)`` returns the class.
+``sparsecomm.algorithms.names()`` lists what is registered; ``get(name)`` returns the class;
+``traffic(name, P, N, k)`` gives one call's message schedule, sizes only (``modelled()`` lists
+the algorithms that have one).
 Importing this package imports every algorithm module so that each registers itself.
 """
 
-from .base import Algorithm, get, names, register
+from .base import Algorithm, get, modelled, names, register, traffic
 from . import dense, topka, gssgd, gtopk  # noqa: F401  (each module registers its algorithm)
 from . import spardl  # noqa: F401
 from . import oktopk  # noqa: F401  (Ok-Topk: docs/oktopk.md)
@@ -13,4 +15,4 @@ from . import densestream  # noqa: F401  (DenseStreamAllreduce: docs/densestream
 from . import skcompress  # noqa: F401  (docs/skcompress.md)
 from . import auto  # noqa: F401  (picks one of the above per tensor: docs/scale.md)
 
-__all__ = ["Algorithm", "get", "names", "register"]
+__all__ = ["Algorithm", "get", "names", "register", "traffic", "modelled"]

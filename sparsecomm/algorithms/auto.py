@@ -6,11 +6,12 @@ rank
 
 1. takes alpha and beta: the options when given, else a short ping-pong between ranks 0 and 1
    through the Comm (1 KB, 64 KB and 1 MB, three trips each, half round trips, least squares:
-   :func:`sparsecomm.costmodel.fit_alpha_beta`), done once per Comm and reused by every reducer on
+   :func:`sparsecomm.traffic.fit_alpha_beta`), done once per Comm and reused by every reducer on
    it; rank 0's fit is all-gathered and every rank uses rank 0's values, so the inputs of the
    decision are identical everywhere;
 2. predicts each candidate's time per call: the alpha-beta time of its message schedule
-   (:mod:`sparsecomm.costmodel`, with index sets from its model of real gradients) plus its
+   (its :meth:`~sparsecomm.algorithms.Algorithm.traffic`, with index sets from
+   :func:`sparsecomm.traffic.default_sets`, a model of real gradients) plus its
    local compute, ``compute_ns[name](density) * N`` (a per-element coefficient measured once,
    :data:`COMPUTE_NS`, interpolated in log density; ``compute`` overrides it);
 3. shortlists the candidates the model puts within ``margin`` x the cheapest (at most
@@ -64,7 +65,8 @@ from typing import Any
 
 import torch
 
-from .base import Algorithm, get, register
+from ..traffic import default_sets, fit_alpha_beta
+from .base import Algorithm, get, modelled, register, traffic
 
 __all__ = ["AutoAlgorithm", "choose_algorithm", "shortlist", "CANDIDATES", "COMPUTE_NS"]
 
@@ -120,19 +122,18 @@ def choose_algorithm(P: int, N: int, k: int, alpha: float, beta: float, sets=Non
                      model_n: int = 1 << 16) -> dict:
     """The candidate with the least predicted time (schedule + compute); the same on every rank
     given the same arguments. Returns {"algorithm", "predicted_s", "predictions"}."""
-    from .. import costmodel
     if P <= 1 or N == 0:
         return {"algorithm": "dense", "predicted_s": 0.0, "predictions": {"dense": 0.0}}
     density = k / N
     if sets is None:
-        sets = costmodel.default_sets(P, N, k, model_n=model_n)
+        sets = default_sets(P, N, k, model_n=model_n)
     preds = {}
     for name in candidates:
         try:
-            sched = costmodel.traffic(name, P, N, k, sets=sets, dtype=dtype)
+            wire = traffic(name, P, N, k, sets=sets, dtype=dtype)
         except ValueError:
             continue   # e.g. options that do not fit P
-        preds[name] = sched.time(alpha, beta) + compute_ns(name, density, compute) * 1e-9 * N
+        preds[name] = wire.time(alpha, beta) + compute_ns(name, density, compute) * 1e-9 * N
     best = min(preds, key=lambda n: (preds[n], list(candidates).index(n)))
     return {"algorithm": best, "predicted_s": preds[best], "predictions": preds}
 
@@ -148,7 +149,6 @@ def shortlist(predictions: dict[str, float], candidates, size: int, margin: floa
 
 def _pingpong_fit(comm) -> tuple[float, float]:
     """Rank 0's alpha-beta fit of a ping-pong with rank 1, the same on every rank."""
-    from ..costmodel import fit_alpha_beta
     sizes = [1 << 10, 1 << 16, 1 << 20]
     halves = []
     for size in sizes:
@@ -191,10 +191,9 @@ class AutoAlgorithm(Algorithm):
         if cands is not None:
             if isinstance(cands, str) or not isinstance(cands, (tuple, list)) or not cands:
                 raise ValueError(f"auto: option candidates must be a non-empty tuple of algorithm names, got {cands!r}")
-            from .. import costmodel
-            bad = [c for c in cands if c == "auto" or c not in costmodel.modelled()]
+            bad = [c for c in cands if c == "auto" or c not in modelled()]
             if bad:
-                raise ValueError(f"auto: candidates {bad} cannot be chosen; choose among {', '.join(costmodel.modelled())}")
+                raise ValueError(f"auto: candidates {bad} cannot be chosen; choose among {', '.join(modelled())}")
             self.options["candidates"] = tuple(cands)
         comp = self.options["compute"]
         if comp is not None and (not isinstance(comp, dict) or not all(

@@ -15,6 +15,11 @@ on every step with
 Constructors only validate options and must not communicate (they may be given
 ``comm=None`` for validation). It must only use :class:`~sparsecomm.comm.Comm`, :mod:`sparsecomm.ops` and
 :mod:`sparsecomm.formats`.
+
+Each algorithm also writes down its message schedule, sizes only, as the classmethod
+:meth:`Algorithm.traffic` beside its ``reduce()``; :func:`traffic` finds it by name (the cost
+model, :mod:`sparsecomm.costmodel`, and ``auto`` use it) and :func:`modelled` lists the
+algorithms that have one.
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ import torch
 
 from .. import ops
 from ..comm.base import Comm
+from ..traffic import IndexSets, Traffic, default_sets
 
-__all__ = ["Algorithm", "register", "names", "get"]
+__all__ = ["Algorithm", "register", "names", "get", "traffic", "modelled", "TRAFFIC_MODELS"]
 
 _REGISTRY: dict[str, type["Algorithm"]] = {}
 
@@ -56,6 +62,39 @@ def get(name: str) -> type["Algorithm"]:
         return _REGISTRY[name]
     except (KeyError, TypeError):
         raise ValueError(f"unknown algorithm {name!r}; choose one of: {', '.join(names())}") from None
+
+
+#: what an algorithm's :meth:`Algorithm.traffic` gives: ``"exact"`` (sizes do not depend on
+#: the data: exact for any input), ``"set-based"`` (exact given the ranks' index sets) or
+#: ``"estimated"`` (an estimate; the cost model's tests bound its error)
+TRAFFIC_MODELS = ("exact", "set-based", "estimated")
+
+
+def modelled(kind: str | None = None) -> list[str]:
+    """The registered algorithms with a :meth:`Algorithm.traffic` (of ``kind``, one of
+    :data:`TRAFFIC_MODELS`, when given), sorted."""
+    if kind is not None and kind not in TRAFFIC_MODELS:
+        raise ValueError(f"modelled: kind must be one of {', '.join(TRAFFIC_MODELS)} or None, got {kind!r}")
+    return sorted(name for name, cls in _REGISTRY.items()
+                  if cls.traffic_model and (kind is None or cls.traffic_model == kind))
+
+
+def traffic(name: str, P: int, N: int, k: int, sets: IndexSets | None = None,
+            dtype: torch.dtype = torch.float32, **options: Any) -> Traffic:
+    """The :class:`~sparsecomm.traffic.Traffic` of one call of ``name`` on ``P`` ranks (``k``
+    selected per rank, length ``N``): its :meth:`Algorithm.traffic`.
+
+    ``sets`` (the ranks' selected indices) is needed by the set-based schedules and some
+    estimates; when missing, :func:`~sparsecomm.traffic.default_sets` draws them (at most 2^20
+    long, scaled to N)."""
+    cls = get(name)
+    if not cls.traffic_model:
+        raise ValueError(f"no traffic model for {name!r}; modelled: {', '.join(modelled())}")
+    if P < 1 or N < 0 or k < 0:
+        raise ValueError(f"traffic: need P >= 1, N >= 0, k >= 0; got P={P}, N={N}, k={k}")
+    if sets is None and cls.traffic_needs_sets:
+        sets = default_sets(P, N, k)
+    return cls.traffic(P, N, k, sets, dtype, **options)
 
 
 class Algorithm(ABC):
@@ -107,6 +146,24 @@ class Algorithm(ABC):
         ``acc`` then holds only the residual and the step begins with ``acc += grad`` (same
         dtype, the bits of ``acc.add_(grad)``), fused with the first selection; ``grad`` is
         read in full before ``out`` is written (``out`` may be ``grad``'s memory)."""
+
+    #: what :meth:`traffic` gives, one of :data:`TRAFFIC_MODELS`; "" when it has none
+    traffic_model: ClassVar[str] = ""
+    #: True when :meth:`traffic` reads the ranks' index sets (:func:`traffic` draws model sets
+    #: when none are given)
+    traffic_needs_sets: ClassVar[bool] = False
+
+    @classmethod
+    def traffic(cls, P: int, N: int, k: int, sets: IndexSets | None, dtype: torch.dtype,
+                **options: Any) -> Traffic:
+        """The message schedule of one call, sizes only: every round's messages (peers and
+        wire sizes, as :meth:`reduce` sends them on ``P`` ranks, length ``N``, ``k`` selected
+        per rank, values of ``dtype``), recorded in a :class:`~sparsecomm.traffic.Traffic`.
+        ``sets`` are the ranks' selected indices, for schedules whose sizes depend on them;
+        ``options`` are the constructor's, plus any the schedule needs to know about the call.
+        Written beside :meth:`reduce` in the algorithm's module, from the same size and peer
+        computations; ``tests/test_costmodel.py`` compares it with what the Comm counts."""
+        raise NotImplementedError(f"algorithm {cls.name!r} has no traffic model (its message schedule, sizes only)")
 
     def takes_grad(self) -> bool:
         """Whether :meth:`reduce` takes ``grad=`` on this instance: :attr:`fuses_add` is set

@@ -55,13 +55,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from .. import ops
 from ..comm.collectives import allgather_int64
 from ..errors import WireFormatError
-from ..formats.densestream import DenseBlocks, decode_densestream, encode_densestream
-from ._folding import fold_layout
+from ..formats.densestream import DenseBlocks, decode_densestream, densestream_nbytes, encode_densestream
+from ..traffic import IndexSets, Traffic, union_sorted
+from ._folding import fold_layout, largest_power_of_two
 from .base import Algorithm, register
 
 __all__ = ["DenseStreamAllreduce", "propose_boundaries", "check_proposals", "average_boundaries"]
@@ -93,6 +95,18 @@ def average_boundaries(summed: torch.Tensor, size: int, n: int) -> list[int]:
     """``[0, floor(sum_1 / P), ..., floor(sum_{p2-1} / P), N]`` from the int64 sums of the P
     ranks' proposals: exact integer arithmetic, the same on every rank."""
     return [0] + [int(s) // size for s in summed.tolist()] + [n]
+
+
+def _halves(rank: int, d: int, first: int, last: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(kept, given) halves of the partitions [first, last) that ``rank`` holds at the
+    scatter-reduce step of distance ``d``: it keeps the half holding its own partition."""
+    mid = (first + last) // 2
+    return ((first, mid), (mid, last)) if rank & d == 0 else ((mid, last), (first, mid))
+
+
+def _runs(arr: np.ndarray) -> int:
+    """Runs of consecutive indices in a sorted array."""
+    return 0 if len(arr) == 0 else 1 + int(np.count_nonzero(np.diff(arr) > 1))
 
 
 def _cat(parts: list[DenseBlocks]) -> DenseBlocks:
@@ -174,8 +188,7 @@ class DenseStreamAllreduce(Algorithm):
         d = p2 // 2
         while d >= 1:
             peer = rank ^ d
-            mid = (first + last) // 2
-            keep, give = ((first, mid), (mid, last)) if rank & d == 0 else ((mid, last), (first, mid))
+            keep, give = _halves(rank, d, first, last)
             with self.timed("merge"):
                 send = DenseBlocks(n, b[give[0]], b[give[1]],
                                    *ops.densestream_slice(cur.blocks, n, b[give[0]], b[give[1]]))
@@ -198,6 +211,66 @@ class DenseStreamAllreduce(Algorithm):
         if fold.partner is not None:
             self._swap("fold", fold.partner, _cat(held), None, None, receive=False)
         self._write(out, held)
+
+    traffic_model = "estimated"
+    traffic_needs_sets = True
+
+    @classmethod
+    def traffic(cls, P: int, N: int, k: int, sets: IndexSets, dtype: torch.dtype = torch.float32,
+                **options: Any) -> Traffic:
+        """Estimate from the ranks' index sets: the boundaries as :meth:`reduce` averages them,
+        blocks = runs of consecutive indices of each union (the zero-run rule, which joins
+        blocks across short gaps, is ignored), values = union count."""
+        t = Traffic(P)
+        t.exact = False
+        if P == 1:
+            return t
+        p2 = largest_power_of_two(P)
+        extra = P - p2
+        t.allgather_int64(p2 - 1)
+        summed = sum(propose_boundaries(torch.from_numpy(x), p2) for x in sets.sets)
+        b = average_boundaries(summed, P, sets.n)
+
+        def msg(arr, lo, hi):
+            part = arr[np.searchsorted(arr, lo):np.searchsorted(arr, hi)]
+            return densestream_nbytes(sets.count(_runs(part)), sets.count(part), int(N), dtype)
+
+        held = [sets.sets[r] for r in range(P)]
+        if extra:
+            t.var_round(range(p2, P), range(extra), [msg(held[r], 0, sets.n) for r in range(p2, P)])
+            for r in range(extra):
+                held[r] = union_sorted(held[r], held[r + p2])
+        held_range = [(0, p2)] * p2
+        d = p2 // 2
+        while d >= 1:
+            dst, nb, new = [], [], {}
+            for r in range(p2):
+                _, give = _halves(r, d, *held_range[r])
+                dst.append(r ^ d)
+                nb.append(msg(held[r], b[give[0]], b[give[1]]))
+            t.var_round(range(p2), dst, nb)
+            for r in range(p2):
+                keep, _ = _halves(r, d, *held_range[r])
+                lo, hi = b[keep[0]], b[keep[1]]
+                a, c = held[r], held[r ^ d]
+                new[r] = (union_sorted(a[np.searchsorted(a, lo):np.searchsorted(a, hi)],
+                                       c[np.searchsorted(c, lo):np.searchsorted(c, hi)]), keep)
+            for r in range(p2):
+                held[r], held_range[r] = new[r]
+            d //= 2
+        d = 1
+        while d < p2:
+            t.var_round(range(p2), [r ^ d for r in range(p2)], [msg(held[r], 0, sets.n) for r in range(p2)])
+            joint = {}
+            for r in range(p2):   # the aligned group of 2d ranks holds one union: computed once
+                g = r & ~(2 * d - 1)
+                if g not in joint:
+                    joint[g] = union_sorted(held[g], held[g + d])
+            held = [joint[r & ~(2 * d - 1)] for r in range(p2)] + held[p2:]
+            d *= 2
+        if extra:
+            t.var_round(range(extra), range(p2, P), [msg(held[r], 0, sets.n) for r in range(extra)])
+        return t
 
     def _write(self, out: torch.Tensor, parts: list[DenseBlocks]) -> None:
         with self.timed("merge"):

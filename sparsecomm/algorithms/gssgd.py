@@ -56,7 +56,7 @@ defaults in :attr:`GlobalSketchSGD.option_defaults`, chosen from the measurement
 captured per byte and of planted heavy hitters recovered in docs/gssgd.md. A sketch at least as large as the dense gradient warns
 (once per instance): then dense sends less.
 
-Cost per call (:meth:`GlobalSketchSGD.traffic` gives it exactly, per rank): two all-reduces,
+Cost per call (:meth:`GlobalSketchSGD.rank_traffic` gives it exactly, per rank): two all-reduces,
 of ``rows x columns`` float32 and of the candidates' values in ``acc``'s dtype, and with
 ``estimate="sliced"`` the candidates' all-gather; with ``"scatter"`` 5 ceil(log2 P) rounds on
 every rank (4 with ``estimate="full"``).
@@ -77,6 +77,7 @@ from ..comm.collectives import (block_bounds, bruck_allgather, bruck_allgather_t
                                 reduce_scatter_allgather_traffic)
 from ..errors import WireFormatError
 from ..formats.header import HEADER_NBYTES, Kind, check_header, index_dtype_for, pack_header
+from ..traffic import IndexSets, Traffic
 from .base import Algorithm, register
 
 __all__ = ["GlobalSketchSGD", "sketch_columns", "false_candidates", "MIN_COLUMNS"]
@@ -206,8 +207,8 @@ class GlobalSketchSGD(Algorithm):
         return bounds, [min(bounds[q + 1] - bounds[q], share) for q in range(size)]
 
     @classmethod
-    def traffic(cls, P: int, N: int, k: int, value_size: int = 4, rank: int | None = None,
-                **options: Any) -> tuple[int, int]:
+    def rank_traffic(cls, P: int, N: int, k: int, value_size: int = 4, rank: int | None = None,
+                     **options: Any) -> tuple[int, int]:
         """(bytes sent, rounds) of one call at P ranks, length N and k selected entries, from
         the schedule (the simulated Comm counts exactly this; tests/test_gssgd.py checks it).
 
@@ -377,3 +378,16 @@ class GlobalSketchSGD(Algorithm):
             acc.index_fill_(0, candidates, 0)  # what this rank contributed leaves its residual
             ops.scatter_set_(out, candidates, exact, zero_rest=True)  # distinct candidates
         self.last_nnz = k
+
+    traffic_model = "exact"
+
+    @classmethod
+    def traffic(cls, P: int, N: int, k: int, sets: IndexSets | None = None, dtype: torch.dtype = torch.float32,
+                **options: Any) -> Traffic:
+        """:meth:`rank_traffic` (the slowest rank's bytes and rounds, checked against the
+        simulated Comm rank by rank in tests/test_gssgd.py) given to every rank, the bytes
+        spread evenly over the rounds (:meth:`Traffic.spread`)."""
+        nbytes, rounds = cls.rank_traffic(P, N, k, value_size=dtype.itemsize, **options)
+        t = Traffic.spread(P, nbytes, rounds)
+        t.notes.append("gssgd.rank_traffic")
+        return t

@@ -41,7 +41,9 @@ from typing import Any
 from .. import ops
 from ..comm.base import Comm
 from ..formats import CODEC_OPTION_DEFAULTS, CooCodec, check_codec_options, index_dtype_for
-from ._folding import fold_layout
+from ..formats.coo import coo_nbytes
+from ..traffic import IndexSets, Traffic
+from ._folding import fold_layout, largest_power_of_two
 from .base import Algorithm, register
 
 __all__ = ["GlobalTopk"]
@@ -144,3 +146,30 @@ class GlobalTopk(Algorithm):
             # a COO vector (distinct ascending indices): out is written once, zeros between
             ops.scatter_set_(out, final[0], final[1], zero_rest=True)
         self.last_nnz = k
+
+    traffic_model = "exact"
+
+    @classmethod
+    def traffic(cls, P: int, N: int, k: int, sets: IndexSets | None = None, dtype: torch.dtype = torch.float32,
+                **options: Any) -> Traffic:
+        """The fold, the reduce tree, the broadcast down it and the unfold, every message of
+        min(k, N) entries (the plain codec)."""
+        t = Traffic(P)
+        m = coo_nbytes(min(k, N), N, dtype)
+        p2 = largest_power_of_two(P)
+        extra = P - p2
+        if extra:
+            t.round(range(p2, P), range(extra), [m] * extra)
+        d = 1
+        while d < p2:
+            snd = [r for r in range(p2) if r % (2 * d) == d]
+            t.round(snd, [r - d for r in snd], [m] * len(snd))
+            d *= 2
+        d = p2 // 2
+        while d >= 1:
+            snd = [r for r in range(p2) if r % (2 * d) == 0]
+            t.round(snd, [r + d for r in snd], [m] * len(snd))
+            d //= 2
+        if extra:
+            t.round(range(extra), range(p2, P), [m] * extra)
+        return t

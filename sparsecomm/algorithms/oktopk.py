@@ -121,6 +121,8 @@ from .. import ops
 from ..comm.collectives import allgather_int64, bruck_allgather, bruck_allgather_var
 from ..errors import AgreedValueError, WireFormatError
 from ..formats import CODEC_OPTION_DEFAULTS, CooCodec, check_codec_options, index_dtype_for
+from ..formats.coo import coo_nbytes
+from ..traffic import IndexSets, Traffic
 from .base import Algorithm, register
 
 __all__ = ["OkTopk", "volume_bound", "paper_bound", "bound_guaranteed", "ladder", "RUNGS"]
@@ -129,6 +131,9 @@ __all__ = ["OkTopk", "volume_bound", "paper_bound", "bound_guaranteed", "ladder"
 RUNGS = 48
 _RUNG_STEP = 1 << 16
 _KEY_INF = 0x7F800000
+#: the radix select's digits: 8 bits of the float32 magnitude each, one 256-bin histogram per digit
+_DIGIT_SHIFTS = (24, 16, 8, 0)
+_DIGIT_BINS = 256
 _STATE_KEYS = {"n", "k", "size", "step", "local_threshold", "global_threshold", "boundaries"}
 
 
@@ -192,6 +197,11 @@ def _bruck_entries(block: list[int], rank: int) -> int:
         sent += sum(block[(rank + j) % size] for j in range(min(distance, size - distance)))
         distance *= 2
     return sent
+
+
+def _balanced_blocks(total: int, size: int) -> list[int]:
+    """The balance step's blocks: ``total`` entries in ``size`` blocks differing by at most one."""
+    return [total // size + (1 if j < total % size else 0) for j in range(size)]
 
 
 def _check_period(name: str, value: Any) -> int:
@@ -448,7 +458,7 @@ class OkTopk(Algorithm):
 
         # 5. balance and allgatherv
         total_g = sum(g)
-        block = [total_g // size + (1 if j < total_g % size else 0) for j in range(size)]
+        block = _balanced_blocks(total_g, size)
         block_start = [sum(block[:j]) for j in range(size)]
         list_start = [sum(g[:j]) for j in range(size)]
 
@@ -516,6 +526,38 @@ class OkTopk(Algorithm):
         self.last_events = events
         self.step = step + 1
 
+    traffic_model = "estimated"
+
+    @classmethod
+    def traffic(cls, P: int, N: int, k: int, sets: IndexSets | None = None, dtype: torch.dtype = torch.float32,
+                first_call: bool = False, **options: Any) -> Traffic:
+        """Estimate of a threshold-reuse step: the agreement all-gather (step, checksum, P counts,
+        flag), P-1 split rounds of k/P entries, the all-gather of m and the 2 RUNGS + 1 rung
+        counts of the global threshold's ladder (only m on a recomputation step), one balance
+        round of about G/P entries (G = k) and the Bruck all-gather of P blocks of G/P.
+        ``first_call`` (every ``tau``-th step has the radix select, every ``tau_prime``-th the
+        repartition): the proposals' agreement and the counts all-gather instead, and the
+        radix select's all-gathered histograms. The plain codec's sizes."""
+        t = Traffic(P)
+        t.exact = False
+        if P == 1:
+            return t
+        k = min(k, N)
+        t.allgather_int64(3 + P)   # [step, checksum, P counts or (count, P-1 proposals), flag]
+        if first_call:
+            t.allgather_int64(P)
+        per = -(-k // P)
+        ranks = np.arange(P)
+        for i in range(1, P):
+            t.round(ranks, (ranks + i) % P, [coo_nbytes(per, N, dtype)] * P)
+        t.allgather_int64(1 if first_call else 1 + 2 * RUNGS + 1)
+        if first_call:
+            for _ in _DIGIT_SHIFTS:
+                t.allgather_int64(_DIGIT_BINS)
+        t.round(ranks, (ranks + 1) % P, [coo_nbytes(per // 2, N, dtype)] * P)
+        t.bruck_allgather(range(P), [coo_nbytes(b, N, dtype) for b in _balanced_blocks(k, P)])
+        return t
+
     # -- messages through the codec --------------------------------------------------------
     def _encode(self, idx: torch.Tensor, val: torch.Tensor, n: int, acc: torch.Tensor | None = None):
         """``(message, sent)`` of a sorted COO vector. With ``acc`` (the balance and all-gather
@@ -567,10 +609,10 @@ class OkTopk(Algorithm):
         greater = [0] * size
         hist_table = None
         digit = 0
-        for shift in (24, 16, 8, 0):
+        for shift in _DIGIT_SHIFTS:
             digits = (keys[active] >> shift) & 0xFF
-            hist = torch.bincount(digits.to(torch.int64), minlength=256)
-            hist_table = allgather_int64(comm, hist.tolist(), n) if size > 1 else hist.view(1, 256)
+            hist = torch.bincount(digits.to(torch.int64), minlength=_DIGIT_BINS)
+            hist_table = allgather_int64(comm, hist.tolist(), n) if size > 1 else hist.view(1, _DIGIT_BINS)
             total = hist_table.sum(dim=0).tolist()
             cum = 0
             for digit in range(255, -1, -1):

@@ -32,6 +32,7 @@ sent. ps: 2 rounds plus the size rounds; rank 0 receives and sends P-1 messages.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -39,6 +40,7 @@ import torch
 from .. import ops
 from ..comm.base import Comm
 from ..formats import CODEC_OPTION_DEFAULTS, CooCodec, check_codec_options
+from ..traffic import IndexSets, Traffic, model_sets
 from .base import Algorithm, register
 from .topka import TopkAllgather
 
@@ -96,3 +98,34 @@ class SKCompress(TopkAllgather):
         with self.timed("merge"):
             ops.scatter_set_(out, idx, val, zero_rest=True)  # a COO vector: distinct indices
         self.last_nnz = idx.numel()
+
+    traffic_model = "estimated"
+
+    @classmethod
+    def traffic(cls, P: int, N: int, k: int, sets: IndexSets | None = None, dtype: torch.dtype = torch.float32,
+                topology: str = "allgather", **options: Any) -> Traffic:
+        """Estimate: every rank's message (and the server's sum) taken to be one real message of
+        the default codec (:func:`_coded_nbytes`); the sizes' rounds as ``exchange_var`` and
+        ``bruck_allgather_var`` send them."""
+        t = Traffic(P)
+        t.exact = False
+        if P == 1:
+            return t
+        m = _coded_nbytes(N, min(k, N), dtype)
+        if topology == "ps":
+            t.var_round(range(1, P), [0] * (P - 1), [m] * (P - 1))
+            t.var_round([0] * (P - 1), range(1, P), [m] * (P - 1))
+        else:
+            t.allgather_sizes()
+            t.bruck_allgather(range(P), [m] * P)
+        return t
+
+
+@lru_cache(maxsize=None)
+def _coded_nbytes(N: int, k: int, dtype: torch.dtype) -> int:
+    """One rank's real SKCompress message (the default options' codec) for k standard-normal
+    values at indices drawn by the gradient model: every rank's message is taken to be this size."""
+    codec = SKCompress(None).codec
+    idx = torch.from_numpy(model_sets(1, N, k)[0])
+    vals = torch.randn(idx.numel(), generator=torch.Generator().manual_seed(1)).to(dtype)
+    return int(codec.encode(idx, vals, N, 0)[0].numel())

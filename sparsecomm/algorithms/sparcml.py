@@ -53,6 +53,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 
 from .. import ops
@@ -62,7 +63,8 @@ from ..formats.header import index_dtype_for
 from ..formats.stream import dense_stream_message, stream_delta, stream_nbytes
 from . import _qsgd
 from ._sparse_stream import SparseStream, decode_sparse_stream, encode_sparse_stream
-from ._folding import fold_layout
+from ..traffic import IndexSets, Traffic, stream_message_nbytes, union_sorted
+from ._folding import fold_layout, largest_power_of_two
 from .base import Algorithm, get, register
 
 __all__ = ["SparcmlRecursiveDouble", "SparcmlSplitAllgather", "TopkDSA", "Sparcml", "bounds", "choose"]
@@ -122,6 +124,51 @@ class SparcmlRecursiveDouble(Algorithm):
         with self.timed("scatter"):
             stream.write_into(out)
         self.last_nnz = stream.count if not stream.is_dense else None
+
+    traffic_model = "set-based"
+    traffic_needs_sets = True
+
+    @classmethod
+    def traffic(cls, P: int, N: int, k: int, sets: IndexSets, dtype: torch.dtype = torch.float32,
+                **options: Any) -> Traffic:
+        """Stream sizes from the unions of the groups' index sets; a stream turns dense when the
+        two counts' sum passes delta (the SparseStream rule). The plain codec's sizes."""
+        t = Traffic(P)
+        delta = stream_delta(N, dtype)
+        p2 = largest_power_of_two(P)
+        extra = P - p2
+        # state per rank: (union array or None when dense, count)
+        state = []
+        for r in range(P):
+            c = sets.count(sets.sets[r])
+            state.append((None, N) if c > delta else (sets.sets[r], c))
+
+        def add(a, b):
+            if a[0] is None or b[0] is None or a[1] + b[1] > delta:
+                return (None, N)
+            u = union_sorted(a[0], b[0])
+            return (u, sets.count(u))
+
+        def nbytes(st):
+            return stream_nbytes(N, 0 if st[0] is None else st[1], dtype, st[0] is None)
+
+        if extra:
+            t.var_round(range(p2, P), range(extra), [nbytes(state[r]) for r in range(p2, P)])
+            for r in range(extra):
+                state[r] = add(state[r], state[r + p2])
+        d = 1
+        while d < p2:
+            t.var_round(range(p2), [r ^ d for r in range(p2)], [nbytes(state[r]) for r in range(p2)])
+            new = {}
+            for r in range(p2):
+                lo = min(r, r ^ d)
+                if lo not in new:
+                    new[lo] = add(state[lo], state[lo ^ d])
+            state[:p2] = [new[min(r, r ^ d)] for r in range(p2)]
+            d *= 2
+        if extra:
+            t.var_round(range(extra), range(p2, P), [nbytes(state[r]) for r in range(extra)])
+        return t
 
     def _allreduce(self, stream: SparseStream, acc: torch.Tensor) -> SparseStream:
         comm, rank, size = self.comm, self.comm.rank, self.comm.size
@@ -198,6 +245,46 @@ def _split_phase(alg: Algorithm, indices: torch.Tensor, values: torch.Tensor, ac
     return acc_stream
 
 
+def _split_phase_traffic(t: Traffic, P: int, N: int, sets: IndexSets, dtype: torch.dtype):
+    """:func:`_split_phase`'s round: every rank's piece of range j to its owner j. Returns the
+    ranges' bounds, every rank's cuts of its set at them and the piece counts [rank, owner]."""
+    b = bounds(N, P)
+    scale = sets.scale
+    cuts = [np.searchsorted(x, np.asarray(b) / scale if scale != 1 else b) for x in sets.sets]
+    pieces = np.array([[c[j + 1] - c[j] for j in range(P)] for c in cuts], dtype=np.int64)
+    src, dst, nb = [], [], []
+    for r in range(P):
+        for j in range(P):
+            if j != r:
+                src.append(r)
+                dst.append(j)
+                nb.append(stream_message_nbytes(b[j + 1] - b[j], sets.count(pieces[r, j]), dtype))
+    t.var_round(src, dst, nb)
+    return b, cuts, pieces
+
+
+def _owner_result(P: int, sets: IndexSets, dtype: torch.dtype, b, cuts, pieces, j: int) -> tuple[bool, int]:
+    """(dense, count) of owner j's reduced stream: pieces added in rank order."""
+    n_j = b[j + 1] - b[j]
+    delta = stream_delta(n_j, dtype)
+    parts = [sets.sets[r][cuts[r][j]:cuts[r][j + 1]] for r in range(P)]
+    c = sets.count(parts[0])
+    if c > delta:
+        return True, n_j
+    cat = np.concatenate(parts)
+    owner = np.repeat(np.arange(P), [len(p) for p in parts])
+    order = np.argsort(cat, kind="stable")   # stable: the first of equal indices has the lowest rank
+    srt = cat[order]
+    first = order[np.concatenate([[True], srt[1:] != srt[:-1]])] if len(srt) else order
+    new_at = np.bincount(owner[first], minlength=P)
+    running = np.cumsum(new_at)
+    for i in range(1, P):
+        if c + sets.count(pieces[i, j]) > delta:
+            return True, n_j
+        c = sets.count(running[i])
+    return False, c
+
+
 @register
 class SparcmlSplitAllgather(Algorithm):
     name = "sparcml_split_allgather"
@@ -229,6 +316,26 @@ class SparcmlSplitAllgather(Algorithm):
                 total += s.count
                 dense |= s.is_dense
         self.last_nnz = None if dense else total
+
+    traffic_model = "set-based"
+    traffic_needs_sets = True
+
+    @classmethod
+    def traffic(cls, P: int, N: int, k: int, sets: IndexSets, dtype: torch.dtype = torch.float32,
+                **options: Any) -> Traffic:
+        """The split round, the sizes' all-gather and the Bruck all-gather of the reduced ranges,
+        their sizes from the ranks' index sets (the plain codec's)."""
+        t = Traffic(P)
+        if P == 1:
+            return t
+        b, cuts, pieces = _split_phase_traffic(t, P, N, sets, dtype)
+        t.allgather_sizes()
+        sizes = []
+        for j in range(P):
+            dense, c = _owner_result(P, sets, dtype, b, cuts, pieces, j)
+            sizes.append(stream_nbytes(b[j + 1] - b[j], 0 if dense else c, dtype, dense))
+        t.bruck_allgather(range(P), sizes)
+        return t
 
 
 _MAX_BUCKET = 2**31 - 1
@@ -292,6 +399,21 @@ class TopkDSA(Algorithm):
                         blocks[j], n=m, offset=b[j], bits=bits, bucket_size=bucket, dtype=acc.dtype,
                         receiver=rank, sender=j))
         self.last_nnz = None
+
+    traffic_model = "set-based"
+    traffic_needs_sets = True
+
+    @classmethod
+    def traffic(cls, P: int, N: int, k: int, sets: IndexSets, dtype: torch.dtype = torch.float32,
+                **options: Any) -> Traffic:
+        """The split round from the ranks' index sets, then the dense all-gather of the ranges
+        (without quantization)."""
+        t = Traffic(P)
+        if P == 1:
+            return t
+        b, _, _ = _split_phase_traffic(t, P, N, sets, dtype)
+        t.bruck_allgather(range(P), [stream_nbytes(b[j + 1] - b[j], 0, dtype, True) for j in range(P)])
+        return t
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self._step} if self.options["quantize_bits"] else {}
@@ -358,6 +480,20 @@ class Sparcml(Algorithm):
         # observed fill-in: the support of the (identical) output
         self.observed_k = alg.last_nnz if alg.last_nnz is not None else int(torch.count_nonzero(out))
         self.last_nnz = self.observed_k
+
+    traffic_model = "set-based"
+    traffic_needs_sets = True
+
+    @classmethod
+    def traffic(cls, P: int, N: int, k: int, sets: IndexSets, dtype: torch.dtype = torch.float32,
+                observed_k: int | None = None, **options: Any) -> Traffic:
+        """The traffic of what :func:`choose` picks for this call (``alpha``, ``beta`` as the
+        options; ``observed_k``: the previous call's support, None on the first call)."""
+        rule = {key: options[key] for key in ("alpha", "beta") if key in options}
+        name = choose(N, k, P, observed_k, dtype, **rule)
+        t = get(name).traffic(P, N, k, sets, dtype)
+        t.notes.append(f"sparcml chose {name}")
+        return t
 
     def state_dict(self) -> dict[str, Any]:
         return {"observed_k": self.observed_k} if self.observed_k is not None else {}

@@ -75,6 +75,8 @@ import torch
 from .. import ops
 from ..comm.collectives import bruck_allgather, bruck_allgather_var
 from ..formats import CODEC_OPTION_DEFAULTS, CooCodec, check_codec_options, index_dtype_for
+from ..formats.coo import coo_nbytes
+from ..traffic import IndexSets, Traffic
 from .base import Algorithm, register
 
 __all__ = ["SparDL"]
@@ -125,7 +127,10 @@ class _Step:
 
 
 @dataclass
-class _Plan:
+class _Layout:
+    """One rank's rounds and groups in a call of length n with k: blocks, quotas, the
+    Spar-Reduce-Scatter steps, its team and its cross-team group (:func:`_rank_layout`)."""
+
     n: int
     k: int
     teams: int
@@ -138,6 +143,51 @@ class _Plan:
     steps: list[_Step] = field(default_factory=list)
     team_members: list[int] = field(default_factory=list)
     cross_members: list[int] = field(default_factory=list)  # same position, team order
+
+    def rsag_partners(self) -> list[int]:
+        """R-SAG's partner at each step s: the same position in team ``team XOR 2^s``."""
+        return [(self.team ^ (1 << s)) * self.q + self.pos for s in range(int(math.log2(self.teams)))]
+
+
+def _rank_layout(rank: int, size: int, teams: int, n: int, k: int) -> _Layout:
+    """Rank ``rank``'s layout of one call on ``size`` ranks in ``teams`` teams (n, k): its team
+    and position, the blocks and their quotas, the Spar-Reduce-Scatter rounds and its groups.
+    What :meth:`SparDL.reduce` runs and :meth:`SparDL.traffic` counts."""
+    d = teams
+    q = size // d
+    team, pos = rank // q, rank % q
+    quota = -(-k // q)
+    bounds = [b * n // q for b in range(q + 1)]
+    counts = [min(quota, bounds[b + 1] - bounds[b]) for b in range(q)]
+    layout = _Layout(n=n, k=k, teams=d, q=q, team=team, pos=pos, quota=quota, bounds=bounds, counts=counts,
+                     team_members=[team * q + j for j in range(q)],
+                     cross_members=[t * q + pos for t in range(d)])
+    levels = math.ceil(math.log2(q)) if q > 1 else 0
+    for i in range(1, levels + 1):
+        dist = 2 ** (levels - i)
+        hi = min(2 * dist, q) - 1          # bag B_(l-i+1): offsets [dist, hi]
+        send_runs = _runs(pos, dist, hi, q)
+        src = (pos - dist) % q
+        recv_runs = _runs(src, dist, hi, q)
+        layout.steps.append(_Step(
+            dest=team * q + (pos + dist) % q, source=team * q + src, send_runs=send_runs,
+            send_count=sum(counts[b] for b0, nb in send_runs for b in range(b0, b0 + nb)),
+            recv_count=sum(counts[b] for b0, nb in recv_runs for b in range(b0, b0 + nb))))
+    return layout
+
+
+def _fresh_bsag_state(layout: _Layout) -> dict[str, Any]:
+    """Algorithm 2's state before the first call: h = k/P."""
+    size, k, d = layout.q * layout.teams, layout.k, layout.teams
+    return {"n": layout.n, "k": k, "teams": d, "h": k / size, "step": 0.01 * k * (d - 1) / size, "flag": False}
+
+
+def _bsag_quota(layout: _Layout, h: float) -> int:
+    """Entries of the held block that B-SAG all-gathers, given Algorithm 2's h."""
+    c = layout.counts[layout.pos]
+    if c == layout.bounds[layout.pos + 1] - layout.bounds[layout.pos]:
+        return c    # the whole block is selected (dense input): top-L drops nothing, top-h would
+    return min(c, max(1, math.ceil(h - 1e-9)))
 
 
 @register
@@ -163,7 +213,7 @@ class SparDL(Algorithm):
         self._mode = "none"
         if comm is not None:
             self._resolve(comm.size)
-        self._plan: _Plan | None = None
+        self._layout: _Layout | None = None
         # B-SAG adaptive state (Algorithm 2), per (n, k)
         self._bsag: dict[str, Any] | None = None
         self._pending_state: dict[str, Any] | None = None
@@ -199,57 +249,23 @@ class SparDL(Algorithm):
     def teams(self) -> int | None:
         return self._teams
 
-    # -- plan -----------------------------------------------------------------------------
-    def _make_plan(self, n: int, k: int) -> _Plan:
-        comm = self.comm
-        size, rank = comm.size, comm.rank
-        d = self._teams
-        q = size // d
-        team, pos = rank // q, rank % q
-        quota = -(-k // q)
-        bounds = [b * n // q for b in range(q + 1)]
-        counts = [min(quota, bounds[b + 1] - bounds[b]) for b in range(q)]
-        plan = _Plan(n=n, k=k, teams=d, q=q, team=team, pos=pos, quota=quota, bounds=bounds, counts=counts,
-                     team_members=[team * q + j for j in range(q)],
-                     cross_members=[t * q + pos for t in range(d)])
-        levels = math.ceil(math.log2(q)) if q > 1 else 0
-        for i in range(1, levels + 1):
-            dist = 2 ** (levels - i)
-            hi = min(2 * dist, q) - 1          # bag B_(l-i+1): offsets [dist, hi]
-            send_runs = _runs(pos, dist, hi, q)
-            src = (pos - dist) % q
-            recv_runs = _runs(src, dist, hi, q)
-            plan.steps.append(_Step(
-                dest=team * q + (pos + dist) % q, source=team * q + src, send_runs=send_runs,
-                send_count=sum(counts[b] for b0, nb in send_runs for b in range(b0, b0 + nb)),
-                recv_count=sum(counts[b] for b0, nb in recv_runs for b in range(b0, b0 + nb))))
-        return plan
-
     # -- B-SAG adaptive h (Algorithm 2) ---------------------------------------------------
-    def _bsag_state(self, plan: _Plan) -> dict[str, Any]:
+    def _bsag_state(self, layout: _Layout) -> dict[str, Any]:
         st = self._bsag
-        if st is None or st["n"] != plan.n or st["k"] != plan.k or st["teams"] != plan.teams:
+        if st is None or st["n"] != layout.n or st["k"] != layout.k or st["teams"] != layout.teams:
             pending, self._pending_state = self._pending_state, None
-            if pending and pending.get("n") == plan.n and pending.get("k") == plan.k \
-                    and pending.get("teams") == plan.teams:
+            if pending and pending.get("n") == layout.n and pending.get("k") == layout.k \
+                    and pending.get("teams") == layout.teams:
                 st = dict(pending)
             else:
-                size, k, d = self.comm.size, plan.k, plan.teams
-                st = {"n": plan.n, "k": k, "teams": d, "h": k / size, "step": 0.01 * k * (d - 1) / size,
-                      "flag": False}
+                st = _fresh_bsag_state(layout)
             self._bsag = st
         return st
 
-    def _bsag_h(self, plan: _Plan) -> int:
-        c = plan.counts[plan.pos]
-        if c == plan.bounds[plan.pos + 1] - plan.bounds[plan.pos]:
-            return c    # the whole block is selected (dense input): top-L drops nothing, top-h would
-        return min(c, max(1, math.ceil(self._bsag_state(plan)["h"] - 1e-9)))
-
-    def _bsag_update(self, plan: _Plan, n_t: int) -> None:
-        st = self._bsag_state(plan)
-        size, k, d = self.comm.size, plan.k, plan.teams
-        target = plan.counts[plan.pos]
+    def _bsag_update(self, layout: _Layout, n_t: int) -> None:
+        st = self._bsag_state(layout)
+        size, k, d = self.comm.size, layout.k, layout.teams
+        target = layout.counts[layout.pos]
         step, flag = st["step"], st["flag"]
         if (n_t > target) != (step > 0):       # line 3: keep the direction
             if flag:
@@ -323,9 +339,9 @@ class SparDL(Algorithm):
         if self._teams is None:
             self._resolve(comm.size)
         n = acc.numel()
-        plan = self._plan
-        if plan is None or plan.n != n or plan.k != k:
-            plan = self._plan = self._make_plan(n, k)
+        layout = self._layout
+        if layout is None or layout.n != n or layout.k != k:
+            layout = self._layout = _rank_layout(comm.rank, comm.size, self._teams, n, k)
         dtype, rank = acc.dtype, comm.rank
         idx_dtype = index_dtype_for(n)
         journal: list[tuple[torch.Tensor, torch.Tensor]] = []   # (indices, values before the change)
@@ -333,11 +349,11 @@ class SparDL(Algorithm):
         # 1. Spar-Reduce-Scatter inside the team. The gradient (grad=, fused) is added into
         # the blocks of the first selection by that selection, into the others right after
         # it, before anything received is added (acc = (e + g) + received, as unfused)
-        for step in plan.steps:
+        for step in layout.steps:
             with self.timed("select"):
-                sel_idx, sel_val = _select_runs(acc, plan, step.send_runs, plan.quota, grad)
+                sel_idx, sel_val = _select_runs(acc, layout, step.send_runs, layout.quota, grad)
                 if grad is not None:
-                    _add_outside(acc, grad, plan, step.send_runs)
+                    _add_outside(acc, grad, layout, step.send_runs)
                     grad = None
                 journal.append((sel_idx, sel_val))
                 message, _ = self._encode(acc, sel_idx, sel_val, journal)
@@ -350,13 +366,13 @@ class SparDL(Algorithm):
                     ops.scatter_add_(acc, r_idx, r_val)
 
         # final selection of the held block (Algorithm 1 line 10); B-SAG takes only top-h
-        final_quota = plan.quota
+        final_quota = layout.quota
         if self._mode == "bruck":
-            final_quota = self._bsag_h(plan)
+            final_quota = _bsag_quota(layout, self._bsag_state(layout)["h"])
         with self.timed("select"):
-            f_idx, f_val = _select_runs(acc, plan, [(plan.pos, 1)], final_quota, grad)
+            f_idx, f_val = _select_runs(acc, layout, [(layout.pos, 1)], final_quota, grad)
             if grad is not None:   # no SRS step (one rank per team): this was the first selection
-                _add_outside(acc, grad, plan, [(plan.pos, 1)])
+                _add_outside(acc, grad, layout, [(layout.pos, 1)])
             journal.append((f_idx, f_val))
             final_entry = len(journal) - 1
             f_idx = f_idx.to(idx_dtype)
@@ -364,17 +380,18 @@ class SparDL(Algorithm):
 
         # 2. Spar-All-Gather between teams
         if self._mode == "recursive":
-            f_idx, f_val = self._rsag(acc, plan, f_idx, f_val, journal)
+            f_idx, f_val = self._rsag(acc, layout, f_idx, f_val, journal)
         elif self._mode == "bruck":
-            f_idx, f_val = self._bsag_step(acc, plan, f_idx, f_val, journal)
+            f_idx, f_val = self._bsag_step(acc, layout, f_idx, f_val, journal)
 
         # 3. Bruck all-gather of the final blocks inside the team
-        if plan.q > 1:
-            message, _ = self._encode(acc, f_idx, f_val, journal, holders=plan.teams)
-            blocks = self._allgather(_GroupView(comm, plan.team_members), message, plan.counts, acc)
+        if layout.q > 1:
+            message, _ = self._encode(acc, f_idx, f_val, journal, holders=layout.teams)
+            blocks = self._allgather(_GroupView(comm, layout.team_members), message, layout.counts, acc)
         with self.timed("merge"):
-            if plan.q > 1:
-                parts = [self._decode(blk, acc, plan.team_members[j], plan.counts[j]) for j, blk in enumerate(blocks)]
+            if layout.q > 1:
+                parts = [self._decode(blk, acc, layout.team_members[j], layout.counts[j])
+                         for j, blk in enumerate(blocks)]
                 # int32 or int64 as decoded: scatter_set_ and gather take either
                 all_idx = torch.cat([p[0] for p in parts])
                 all_val = torch.cat([p[1] for p in parts])
@@ -388,7 +405,7 @@ class SparDL(Algorithm):
             # A journal entry whose indices all lie in the result is overwritten by xi anyway:
             # the final selection's, when it is the result itself (one rank per team and no
             # SAG step changed it); with nothing else to undo, acc is already right.
-            covered = final_entry if plan.q == 1 and f_idx is selected else None
+            covered = final_entry if layout.q == 1 and f_idx is selected else None
             undo = [(j_idx, j_val) for pos, (j_idx, j_val) in enumerate(journal)
                     if pos != covered and j_idx.numel()]
             if undo:
@@ -398,17 +415,47 @@ class SparDL(Algorithm):
                 ops.scatter_set_(acc, all_idx, xi)
         self.last_nnz = int(torch.count_nonzero(all_val))
 
+    traffic_model = "exact"
+
+    @classmethod
+    def traffic(cls, P: int, N: int, k: int, sets: IndexSets | None = None, dtype: torch.dtype = torch.float32,
+                teams: int | None = None, sag: str = "auto", **options: Any) -> Traffic:
+        """Every rank's :func:`_rank_layout` (what :meth:`reduce` runs), the plain codec's
+        sizes; B-SAG with the first call's h = k/P (:func:`_fresh_bsag_state`). ``teams`` and
+        ``sag`` resolve on P as the constructor and :meth:`check_size` resolve them."""
+        shape = cls(None, teams=teams, sag=sag)
+        shape.check_size(P)
+        d, mode = shape.teams, shape.sag_mode
+        t = Traffic(P)
+        layouts = [_rank_layout(r, P, d, N, k) for r in range(P)]
+        first = layouts[0]
+        for i in range(len(first.steps)):
+            t.round(range(P), [lay.steps[i].dest for lay in layouts],
+                    [coo_nbytes(lay.steps[i].send_count, N, dtype) for lay in layouts])
+        if mode == "recursive":
+            partners = [lay.rsag_partners() for lay in layouts]
+            for s in range(len(partners[0])):
+                t.round(range(P), [p[s] for p in partners],
+                        [coo_nbytes(lay.counts[lay.pos], N, dtype) for lay in layouts])
+        elif mode == "bruck":
+            for lay in layouts[:first.q]:   # one cross-team group per position
+                h = _bsag_quota(lay, _fresh_bsag_state(lay)["h"])
+                t.bruck_allgather(lay.cross_members, [coo_nbytes(h, N, dtype)] * d)
+        if first.q > 1:
+            for lay in layouts[::first.q]:   # one team per first member
+                t.bruck_allgather(lay.team_members, [coo_nbytes(c, N, dtype) for c in lay.counts])
+        return t
+
     # -- R-SAG ----------------------------------------------------------------------------
-    def _rsag(self, acc, plan: _Plan, f_idx, f_val, journal):
-        count = plan.counts[plan.pos]
-        for s in range(int(math.log2(plan.teams))):
-            partner = (plan.team ^ (1 << s)) * plan.q + plan.pos
+    def _rsag(self, acc, layout: _Layout, f_idx, f_val, journal):
+        count = layout.counts[layout.pos]
+        for s, partner in enumerate(layout.rsag_partners()):
             # both sides merge decoded values; 2^s ranks hold this f identically
             message, f_val = self._encode(acc, f_idx, f_val, journal, holders=1 << s)
             incoming = self._swap(partner, message, partner, count, acc)
             with self.timed("merge"):
                 p_idx, p_val = self._decode(incoming, acc, partner, count)
-                if plan.team & (1 << s):   # the lower team group's block first: same sum on both sides
+                if layout.team & (1 << s):   # the lower team group's block first: same sum on both sides
                     m_idx, m_val = ops.merge_add(p_idx, p_val, f_idx, f_val)
                 else:
                     m_idx, m_val = ops.merge_add(f_idx, f_val, p_idx, p_val)
@@ -422,22 +469,22 @@ class SparDL(Algorithm):
         return f_idx, f_val
 
     # -- B-SAG ----------------------------------------------------------------------------
-    def _bsag_step(self, acc, plan: _Plan, f_idx, f_val, journal):
+    def _bsag_step(self, acc, layout: _Layout, f_idx, f_val, journal):
         comm, dtype = self.comm, acc.dtype
         h = f_idx.numel()
-        d = plan.teams
+        d = layout.teams
         message, _ = self._encode(acc, f_idx, f_val, journal)
-        blocks = self._allgather(_GroupView(comm, plan.cross_members), message, [h] * d, acc)
+        blocks = self._allgather(_GroupView(comm, layout.cross_members), message, [h] * d, acc)
         with self.timed("merge"):
-            parts = [self._decode(blk, acc, plan.cross_members[t], h) for t, blk in enumerate(blocks)]
+            parts = [self._decode(blk, acc, layout.cross_members[t], h) for t, blk in enumerate(blocks)]
             u_idx, u_val = ops.merge_add_many([p[0] for p in parts], [p[1] for p in parts])
         n_t = u_idx.numel()
-        target = plan.counts[plan.pos]
+        target = layout.counts[layout.pos]
         with self.timed("select"):
             if n_t >= target:
                 f_idx, f_val, d_idx, d_val = _keep_top(u_idx, u_val, target)
             else:   # pad with zero values at the lowest unused indices of the block
-                lo = plan.bounds[plan.pos]
+                lo = layout.bounds[layout.pos]
                 cand = torch.arange(lo, lo + target, dtype=u_idx.dtype, device=acc.device)
                 pad = cand[~torch.isin(cand, u_idx)][: target - n_t]
                 f_idx, f_val = ops.merge_add(u_idx, u_val, pad, torch.zeros(pad.numel(), dtype=dtype,
@@ -448,7 +495,7 @@ class SparDL(Algorithm):
                 d_idx = d_idx.to(torch.int64)
                 journal.append((d_idx, ops.gather(acc, d_idx)))
                 ops.scatter_add_(acc, d_idx, d_val * (1.0 / d))
-        self._bsag_update(plan, n_t)
+        self._bsag_update(layout, n_t)
         return f_idx, f_val
 
 
@@ -462,24 +509,24 @@ def _runs(start: int, lo: int, hi: int, q: int) -> list[tuple[int, int]]:
     return [(0, first + count - q), (first, q - first)]
 
 
-def _add_outside(x: torch.Tensor, grad: torch.Tensor, plan: _Plan, runs) -> None:
+def _add_outside(x: torch.Tensor, grad: torch.Tensor, layout: _Layout, runs) -> None:
     """``x += grad`` outside the blocks of ``runs`` (inside them the fused selection added it)."""
-    covered = sorted((plan.bounds[b0], plan.bounds[b0 + nb]) for b0, nb in runs)
+    covered = sorted((layout.bounds[b0], layout.bounds[b0 + nb]) for b0, nb in runs)
     at = 0
-    for lo, hi in covered + [(plan.n, plan.n)]:
+    for lo, hi in covered + [(layout.n, layout.n)]:
         if lo > at:
             x[at:lo].add_(grad[at:lo])
         at = max(at, hi)
 
 
-def _select_runs(x: torch.Tensor, plan: _Plan, runs, quota: int, grad: torch.Tensor | None = None):
+def _select_runs(x: torch.Tensor, layout: _Layout, runs, quota: int, grad: torch.Tensor | None = None):
     """Top-quota entries (by |x|, ties to the lower index) of every block in ``runs``; global
     int64 indices, ascending; the selected entries of ``x`` are then set to zero (they leave
     the residual). With ``grad`` (fused) each block first gets ``x += grad`` by the selection
     itself. One block_topk call per contiguous run when the run's own equal division matches
-    the plan's block boundaries (always when Q divides N), else one topk call per block of the
+    the layout's block boundaries (always when Q divides N), else one topk call per block of the
     run."""
-    bounds = plan.bounds
+    bounds = layout.bounds
     idx_parts, val_parts = [], []
     for b0, nb in runs:
         lo, hi = bounds[b0], bounds[b0 + nb]

@@ -26,6 +26,8 @@ from .. import ops
 from ..comm.base import Comm
 from ..comm.collectives import bruck_allgather, bruck_allgather_var
 from ..formats import CODEC_OPTION_DEFAULTS, CooCodec, check_codec_options
+from ..formats.coo import coo_nbytes
+from ..traffic import IndexSets, Traffic
 from .base import Algorithm, register
 
 __all__ = ["TopkAllgather"]
@@ -72,3 +74,13 @@ class TopkAllgather(Algorithm):
             # merged indices are distinct and ascending: out is written once, zeros between
             ops.scatter_set_(out, merged_indices, merged_values, zero_rest=True)
         self.last_nnz = merged_indices.numel()
+
+    traffic_model = "exact"
+
+    @classmethod
+    def traffic(cls, P: int, N: int, k: int, sets: IndexSets | None = None, dtype: torch.dtype = torch.float32,
+                **options: Any) -> Traffic:
+        """The Bruck all-gather of P messages of min(k, N) entries (the plain codec)."""
+        t = Traffic(P)
+        t.bruck_allgather(range(P), [coo_nbytes(min(k, N), N, dtype)] * P)
+        return t

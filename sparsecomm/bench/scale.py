@@ -1,6 +1,6 @@
-"""``python -m sparsecomm.bench scale``: every algorithm's schedule from P = 2 to 1024.
+"""``python -m sparsecomm.bench scale``: every algorithm's message traffic from P = 2 to 1024.
 
-Schedule-only (no gradient is reduced): :mod:`sparsecomm.costmodel` replays each algorithm's
+Traffic only (no gradient is reduced): :mod:`sparsecomm.costmodel` replays each algorithm's
 messages with sizes only -- exact for the data-independent algorithms, exact given the index
 sets for the SparCML family, estimates for densestream, oktopk and skcompress (the model is
 checked against the simulated Comm's counts at small P in tests/test_costmodel.py). The ranks'
@@ -8,8 +8,8 @@ index sets come from :func:`sparsecomm.costmodel.model_sets` (a model of real gr
 top-k: shared fraction, hot layers; drawn at length ``--model-n`` and scaled to N), so P = 1024
 needs about P k / scale int64 values, well under 1 GiB.
 
-Time per call = the alpha-beta cost of the schedule (the ``time(alpha, beta)`` of what
-:func:`sparsecomm.costmodel.traffic` returns) with alpha given
+Time per call = the alpha-beta cost of the message schedule (the ``time(alpha, beta)`` of what
+:func:`sparsecomm.costmodel.traffic` returns, a :class:`~sparsecomm.traffic.Traffic`) with alpha given
 (fitted by ``python -m sparsecomm.bench collectives`` on the emulated links) and beta = 8 /
 bandwidth. ``auto`` is the algorithm :mod:`sparsecomm.algorithms.auto` picks for that (P, N,
 k, alpha, beta) with its compute table; its time is that algorithm's. Writes ``scale.json``,

@@ -1,0 +1,227 @@
+"""Traffic of one allreduce call without running it: bytes and rounds of every rank, and its time.
+
+Each algorithm writes its own message schedule as a classmethod ``traffic(P, N, k, sets,
+dtype, **options)`` beside its ``reduce()`` (:mod:`sparsecomm.algorithms`); this module holds
+what those share:
+
+* :class:`Traffic`, the record they fill round by round (bytes sent and received and rounds
+  per rank, the per-round cost) and its alpha-beta time, with the rounds every schedule reuses
+  (:meth:`Traffic.bruck_allgather`, :meth:`Traffic.allgather_int64`,
+  :meth:`Traffic.allgather_sizes`);
+* :func:`fit_alpha_beta`, the inverse of :meth:`Traffic.time`: alpha and beta from measured
+  message times;
+* the ranks' selected index sets (:class:`IndexSets`) the set-based schedules need, and a model
+  of real gradients' sets (:func:`model_sets`, :func:`default_sets`) for when the real ones are
+  not at hand.
+
+It sizes messages with :mod:`sparsecomm.formats` and imports no algorithm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .formats.header import HEADER_NBYTES
+from .formats.stream import stream_delta, stream_nbytes
+
+__all__ = ["Traffic", "IndexSets", "model_sets", "default_sets", "fit_alpha_beta", "union_sorted",
+           "stream_message_nbytes"]
+
+
+class Traffic:
+    """Per-rank bytes and rounds of one call, and its round-by-round cost.
+
+    The time (:meth:`time`): rounds run one after another; a rank's cost in a round is
+    ``messages * alpha + bytes * beta`` on its sending side and on its receiving side
+    (full-duplex links), the round costs what its slowest rank pays. ``exact`` is False for an
+    estimate; ``notes`` say how a figure was obtained (e.g. what a chooser chose)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.sent = np.zeros(size, dtype=np.int64)
+        self.recv = np.zeros(size, dtype=np.int64)
+        self.rounds = np.zeros(size, dtype=np.int64)
+        #: per round: (messages sent, bytes sent, messages received, bytes received) of each rank
+        self._cost: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self.exact = True
+        self.notes: list[str] = []
+
+    @classmethod
+    def spread(cls, size: int, nbytes: int, rounds: int) -> "Traffic":
+        """Every rank sends ``nbytes`` in ``rounds`` rounds of one message each way, the bytes
+        spread evenly over the rounds: for a schedule known only by its slowest rank's totals.
+        What a rank receives is not known from them: ``recv`` stays 0."""
+        t = cls(size)
+        t.sent[:] = nbytes
+        t.rounds[:] = rounds
+        one = np.ones(size, np.int64)
+        share = np.full(size, nbytes // max(rounds, 1))
+        t._cost = [(one, share, one, share)] * int(rounds)
+        return t
+
+    def round(self, src: Sequence[int], dst: Sequence[int], nbytes: Sequence[int],
+              idle: Sequence[int] = ()) -> None:
+        """One round of messages ``src[i] -> dst[i]`` of ``nbytes[i]`` bytes; ``idle`` ranks take
+        part without a message (a receive of nothing still counts the round there)."""
+        src = np.asarray(src, dtype=np.int64)
+        dst = np.asarray(dst, dtype=np.int64)
+        nb = np.asarray(nbytes, dtype=np.int64)
+        p = self.size
+        ms = np.bincount(src, minlength=p)
+        mr = np.bincount(dst, minlength=p)
+        bs = np.bincount(src, weights=nb, minlength=p).astype(np.int64)
+        br = np.bincount(dst, weights=nb, minlength=p).astype(np.int64)
+        self.sent += bs
+        self.recv += br
+        part = (ms > 0) | (mr > 0)
+        if len(idle):
+            part[np.asarray(idle, dtype=np.int64)] = True
+        if not part.any():
+            return
+        self.rounds += part
+        self._cost.append((ms, bs, mr, br))
+
+    def var_round(self, src, dst, nbytes, receivers: Sequence[int] = ()) -> None:
+        """``exchange_var``: a round of 8-byte sizes, then the payloads (the size round the
+        Comm sends, as TorchComm and the simulated Comm do)."""
+        self.round(src, dst, [8] * len(src), idle=receivers)
+        self.round(src, dst, nbytes, idle=receivers)
+
+    def bruck_allgather(self, members: Sequence[int], block_nbytes: Sequence[int]) -> None:
+        """:func:`~sparsecomm.comm.collectives.bruck_allgather` inside ``members`` (global
+        ranks), block q of ``block_nbytes[q]`` bytes."""
+        q = len(members)
+        members = np.asarray(members, dtype=np.int64)
+        sz = np.asarray(block_nbytes, dtype=np.int64)
+        ext = np.concatenate([sz, sz])
+        csum = np.concatenate([[0], np.cumsum(ext)])
+        pos = np.arange(q)
+        d = 1
+        while d < q:
+            count = min(d, q - d)
+            nb = csum[pos + count] - csum[pos]
+            self.round(members[pos], members[(pos - d) % q], nb)
+            d *= 2
+
+    def allgather_int64(self, count: int) -> None:
+        """:func:`~sparsecomm.comm.collectives.allgather_int64` of ``count`` values per rank
+        (headed messages) over all ranks."""
+        self.bruck_allgather(range(self.size), [HEADER_NBYTES + 8 * count] * self.size)
+
+    def allgather_sizes(self) -> None:
+        """``bruck_allgather_var``'s size all-gather: one int64 per rank, no header."""
+        self.bruck_allgather(range(self.size), [8] * self.size)
+
+    def time(self, alpha: float, beta: float) -> float:
+        """Seconds of the call at ``alpha`` s per message and ``beta`` s per byte (compute aside)."""
+        total = 0.0
+        for ms, bs, mr, br in self._cost:
+            total += float(np.maximum(ms * alpha + bs * beta, mr * alpha + br * beta).max())
+        return total
+
+    @property
+    def bytes_per_rank(self) -> int:
+        """The most bytes any rank sends (the study's "bytes per rank")."""
+        return int(self.sent.max()) if self.size else 0
+
+    @property
+    def max_rounds(self) -> int:
+        return int(self.rounds.max()) if self.size else 0
+
+
+def stream_message_nbytes(n: int, count: int, dtype: torch.dtype) -> int:
+    """Bytes of a sparse stream of ``count`` items over a range of ``n``, dense past delta
+    (the SparseStream rule)."""
+    dense = count > stream_delta(n, dtype)
+    return stream_nbytes(n, 0 if dense else count, dtype, dense)
+
+
+def fit_alpha_beta(sizes, times) -> tuple[float, float]:
+    """Ordinary least squares on t = alpha + beta * bytes.
+
+    beta is the slope (the large messages set it, as they should: tbf lets a burst of a few
+    hundred KB through faster than the rate). When the intercept comes out negative,
+    alpha = t - beta * bytes of the smallest message, clamped at 0.
+    """
+    x = np.asarray(sizes, dtype=np.float64)
+    t = np.asarray(times, dtype=np.float64)
+    A = np.stack([np.ones_like(x), x], 1)
+    alpha, beta = (float(v) for v in np.linalg.lstsq(A, t, rcond=None)[0])
+    if beta <= 0:
+        beta = float(np.sum(x * t) / np.sum(x * x))
+    if alpha < 0:
+        i = int(np.argmin(x))
+        alpha = max(0.0, float(t[i] - beta * x[i]))
+    return alpha, beta
+
+
+# -- index sets ---------------------------------------------------------------------------------
+@dataclass
+class IndexSets:
+    """The ranks' selected indices (sorted int64 numpy arrays over [0, n)).
+
+    ``scale`` > 1 stands for a vector ``scale`` times longer than ``n`` with the same structure:
+    every count and position is multiplied by it (the scale study draws sets at a model length
+    and scales them to N, so P = 1024 stays small)."""
+
+    sets: list[np.ndarray]
+    n: int
+    scale: float = 1.0
+
+    def count(self, arr_or_len) -> int:
+        """``len`` (or a count) scaled to N."""
+        m = arr_or_len if isinstance(arr_or_len, (int, np.integer)) else len(arr_or_len)
+        return int(round(m * self.scale))
+
+
+def union_sorted(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Union of two sorted arrays of distinct indices (a sort, not numpy's hash-based unique)."""
+    c = np.concatenate([a, b])
+    c.sort(kind="stable")
+    if len(c) < 2:
+        return c
+    return c[np.concatenate([[True], c[1:] != c[:-1]])]
+
+
+def model_sets(size: int, n: int, k: int, overlap: float = 0.10, hot_fraction: float = 0.25,
+               hot_share: float = 0.60, regions: int = 64, seed: int = 0) -> list[np.ndarray]:
+    """Index sets drawn from a model of real gradients' local top-k (measured on the digits MLP,
+    docs/scale.md): a fraction ``overlap`` of every rank's k indices comes from one pool shared by
+    all ranks, the rest is the rank's own; both are drawn with ``hot_share`` of the indices in a
+    fixed ``hot_fraction`` of ``regions`` equal index ranges (the layers that carry the large
+    gradients), uniformly inside a range. Sorted, distinct; about k per rank."""
+    rng = np.random.default_rng(seed)
+    hot_regions = rng.choice(regions, max(1, round(hot_fraction * regions)), replace=False)
+    is_hot = np.zeros(regions, dtype=bool)
+    is_hot[hot_regions] = True
+    bounds = [r * n // regions for r in range(regions + 1)]
+
+    def draw(m: int) -> np.ndarray:
+        hot = rng.random(m) < hot_share
+        pick = np.where(hot, rng.choice(np.flatnonzero(is_hot), m), rng.choice(np.flatnonzero(~is_hot), m))
+        lo = np.asarray(bounds)[pick]
+        hi = np.asarray(bounds)[pick + 1]
+        return lo + (rng.random(m) * np.maximum(hi - lo, 1)).astype(np.int64)
+
+    shared_k = int(round(overlap * k))
+    pool = union_sorted(draw(2 * shared_k + 1), np.empty(0, np.int64))[: max(1, 2 * shared_k)]
+    out = []
+    for _ in range(size):
+        common = rng.choice(pool, min(shared_k, len(pool)), replace=False) if shared_k else np.empty(0, np.int64)
+        own = draw(k - len(common) + k // 20 + 1)
+        s = union_sorted(np.sort(common), own)
+        if len(s) > k:
+            s = np.sort(rng.choice(s, k, replace=False))
+        out.append(s.astype(np.int64))
+    return out
+
+
+def default_sets(P: int, N: int, k: int, model_n: int = 1 << 20, seed: int = 0) -> IndexSets:
+    """Model index sets at length min(N, model_n), scaled to N."""
+    n_model = min(N, model_n)
+    k_model = max(1, round(k * n_model / N)) if N else 0
+    return IndexSets(model_sets(P, n_model, k_model, seed=seed), n_model, N / n_model if n_model else 1.0)
