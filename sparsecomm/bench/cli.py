@@ -9,7 +9,7 @@ method trains a task from the same weights, interleaved, to a target accuracy.
 ``kernels`` forwards its arguments to :func:`sparsecomm.bench.kernels.main` (the CPU kernel
 benchmark, part of the package so that it runs from an installed wheel too); ``phases`` to
 :func:`sparsecomm.bench.phases.main` (a call's local compute by phase, in residual-add passes);
-``scale`` to :func:`sparsecomm.bench.scale.main` (the schedule-only scale study, docs/scale.md).
+``scale`` to :func:`sparsecomm.bench.scale.main` (the traffic-only scale study, docs/scale.md).
 """
 from __future__ import annotations
 
