@@ -6,7 +6,7 @@ without a GPU: ``SPARSECOMM_OPS=torch`` in the environment turns it on for the w
 process (read once, when :mod:`sparsecomm.ops` is imported); :func:`use_torch_ops` turns it
 on for a ``with`` block. It re-registers every op's CPU kernel with the dispatcher, so it
 is process-wide (all threads), not thread-local; blocks nest. The wire checks of
-``formats/_wire_ops.py`` follow it too: while it is on, CPU payloads take the device path
+``ops/_wire.py`` follow it too: while it is on, CPU payloads take the device path
 (a host check of the fixed prefix, then the indices and padding checked with torch).
 """
 
