@@ -5,7 +5,7 @@ algorithm; the wire formats' validating decoders call the checks).
 Every function here is a ``torch.ops.sparsecomm`` custom op (schemas in ``csrc/ops*.cpp``)
 with a CPU kernel in C (``csrc/cpu``, multi-threaded with OpenMP using
 ``torch.get_num_threads()`` threads), a torch implementation for other devices
-(``ops/_torch_impl.py``) and a fake kernel for ``torch.compile`` (``ops/_fake.py``). Ops
+(``ops/_torch_impl/``) and a fake kernel for ``torch.compile`` (``ops/_fake.py``). Ops
 that write in place return nothing at the op level; these Python faces return the
 updated tensor for convenience.
 
@@ -58,7 +58,7 @@ __all__ = [*_coo_all, *_stream_all, *_sketch_all, *_densestream_all, *_skcompres
 
 #: True when the extension was built with the CUDA kernels of csrc/cuda (opt-in at build time:
 #: SPARSECOMM_CUDA_KERNELS=1, see setup.py); CUDA tensors then run them, else the torch
-#: implementations of ops/_torch_impl.py.
+#: implementations of ops/_torch_impl/.
 CUDA_KERNELS: bool = bool(getattr(_C, "CUDA_KERNELS", 0))
 if not CUDA_KERNELS:
     _torch_impl.register("cuda")

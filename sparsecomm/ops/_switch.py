@@ -1,5 +1,5 @@
 """Which implementation the ops run on CPU tensors: the C kernels (default) or the torch
-implementations of ``ops/_torch_impl.py`` that GPUs without CUDA kernels run.
+implementations of ``ops/_torch_impl/`` that GPUs without CUDA kernels run.
 
 The switch exists so that the GPU fallback path is as tested as the C path on a machine
 without a GPU: ``SPARSECOMM_OPS=torch`` in the environment turns it on for the whole
