@@ -126,7 +126,10 @@ def parse_header(payload: torch.Tensor) -> dict:
 
 
 def _kind_name(code: int):
-    return Kind(code).name if code in Kind._value2member_map_ else code
+    try:
+        return Kind(code).name
+    except ValueError:  # not a kind of this format version: shown as received
+        return code
 
 
 # how the error messages show a header field's wire value
