@@ -16,7 +16,7 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q tests -m "not mpi"
 
-# The GPU fallback path (ops/_torch_impl.py) in place of the C kernels on CPU tensors: every
+# The GPU fallback path (ops/_torch_impl/) in place of the C kernels on CPU tensors: every
 # algorithm's test file and the stream, sketch and wire files run with SPARSECOMM_OPS=torch on
 # simulated ranks (docs/architecture.md, "Devices"); the ops' own files are left out because
 # tests/test_torch_fallback.py in `make test` compares every op with the C kernel. About 10 min

@@ -594,7 +594,7 @@ def test_densestream_on_gloo(size):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_torch_implementations_agree_with_the_kernels(dtype):
-    """ops/_torch_impl.py (registered for CUDA) on CPU tensors: the same bits as the C kernels."""
+    """ops/_torch_impl/ (registered for CUDA) on CPU tensors: the same bits as the C kernels."""
     from sparsecomm.ops import _torch_impl as ti
 
     n = 4000

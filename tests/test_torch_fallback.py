@@ -1,5 +1,5 @@
 """The GPU fallback path, tested without a GPU: every op's torch implementation
-(``sparsecomm/ops/_torch_impl.py``, what CUDA tensors run when the extension has no CUDA
+(``sparsecomm/ops/_torch_impl/``, what CUDA tensors run when the extension has no CUDA
 kernels) against the C kernel on the same inputs, bit for bit or the same exception type;
 every registered algorithm run through the torch implementations (``use_torch_ops``)
 against the C path (outputs, residuals, bytes and rounds identical; consistency and

@@ -291,14 +291,14 @@ _ALL = ([("coo",) + c for c in COO_CASES] + [("stream",) + c for c in STREAM_CAS
 def test_device_path_agrees_with_the_full_check(form, name, msg):
     """The path for payloads on a device (prefix on the host, indices and padding with torch
     ops), run here on CPU tensors: it accepts exactly what the full C check accepts."""
-    from sparsecomm.formats import _wire_ops
-    op = _wire_ops._op(form)
+    from sparsecomm.ops import _wire
+    op = _wire._op(form)
     full = op(msg, [-1] * 9)
     layout = op(msg[:48].clone(), [-1] * 9, msg.numel())
     if layout[0]:
         assert full[0] == layout[0]
     else:
-        assert _wire_ops._device_content_ok(msg, layout) == (full[0] == 0)
+        assert _wire._device_content_ok(msg, layout) == (full[0] == 0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -113,8 +113,8 @@ class _GroupView:
         blocks = bruck_allgather(self, raw, [raw.numel()] * self.size)
         return torch.cat(blocks).view(tensor.dtype).reshape(self.size, *tensor.shape)
 
-    def _check_size(self, nbytes: int, peer: int) -> int:
-        return self.parent._check_size(nbytes, self.members[peer])
+    def check_message_size(self, nbytes: int, peer: int) -> int:
+        return self.parent.check_message_size(nbytes, self.members[peer])
 
 
 @dataclass

@@ -267,8 +267,9 @@ class Comm(ABC):
         failed, cause = parse_abort(message)
         return aborted_error(f"rank {self.rank} of {self.size}: {message}", failed, cause)
 
-    def _check_size(self, n: int, peer: int) -> int:
-        """A size received from ``peer`` for a variable-size message, within the bound."""
+    def check_message_size(self, n: int, peer: int) -> int:
+        """``n``, the size ``peer`` announced for a variable-size message, if the current call can
+        legitimately send that much (:attr:`max_message_bytes`); else a WireFormatError."""
         from ..errors import WireFormatError
 
         limit = self.max_message_bytes
@@ -309,7 +310,8 @@ class Comm(ABC):
         size_msgs = [(peer, torch.tensor([t.numel()], dtype=torch.int64, device="cpu").view(torch.uint8).to(self.device))
                      for peer, t in sends]
         self.exchange(size_msgs, list(zip(sources, size_bufs)))
-        sizes = [self._check_size(int(b.cpu().view(torch.int64)[0]), peer) for peer, b in zip(sources, size_bufs)]
+        sizes = [self.check_message_size(int(b.cpu().view(torch.int64)[0]), peer)
+                 for peer, b in zip(sources, size_bufs)]
         recv_bufs = [torch.empty(n, dtype=torch.uint8, device=self.device) for n in sizes]
         self.exchange(sends, list(zip(sources, recv_bufs)))
         return recv_bufs

@@ -6,28 +6,47 @@ exact values with :func:`reduce_scatter_allgather_`, the transpose of the Bruck 
 followed by the all-gather itself; :func:`halving_allreduce_` is the paper's tree, kept as an
 option).
 
-The functions take the :class:`~sparsecomm.comm.base.Comm` they run on as an argument and
-only call its methods, so this module needs ``Comm`` for type hints alone: ``base`` imports
-it (``Comm.allgather_small`` is a Bruck all-gather), never the other way round.
+The functions take what they run on as an argument -- a :class:`~sparsecomm.comm.base.Comm`,
+or a view of some of its ranks (SparDL's teams) -- and only use what :class:`PeerGroup`
+names, so this module never imports ``base``: ``base`` imports it
+(``Comm.allgather_small`` is a Bruck all-gather), never the other way round.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Protocol, Sequence
 
 import torch
 
 from ..formats.header import HEADER_NBYTES, Kind, check_header, pack_header
-
-if TYPE_CHECKING:
-    from .base import Comm
 
 __all__ = ["bruck_allgather", "bruck_allgather_var", "allgather_int64", "halving_tree", "halving_allreduce_",
            "block_bounds", "bruck_reduce_scatter_", "reduce_scatter_allgather_", "reduce_scatter_allgather_traffic",
            "halving_allreduce_traffic", "bruck_allgather_traffic"]
 
 
-def bruck_allgather(comm: Comm, block: torch.Tensor, block_nbytes: Sequence[int]) -> list[torch.Tensor]:
+class PeerGroup(Protocol):
+    """What these steps use of a :class:`sparsecomm.comm.base.Comm` (or of a view of some of
+    its ranks): its place in the group and its rounds of point-to-point messages. One with a
+    ``check_message_size(n, peer)`` (a Comm's) also bounds the sizes peers announce to
+    :func:`bruck_allgather_var`."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def exchange(self, sends: Sequence[tuple[int, torch.Tensor]], recvs: Sequence[tuple[int, torch.Tensor]]
+                 ) -> None: ...
+
+    def allgather_small(self, tensor: torch.Tensor) -> torch.Tensor: ...
+
+
+def bruck_allgather(comm: PeerGroup, block: torch.Tensor, block_nbytes: Sequence[int]) -> list[torch.Tensor]:
     """Bruck all-gather (SparDL section 2, Figure 2b) of one uint8 block per rank.
 
     ``block_nbytes[q]`` is the size of rank q's block, known to every rank, so no size
@@ -60,7 +79,7 @@ def bruck_allgather(comm: Comm, block: torch.Tensor, block_nbytes: Sequence[int]
     return [held[(q - rank) % size] for q in range(size)]
 
 
-def bruck_allgather_var(comm: Comm, block: torch.Tensor) -> list[torch.Tensor]:
+def bruck_allgather_var(comm: PeerGroup, block: torch.Tensor) -> list[torch.Tensor]:
     """Bruck all-gather when block sizes differ between ranks and are not known.
 
     The sizes are all-gathered first (one int64 per rank, its own ceil(log2 P) rounds,
@@ -68,13 +87,13 @@ def bruck_allgather_var(comm: Comm, block: torch.Tensor) -> list[torch.Tensor]:
     """
     mine = torch.tensor([block.numel()], dtype=torch.int64, device="cpu")  # a host value
     sizes = [int(s) for s in comm.allgather_small(mine).reshape(-1).tolist()]
-    check = getattr(comm, "_check_size", None)  # peers' sizes are not trusted: bounded per call
+    check = getattr(comm, "check_message_size", None)  # peers' sizes are not trusted: bounded per call
     if check is not None:
         sizes = [n if q == comm.rank else check(n, q) for q, n in enumerate(sizes)]
     return bruck_allgather(comm, block, sizes)
 
 
-def allgather_int64(comm: Comm, values: Sequence[int], n: int) -> torch.Tensor:
+def allgather_int64(comm: PeerGroup, values: Sequence[int], n: int) -> torch.Tensor:
     """All-gather of ``len(values)`` int64 per rank (the same length on every rank) as headed
     messages, for an algorithm's small control steps (counts, boundaries, histograms).
 
@@ -118,7 +137,7 @@ def halving_tree(size: int) -> list[list[tuple[int, int]]]:
     return rounds
 
 
-def halving_allreduce_(comm: Comm, tensor: torch.Tensor, n: int) -> torch.Tensor:
+def halving_allreduce_(comm: PeerGroup, tensor: torch.Tensor, n: int) -> torch.Tensor:
     """In-place SUM of a 1-D float tensor over ranks: the :func:`halving_tree` to rank 0,
     then the same tree backwards (gs-SGD, "A Distributed SGD Algorithm with Global
     Sketching", section III-A: Algorithm 1 lines 8-23 sum the sketches on the first
@@ -178,7 +197,7 @@ def block_bounds(length: int, size: int) -> list[int]:
     return [q * length // size for q in range(size + 1)]
 
 
-def bruck_reduce_scatter_(comm: Comm, tensor: torch.Tensor, n: int) -> torch.Tensor:
+def bruck_reduce_scatter_(comm: PeerGroup, tensor: torch.Tensor, n: int) -> torch.Tensor:
     """Reduce-scatter (SUM) of a 1-D float tensor, in place, for any P without folding: the
     transpose of :func:`bruck_allgather` (SparDL section 2, Figure 2b, run backwards).
 
@@ -231,7 +250,7 @@ def bruck_reduce_scatter_(comm: Comm, tensor: torch.Tensor, n: int) -> torch.Ten
     return tensor[bounds[rank]:bounds[rank + 1]]
 
 
-def reduce_scatter_allgather_(comm: Comm, tensor: torch.Tensor, n: int) -> torch.Tensor:
+def reduce_scatter_allgather_(comm: PeerGroup, tensor: torch.Tensor, n: int) -> torch.Tensor:
     """In-place SUM of a 1-D float tensor over ranks without a root: :func:`bruck_reduce_scatter_`
     then :func:`bruck_allgather` of the summed slices (each slice as its own headed message,
     ``[header: Kind.DENSE, value dtype, N = n, count = slice length][values]``, checked on

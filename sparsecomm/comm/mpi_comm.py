@@ -305,7 +305,7 @@ class MPIComm(Comm):
                     msg = comm.Improbe(source=peer, tag=tag, status=status)
                     if msg is None:
                         break
-                    n = self._check_size(status.Get_count(MPI.BYTE), peer)  # before allocating
+                    n = self.check_message_size(status.Get_count(MPI.BYTE), peer)  # before allocating
                     out = torch.empty(n, dtype=torch.uint8, device=self.device)
                     buf, host = self._recv_buf(out)
                     reqs.append(msg.Irecv(buf))

@@ -18,22 +18,16 @@ used by one thread only (the Comm's channel thread). A rank that fails inside a 
 ``abort`` there, then closes its connections; a rank whose round has waited longer than a poll
 slice (0.05 s) looks at ``abort`` between slices (on the channel thread; the fast path touches
 no store), and after ``REORDER_AFTER_S`` publishes what it waits in and compares with its
-peers'. A store call cannot be interrupted and a TCPStore client honours no timeout on a
-server that is stopped (not dead): with ``env://`` rendezvous rank 0 hosts the store, so a
-stopped rank 0 would block any store call forever. Only the channel thread makes store calls;
-everyone else waits for its answer with a deadline, and a store that has not answered within
+peers'. Only the channel thread makes store calls (:mod:`._store_channel` says why); everyone
+else waits for its answer with a deadline, and a store that has not answered within
 ``min(1 s, timeout)`` makes the round's error a :class:`CommTimeoutError` naming the store and
-its host. :meth:`TorchComm.close` shuts the connection down, which releases a blocked thread.
+its host.
 """
 
 from __future__ import annotations
 
 import atexit
-import collections
 import math
-import os
-import socket
-import threading
 import time
 import weakref
 from datetime import timedelta
@@ -42,6 +36,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
+from ._store_channel import STORE_ANSWER_S, ActiveRound, StoreChannel, read_abort
 from .base import (BASE_TAG, DEFAULT_TIMEOUT, POLL_SLICE_S, REORDER_AFTER_S, Comm, CommError,
                    CommTimeoutError, Message, reorder_message, ring_allreduce_cost)
 
@@ -72,25 +67,6 @@ def _group_device(group) -> torch.device:
     return torch.device("cpu")
 
 
-class _Active:
-    """One round being waited on (read by the channel thread)."""
-
-    __slots__ = ("seq", "start", "label", "peers", "published", "ended", "beat", "suspect")
-
-    def __init__(self, seq: int, label: str, peers: frozenset):
-        self.seq = seq
-        self.start = time.monotonic()
-        self.label = label
-        self.peers = peers
-        self.published = False
-        self.ended = False
-        self.beat = 0                       # bumped at each publication of what it waits in
-        self.suspect: tuple | None = None   # (peer, peer's seq, peer's label, peer's beat)
-
-
-#: seconds the store may take to answer the abort channel before it counts as unresponsive
-#: (at most the Comm timeout): a store that answers takes milliseconds
-_STORE_ANSWER_S = 1.0
 #: seconds a rank waits for its abort to be written before it closes its connections
 _PUBLISH_WAIT_S = 0.5
 #: seconds the rank that hosts the store waits, at close() or exit, for every peer to have
@@ -99,228 +75,6 @@ _EXIT_ACK_S = 3.0
 #: the same wait, when the host publishes its own abort, before it raises (a process may
 #: end at once after an error: os._exit, a launcher tearing the job down)
 _HOST_ACK_S = 1.0
-
-
-def _socket_fds() -> dict[int, str]:
-    """This process's socket descriptors (fd -> "socket:[inode]"); empty where /proc is missing."""
-    out = {}
-    try:
-        names = os.listdir("/proc/self/fd")
-    except OSError:
-        return out
-    for name in names:
-        try:
-            link = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            continue
-        if link.startswith("socket:"):
-            out[int(name)] = link
-    return out
-
-
-def _sock_ends(fd: int):
-    """(local, peer) address of socket ``fd``, without taking it over, or None."""
-    try:
-        sock = socket.socket(fileno=fd)
-    except OSError:
-        return None
-    try:
-        return sock.getsockname(), sock.getpeername()
-    except OSError:
-        return None
-    finally:
-        sock.detach()
-
-
-def _tcp_store(store):
-    """The TCPStore under a chain of PrefixStores, or None."""
-    for _ in range(16):
-        if isinstance(store, dist.TCPStore):
-            return store
-        store = getattr(store, "underlying_store", None)
-        if store is None:
-            return None
-    return None
-
-
-def _listens_here(port: int) -> bool:
-    """Whether this process holds the listening socket of TCP ``port`` (it hosts the store)."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                next(f, None)
-                for line in f:
-                    cols = line.split()
-                    if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
-                        inodes.add(f"socket:[{cols[9]}]")
-        except OSError:
-            continue
-    return bool(inodes) and any(link in inodes for link in _socket_fds().values())
-
-
-class _Job:
-    __slots__ = ("fn", "done", "result", "exc")
-
-    def __init__(self, fn):
-        self.fn = fn
-        self.done = threading.Event()
-        self.result = None
-        self.exc: BaseException | None = None
-
-
-class _Channel:
-    """The abort channel of one TorchComm: a store connection of its own, touched by one
-    thread only. Store calls on a stopped store host block and honour no timeout, so they
-    block that thread and nothing else: callers :meth:`request` an answer and wait for it with
-    a deadline; :meth:`close` shuts the connection down, which releases the thread."""
-
-    def __init__(self, base, prefix: str, rank: int):
-        self.base = base  # keeps the store alive (on its host: its server) while the Comm lives
-        self.tcp = _tcp_store(base)
-        self.sock: tuple[int, object] | None = None  # (fd, ends) of the own connection
-        store = base
-        try:
-            before = _socket_fds()
-            store = base.clone()  # a new connection (TCPStore), the same prefixes
-            if self.tcp is not None:
-                new = [fd for fd, link in _socket_fds().items() if before.get(fd) != link]
-                mine = [(fd, ends) for fd in new if (ends := _sock_ends(fd)) is not None
-                        and ends[1][1] == self.tcp.port]
-                if len(mine) == 1:
-                    self.sock = mine[0]
-        except Exception:  # noqa: BLE001 - a store without clone(): share the default one
-            store = base
-        self.store = dist.PrefixStore(prefix, store)
-        self.rank = rank
-        self._hosts: bool | None = None
-        self.busy_since: float | None = None  # when the store call in progress began
-        self.dead: str | None = None          # the connection failed (the store's host exited)
-        self._jobs: collections.deque[_Job] = collections.deque()
-        self._cv = threading.Condition()
-        self._stopping = False
-        self.thread: threading.Thread | None = None
-
-    def hosts_store(self) -> bool:
-        """Whether this process hosts the store (holds its listening socket); looked up once."""
-        if self._hosts is None:
-            self._hosts = self.tcp is not None and _listens_here(self.tcp.port)
-        return self._hosts
-
-    def describe(self) -> str:
-        """The store and its host, for error messages."""
-        if self.tcp is None:
-            return "the rendezvous store"
-        where = f"the rendezvous store at {self.tcp.host}:{self.tcp.port}"
-        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
-            return where + " (hosted by the torchrun agent)"
-        if os.environ.get("MASTER_PORT") == str(self.tcp.port):
-            return where + " (hosted by rank 0: env:// rendezvous)"
-        return where
-
-    # -- the thread --------------------------------------------------------------------------
-    def start(self, ref) -> None:
-        if self.thread is None:
-            self.thread = threading.Thread(target=self._serve, args=(ref,), daemon=True,
-                                           name=f"sparsecomm-channel-r{self.rank}")
-            self.thread.start()
-
-    def _serve(self, ref) -> None:
-        """Jobs first (in order), then a look for the Comm's waiting round every poll slice."""
-        while True:
-            with self._cv:
-                if not self._jobs and not self._stopping:
-                    self._cv.wait(POLL_SLICE_S)
-                job = self._jobs.popleft() if self._jobs else None
-                stopping = self._stopping
-            if job is not None:
-                try:
-                    job.result = self.do(job.fn)
-                except BaseException as exc:  # noqa: BLE001 - handed to the requester
-                    job.exc = exc
-                job.done.set()
-                continue
-            if stopping:
-                return
-            comm = ref()
-            if comm is None:
-                return
-            try:
-                comm._watch_once()
-            except Exception:  # noqa: BLE001 - the store may be gone (its host died): keep waiting
-                pass
-            del comm
-
-    def do(self, fn):
-        """Run ``fn(store)`` (on the channel thread only)."""
-        if self.dead is not None:
-            raise CommError(f"{self.describe()} is gone: {self.dead}")
-        self.busy_since = time.monotonic()
-        try:
-            return fn(self.store)
-        except dist.DistNetworkError as exc:
-            self.dead = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise
-        finally:
-            self.busy_since = None
-
-    # -- callers -------------------------------------------------------------------------------
-    def request(self, fn, wait_s: float | None, ref=None) -> _Job:
-        """Queue ``fn(store)`` for the channel thread and wait up to ``wait_s`` seconds for it
-        (None: do not wait). ``job.done`` tells whether it answered."""
-        job = _Job(fn)
-        with self._cv:
-            self._jobs.append(job)
-            self._cv.notify()
-        if self.thread is None and ref is not None:
-            self.start(ref)
-        if wait_s is not None:
-            job.done.wait(max(wait_s, 0.0))
-        return job
-
-    def flush(self, wait_s: float) -> None:
-        """Wait up to ``wait_s`` seconds for the queued jobs to run (not if the store is silent)."""
-        if self.thread is not None and self._jobs and self.silent_for() < _STORE_ANSWER_S:
-            self.request(lambda store: None, wait_s)
-
-    def silent_for(self) -> float:
-        """Seconds the store call in progress has been waiting for its answer (0: none)."""
-        since = self.busy_since
-        return 0.0 if since is None else max(time.monotonic() - since, 0.0)
-
-    def close(self) -> bool:
-        """Stop the thread (after its queued jobs, within about a second); if it is blocked in
-        a store call, shut the connection down to release it. True when the thread is gone."""
-        with self._cv:
-            self._stopping = True
-            self._cv.notify()
-        thread = self.thread
-        if thread is not None:
-            thread.join(0.2)
-            if thread.is_alive():
-                self.shutdown()
-                thread.join(1.0)
-            if thread.is_alive():
-                return False
-        self.thread = None
-        self._jobs.clear()
-        self.store = self.base = self.tcp = None  # the connection closes with the last reference
-        return True
-
-    def shutdown(self) -> None:
-        """Shut the own connection down (a blocked store call returns with an error)."""
-        if self.sock is None:
-            return
-        fd, ends = self.sock
-        if _sock_ends(fd) != ends:  # the descriptor is no longer our connection
-            return
-        sock = socket.socket(fileno=fd)
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        finally:
-            sock.detach()
 
 
 _LIVE: "weakref.WeakSet[TorchComm]" = weakref.WeakSet()
@@ -403,15 +157,15 @@ class TorchComm(Comm):
         self._gloo = "gloo" in self.backend.lower()
         name = getattr(group, "group_name", None) or str(id(group))
         count = _COMMS_PER_GROUP[name] = _COMMS_PER_GROUP.get(name, 0) + 1
-        self._chan: _Channel | None = None
+        self._chan: StoreChannel | None = None
         if size > 1:
             try:
                 base = dist.distributed_c10d._get_default_store()
             except Exception:  # noqa: BLE001 - no store: local failures still raise locally
                 base = None
             if base is not None:
-                self._chan = _Channel(base, f"sparsecomm/{name}/{count}/", rank)
-        self._active: _Active | None = None
+                self._chan = StoreChannel(base, f"sparsecomm/{name}/{count}/", rank)
+        self._active: ActiveRound | None = None
         self._seq = 0
         self._remote: str | None = None     # a peer's abort or a detected reorder
         self._acked = False                 # this rank has counted itself among the abort's readers
@@ -451,9 +205,7 @@ class TorchComm(Comm):
     def __del__(self) -> None:
         try:
             if self._chan is not None:
-                with self._chan._cv:
-                    self._chan._stopping = True
-                    self._chan._cv.notify()
+                self._chan.stop()
         except Exception:  # noqa: BLE001
             pass
 
@@ -464,22 +216,20 @@ class TorchComm(Comm):
         super().check_usable()
 
     # -- side channel (store calls run on the channel thread only) ---------------------------
+    def _watcher(self) -> weakref.WeakMethod:
+        """What the channel thread calls every poll slice; it does not keep the Comm alive."""
+        return weakref.WeakMethod(self._watch_once)
+
     def _start_watcher(self) -> None:
         if self._chan is not None:
-            self._chan.start(weakref.ref(self))
-
-    @staticmethod
-    def _read_abort(store) -> str | None:
-        if not store.check(["abort"]):
-            return None
-        return store.get("abort").decode(errors="replace")
+            self._chan.start(self._watcher())
 
     def _ack(self) -> None:
         """Count this rank among the readers of the abort (once; the store's host waits for
         all of them before it exits). Not waited for."""
         if not self._acked and self._chan is not None:
             self._acked = True
-            self._chan.request(lambda store: store.add("seen", 1), None, weakref.ref(self))
+            self._chan.request(lambda store: store.add("seen", 1), None, self._watcher())
 
     def _aborted_by_peer(self, message: str):
         self._ack()
@@ -497,23 +247,9 @@ class TorchComm(Comm):
         chan = self._chan
         if chan is None or chan.dead is not None:
             return None
-        answer_s = min(_STORE_ANSWER_S, self.timeout)
-        end = time.monotonic() + grace_s
-        ref = weakref.ref(self)
-        while True:
-            if self._remote is not None:  # the channel thread read it meanwhile
-                return self._remote
-            job = chan.request(self._read_abort, max(end - time.monotonic(), answer_s - chan.silent_for()), ref)
-            if not job.done.is_set():
-                self._silent = chan.silent_for()
-                return None
-            if job.exc is not None:
-                return None
-            if job.result is not None:
-                return job.result
-            if time.monotonic() >= end:
-                return None
-            time.sleep(0.01)
+        message, self._silent = chan.await_abort(grace_s, min(STORE_ANSWER_S, self.timeout),
+                                                 lambda: self._remote, self._watcher())
+        return message
 
     def _unanswered(self, exc: CommError) -> CommTimeoutError | None:
         """The error to raise when the store did not answer the abort channel on the error
@@ -534,8 +270,8 @@ class TorchComm(Comm):
                 store.add("seen", 1)
             # written before the connections close (the peers' grace reads it), unless the
             # store does not answer: then the connections close anyway
-            silent = self._chan.silent_for() >= min(_STORE_ANSWER_S, self.timeout)
-            self._chan.request(publish, 0.0 if silent else min(_PUBLISH_WAIT_S, self.timeout), weakref.ref(self))
+            silent = self._chan.silent_for() >= min(STORE_ANSWER_S, self.timeout)
+            self._chan.request(publish, 0.0 if silent else min(_PUBLISH_WAIT_S, self.timeout), self._watcher())
         self._interrupt()
         if self._chan is not None:
             self._wait_for_readers(time.monotonic() + _HOST_ACK_S)
@@ -548,12 +284,7 @@ class TorchComm(Comm):
                 or not chan.hosts_store():
             return
         deadline = min(deadline or math.inf, time.monotonic() + min(_EXIT_ACK_S, self.timeout))
-        ref = weakref.ref(self)
-        while time.monotonic() < deadline:
-            job = chan.request(lambda store: store.add("seen", 0), deadline - time.monotonic(), ref)
-            if not job.done.is_set() or job.exc is not None or int(job.result) >= self.size:
-                return
-            time.sleep(0.01)
+        chan.wait_for_readers(self.size, deadline, self._watcher())
 
     def _interrupt(self) -> None:
         """Release every wait of this rank on the private group, and the peers' on it."""
@@ -586,7 +317,7 @@ class TorchComm(Comm):
         waited = time.monotonic() - active.start
         if waited < POLL_SLICE_S:
             return
-        message = chan.do(self._read_abort)
+        message = chan.do(read_abort)
         if message is not None:
             self._remote = message
             self._interrupt()
@@ -595,22 +326,11 @@ class TorchComm(Comm):
             return
         active.published = True
         active.beat += 1
-        peers = ",".join(str(q) for q in sorted(active.peers))
-        mine = f"{active.seq}|{peers}|{active.label}|{active.beat}"
-        chan.do(lambda store: store.set(f"wait/{self.rank}", mine))
+        chan.publish_wait(active)
         if active.ended:  # the round ended meanwhile and may have missed the entry: clear it
-            chan.do(lambda store: store.set(f"wait/{self.rank}", ""))
+            chan.clear_wait()
             return
-        conflict = None
-        for q in sorted(active.peers):
-            key = f"wait/{q}"
-            text = chan.do(lambda store: store.get(key) if store.check([key]) else b"").decode(errors="replace")
-            seq, _, rest = text.partition("|")
-            their_peers, _, rest = rest.partition("|")
-            label, _, beat = rest.rpartition("|")
-            if seq and str(self.rank) in their_peers.split(",") and label != active.label:
-                conflict = (q, seq, label, beat)
-                break
+        conflict = chan.conflicting_wait(active)
         if conflict is None:
             active.suspect = None
         elif active.suspect is None or active.suspect[:3] != conflict[:3]:
@@ -625,7 +345,7 @@ class TorchComm(Comm):
         """Wait for every work until one shared deadline (the channel thread may release it
         early: a peer's abort, a reorder); map failures to Comm errors."""
         self._seq += 1
-        active = _Active(self._seq, self.waiting_in(),
+        active = ActiveRound(self._seq, self.waiting_in(),
                          frozenset(q for peers in peers_of_work for q in peers if q != self.rank))
         self._active = active
         self._start_watcher()

@@ -2,8 +2,9 @@
 
 Nothing received is ever unpickled. See :mod:`.header` for the common 32-byte header,
 :mod:`.coo` for sparse COO messages, :mod:`.codec` for COO messages through the SKCompress codecs, and :mod:`.stream` for SparCML's sparse streams and QSGD
-ranges. Only layouts live here: this package reaches no kernel (the arithmetic on what it
-decodes belongs to the algorithms).
+ranges. Only layouts live here: the validating decoders run the wire checks, and :mod:`.codec` its
+encoder and decoder, through the public op layer (:mod:`sparsecomm.ops`, which never imports
+this package); the arithmetic on what they decode belongs to the algorithms.
 """
 
 from .codec import CODEC_OPTION_DEFAULTS, CooCodec, check_codec_options

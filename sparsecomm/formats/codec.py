@@ -26,8 +26,9 @@ will decode (the sender decodes its own message); the caller keeps ``true - deco
 residual and uses the decoded values wherever it would have used its own, so every rank sums
 the same numbers.
 
-Unlike the rest of :mod:`sparsecomm.formats`, this module calls kernels: the body's encoder
-and its validating decoder are C (``sparsecomm.ops.skcompress_encode/decode``).
+Unlike the rest of :mod:`sparsecomm.formats`, this module calls kernels beyond the wire
+checks: the body's encoder and its validating decoder are C, reached through the public op
+layer (``sparsecomm.ops.skcompress_encode/decode``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from typing import Any, Mapping
 import torch
 
 from ..errors import WireFormatError
-from ..ops import _skcompress as skc
+from .. import ops
 from .coo import coo_nbytes, decode_coo, encode_coo
 from .header import HEADER_NBYTES, Kind, check_header, index_dtype_for, pack_header
 
@@ -61,24 +62,24 @@ def check_codec_options(algorithm: str, options: Mapping[str, Any]) -> None:
     def bad(name, what):
         raise ValueError(f"{algorithm}: {name} must be {what}, got {options[name]!r}")
 
-    if options["index_codec"] not in skc.INDEX_CODECS:
+    if options["index_codec"] not in ops.INDEX_CODECS:
         bad("index_codec", "'none' or 'delta_binary'")
-    if options["value_codec"] not in skc.VALUE_CODECS:
+    if options["value_codec"] not in ops.VALUE_CODECS:
         bad("value_codec", "'none' or 'skcompress'")
     q = options["q"]
-    if not (_is_int(q) and 2 <= q <= skc.MAX_Q and q % 2 == 0):
-        bad("q", f"an even int in 2..{skc.MAX_Q} (buckets in all, q/2 per sign)")
-    if not (_is_int(options["s"]) and 1 <= options["s"] <= skc.MAX_ROWS_SKC):
-        bad("s", f"an int in 1..{skc.MAX_ROWS_SKC} (MinMaxSketch rows)")
+    if not (_is_int(q) and 2 <= q <= ops.MAX_Q and q % 2 == 0):
+        bad("q", f"an even int in 2..{ops.MAX_Q} (buckets in all, q/2 per sign)")
+    if not (_is_int(options["s"]) and 1 <= options["s"] <= ops.MAX_ROWS_SKC):
+        bad("s", f"an int in 1..{ops.MAX_ROWS_SKC} (MinMaxSketch rows)")
     t = options["t"]
-    if not (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and 0 < t <= skc.MAX_T):
-        bad("t", f"a number in (0, {skc.MAX_T:g}] (sketch columns per key of a group)")
+    if not (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and 0 < t <= ops.MAX_T):
+        bad("t", f"a number in (0, {ops.MAX_T:g}] (sketch columns per key of a group)")
     r = options["r"]
     if not (_is_int(r) and 1 <= r <= min(255, q // 2 if _is_int(q) else 255)):
         bad("r", "an int in 1..min(255, q/2) (groups per sign)")
     if options["m"] not in ("auto", 2, 4, 8, 16) or isinstance(options["m"], bool):
         bad("m", "'auto', 2, 4, 8 or 16 (intervals of a delta key)")
-    if options["prefix"] not in skc.PREFIXES:
+    if options["prefix"] not in ops.PREFIXES:
         bad("prefix", "'auto', 'fixed' or 'huffman'")
 
 
@@ -88,12 +89,12 @@ class CooCodec:
     def __init__(self, options: Mapping[str, Any]):
         self.index_codec = options.get("index_codec", "none")
         self.value_codec = options.get("value_codec", "none")
-        self._index = skc.INDEX_CODECS[self.index_codec]
-        self._value = skc.VALUE_CODECS[self.value_codec]
+        self._index = ops.INDEX_CODECS[self.index_codec]
+        self._value = ops.VALUE_CODECS[self.value_codec]
         m = options.get("m", "auto")
         self._args = dict(q=options.get("q", 256), s=options.get("s", 2), t=float(options.get("t", 0.2)),
                           r=options.get("r", 8), m=0 if m == "auto" else m,
-                          prefix=skc.PREFIXES[options.get("prefix", "auto")], exact_max=_EXACT_MAX)
+                          prefix=ops.PREFIXES[options.get("prefix", "auto")], exact_max=_EXACT_MAX)
 
     @property
     def plain(self) -> bool:
@@ -116,13 +117,13 @@ class CooCodec:
             return encode_coo(indices, values, n, sender), values
         count = indices.numel()
         work = values if values.dtype in (torch.float32, torch.float64) else values.float()
-        body = skc.skcompress_encode(indices, work, n, index_codec=self._index, value_codec=self._value,
+        body = ops.skcompress_encode(indices, work, n, index_codec=self._index, value_codec=self._value,
                                      **self._args)
         header = torch.from_numpy(pack_header(Kind.COO_CODED, sender, n, count, values.dtype, None))
         message = torch.cat([header, body]).to(values.device)
         if self.lossless:
             return message, values
-        _, sent = skc.skcompress_decode(body, n, count, work.dtype, expect_index=self._index,
+        _, sent = ops.skcompress_decode(body, n, count, work.dtype, expect_index=self._index,
                                         expect_value=self._value)
         return message, sent.to(device=values.device, dtype=values.dtype)
 
@@ -146,7 +147,7 @@ class CooCodec:
                               value_dtype=value_dtype, index_dtype=None, count=count)
         work = value_dtype if value_dtype in (torch.float32, torch.float64) else torch.float32
         try:
-            idx, val = skc.skcompress_decode(payload[HEADER_NBYTES:], n, fields["count"], work,
+            idx, val = ops.skcompress_decode(payload[HEADER_NBYTES:], n, fields["count"], work,
                                              expect_index=self._index, expect_value=self._value)
         except WireFormatError as exc:
             detail = str(exc).split(": ", 1)[-1]

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from . import _wire_ops
-from .header import HEADER_NBYTES, SHOWN, Kind, dtype_code, index_dtype_for, pack_header
+from .. import ops
+from .header import HEADER_NBYTES, SHOWN, Kind, dtype_code, index_dtype_for, pack_header, raise_malformed
 
 __all__ = ["coo_nbytes", "encode_coo", "decode_coo"]
 
@@ -53,17 +53,17 @@ def decode_coo(payload: torch.Tensor, *, n: int, value_dtype: torch.dtype, recei
     """
     index_dtype = index_dtype_for(n)
     vcode = dtype_code(value_dtype)
-    r = _wire_ops.check("coo", payload,
-                        [int(Kind.COO), vcode, -1, sender, n, -1 if count is None else count, -1, -1, -1])
+    r = ops.wire_check("coo", payload,
+                       [int(Kind.COO), vcode, -1, sender, n, -1 if count is None else count, -1, -1, -1])
     if r[0]:
-        _wire_ops.raise_malformed(
+        raise_malformed(
             r, payload, what="a COO message", receiver=receiver, sender=sender, shown=SHOWN,
             expected={"kind": int(Kind.COO), "value_dtype": vcode, "index_dtype": dtype_code(index_dtype),
                       "sender": sender, "n": n, "count": count},
             explain={"count": lambda v, _: f"count {v} is more than N = {n} (a COO message holds distinct "
                                            f"indices < N)"})
-    got = r[_wire_ops.R_COUNT]
-    ipos, vpos = r[_wire_ops.R_INDEX_POS], r[_wire_ops.R_VALUE_POS]
-    indices = payload[ipos:ipos + got * r[_wire_ops.R_INDEX_SIZE]].view(index_dtype)
+    got = r[ops.WireResult.COUNT]
+    ipos, vpos = r[ops.WireResult.INDEX_POS], r[ops.WireResult.VALUE_POS]
+    indices = payload[ipos:ipos + got * r[ops.WireResult.INDEX_SIZE]].view(index_dtype)
     values = payload[vpos:].view(value_dtype)
     return indices, values

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import WireFormatError
-from . import _wire_ops
-from .header import HEADER_NBYTES, SHOWN, Kind, dtype_code, pack_header
+from .. import ops
+from .header import HEADER_NBYTES, SHOWN, Kind, dtype_code, pack_header, raise_malformed
 
 __all__ = ["DenseBlocks", "densestream_width", "densestream_max_zero_run", "densestream_nbytes",
            "densestream_payload_nbytes", "encode_densestream", "decode_densestream"]
@@ -137,7 +137,7 @@ def decode_densestream(payload: torch.Tensor, *, n: int, value_dtype: torch.dtyp
     """
     vcode = dtype_code(value_dtype)
     host = payload if payload.device.type == "cpu" else payload.cpu()
-    r = torch.ops.sparsecomm.wire_check_densestream.default(
+    r = ops.wire_check_densestream(
         host, [vcode, sender, n, -1 if count is None else count, -1 if lo is None else lo,
                -1 if hi is None else hi])
     if r[0]:
@@ -172,12 +172,12 @@ def _raise(r, payload: torch.Tensor, *, n: int, vcode: int, receiver: int, sende
             msg = f"{where}: block [{pos}] reaches {value}, outside its range" + (
                 f" [{lo}, {hi})" if lo is not None and hi is not None else "")
         raise WireFormatError(msg)
-    if _wire_ops.FIELDS[field] == "size" and pos == PREFIX_NBYTES and payload.numel() < PREFIX_NBYTES:
+    if ops.WIRE_FIELDS[field] == "size" and pos == PREFIX_NBYTES and payload.numel() < PREFIX_NBYTES:
         raise WireFormatError(f"{where} of {payload.numel()} bytes, shorter than its {PREFIX_NBYTES}-byte fixed "
                               "part (header, range, counts and width)")
     # the fields every message has: the shared wording
     full = [field, pos, value] + [-1] * 14
-    _wire_ops.raise_malformed(
+    raise_malformed(
         full, payload, what="a DenseStream", receiver=receiver, sender=sender, shown=SHOWN,
         expected={"kind": int(Kind.DENSE_BLOCKS), "value_dtype": vcode, "index_dtype": 0, "sender": sender,
                   "n": n, "count": count},

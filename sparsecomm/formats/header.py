@@ -14,8 +14,9 @@ Layout (little-endian)::
     24     8    count         number of entries that follow
 
 The receiver validates every field it can know (:func:`check_header`, in C: ``csrc/cpu/wire.c``
-through :mod:`._wire_ops`); a mismatch raises :class:`WireFormatError` naming both ranks and
-the field, never a silent wrong sum.
+through :func:`sparsecomm.ops.wire_check`); a mismatch raises :class:`WireFormatError` naming
+both ranks and the field, never a silent wrong sum. :func:`raise_malformed` words that error for
+every decoder of this package (the header's fields, sizes, indices and padding of each form).
 
 The reducer's agreement record (:data:`AGREEMENT_FIELDS`) is the one message every call of a
 :class:`~sparsecomm.SparseAllreduce` sends first: ``AGREEMENT_NBYTES`` bytes (int64 per field,
@@ -30,15 +31,18 @@ whose size depends on those values.
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Sequence
 
 import numpy as np
 import torch
 
+from .. import ops
 from ..errors import WireFormatError
-from . import _wire_ops
+from ..ops import WIRE_FIELDS, WIRE_PREFIX_NBYTES, WireResult
 
 __all__ = ["AGREEMENT_FIELDS", "AGREEMENT_NBYTES", "AgreementKind", "HEADER_NBYTES", "FORMAT_VERSION", "MAGIC", "Kind", "WireFormatError", "DTYPE_CODES",
-           "dtype_code", "dtype_from_code", "index_dtype_for", "pack_header", "parse_header", "check_header"]
+           "dtype_code", "dtype_from_code", "index_dtype_for", "pack_header", "parse_header", "check_header",
+           "raise_malformed"]
 
 HEADER_NBYTES = 32
 FORMAT_VERSION = 1
@@ -122,7 +126,10 @@ def parse_header(payload: torch.Tensor) -> dict:
 
 
 def _kind_name(code: int):
-    return Kind(code).name if code in Kind._value2member_map_ else code
+    try:
+        return Kind(code).name
+    except ValueError:  # not a kind of this format version: shown as received
+        return code
 
 
 # how the error messages show a header field's wire value
@@ -140,12 +147,76 @@ def check_header(payload: torch.Tensor, *, receiver: int, sender: int, kind: Kin
     """
     expected = {"kind": int(kind), "value_dtype": dtype_code(value_dtype), "index_dtype": dtype_code(index_dtype),
                 "sender": sender, "n": n, "count": count}
-    r = _wire_ops.check("header", payload, [expected["kind"], expected["value_dtype"], expected["index_dtype"],
-                                            sender, n, -1 if count is None else count, -1, -1, -1])
+    r = ops.wire_check("header", payload, [expected["kind"], expected["value_dtype"], expected["index_dtype"],
+                                           sender, n, -1 if count is None else count, -1, -1, -1])
     if r[0]:
-        _wire_ops.raise_malformed(r, payload, what="a message", receiver=receiver, sender=sender,
-                                  expected=expected, shown=SHOWN)
-    return {"magic": MAGIC, "version": FORMAT_VERSION, "kind": r[_wire_ops.R_KIND],
-            "value_dtype": r[_wire_ops.R_VALUE_DTYPE], "index_dtype": r[_wire_ops.R_INDEX_DTYPE],
-            "reserved": [0, 0, 0], "sender": r[_wire_ops.R_SENDER], "n": r[_wire_ops.R_N],
-            "count": r[_wire_ops.R_COUNT]}
+        raise_malformed(r, payload, what="a message", receiver=receiver, sender=sender,
+                        expected=expected, shown=SHOWN)
+    R = WireResult
+    return {"magic": MAGIC, "version": FORMAT_VERSION, "kind": r[R.KIND],
+            "value_dtype": r[R.VALUE_DTYPE], "index_dtype": r[R.INDEX_DTYPE],
+            "reserved": [0, 0, 0], "sender": r[R.SENDER], "n": r[R.N],
+            "count": r[R.COUNT]}
+
+
+def raise_malformed(r: Sequence[int], payload: torch.Tensor, *, what: str, receiver: int, sender: int,
+                    expected: dict, shown: dict | None = None, explain: dict | None = None,
+                    index_pos: int = 32) -> None:
+    """Raise the WireFormatError for a failed check: the ranks, the field, what was received
+    and, where the receiver knows it, what it expected.
+
+    ``expected``: field name -> the value the receiver expected (as on the wire);
+    ``shown``: field name -> function turning a wire value into words (dtype names);
+    ``explain``: field name -> function (value, position) -> the sentence for a field that
+    is invalid in itself rather than different from an expectation; ``index_pos``: the
+    first index byte of a sparse message (for the order error's previous index).
+    """
+    R = WireResult
+    field = WIRE_FIELDS[r[R.FIELD]] if 0 < r[R.FIELD] < len(WIRE_FIELDS) else f"field {r[R.FIELD]}"
+    pos, value = r[R.POSITION], r[R.VALUE]
+    where = f"rank {receiver} received from rank {sender} {what}"
+    show = (shown or {}).get(field, lambda v: v)
+    if field in ("n", "count") and value < 0:  # unsigned on the wire
+        value += 1 << 64
+    if field == "magic":
+        msg = (f"{where} without the sparsecomm magic (got {value:#x}): the peer is not running "
+               "sparsecomm or the streams are out of step")
+    elif field == "version":
+        msg = (f"{where} in format version {value}, this rank speaks {FORMAT_VERSION}: install the same "
+               "sparsecomm version on every rank")
+    elif field in expected and expected[field] is not None and expected[field] != value:
+        msg = (f"{where}: {field} differs: rank {sender} sent {show(value)}, rank {receiver} expected "
+               f"{show(expected[field])}")
+    elif explain and field in explain:
+        msg = f"{where}: {explain[field](value, pos)}"
+    elif field == "reserved":
+        msg = (f"{where}: reserved header byte {pos} is {value}, must be 0 (a corrupt header or a "
+               "newer format)")
+    elif field == "size":
+        nb = payload.numel()
+        if nb < 32 or 0 <= pos <= WIRE_PREFIX_NBYTES and nb < pos:
+            msg = f"{where} of {nb} bytes, shorter than its {pos}-byte fixed part (header and range fields)"
+        else:
+            count = int.from_bytes(bytes(payload[24:32].cpu().tolist()), "little")
+            need = "more bytes than any message can hold" if pos < 0 else f"{pos} bytes"
+            msg = f"{where} of {nb} bytes; its header announces {count} entries, i.e. {need}"
+    elif field == "index_order":
+        prev = _read_index(payload, index_pos, pos - 1)
+        msg = (f"{where}: indices must be strictly ascending, but index [{pos}] = {value} follows "
+               f"index [{pos - 1}] = {prev}")
+    elif field == "index_range":
+        n = expected.get("n")
+        msg = f"{where}: index [{pos}] = {value} is outside [0, {n})"
+    elif field == "padding":
+        msg = (f"{where}: padding byte {pos} is {value:#04x}, must be 0 (the message's sections are out "
+               "of step)")
+    else:
+        msg = f"{where}: {field} is invalid: got {show(value)} at byte {pos}"
+    raise WireFormatError(msg)
+
+
+def _read_index(payload: torch.Tensor, ipos: int, i: int) -> int:
+    """Index i of a sparse message whose header passed (error path only)."""
+    isize = 8 if int(payload[8]) == 6 else 4  # index dtype code: int64 or int32
+    raw = bytes(payload[ipos + i * isize:ipos + (i + 1) * isize].cpu().tolist())
+    return int.from_bytes(raw, "little", signed=True)

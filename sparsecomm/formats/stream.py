@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import _wire_ops
-from .header import HEADER_NBYTES, SHOWN, Kind, dtype_code, index_dtype_for, pack_header
+from .. import ops
+from .header import HEADER_NBYTES, SHOWN, Kind, dtype_code, index_dtype_for, pack_header, raise_malformed
 
 __all__ = ["StreamRange", "stream_delta", "stream_nbytes", "encode_stream", "dense_stream_message", "decode_stream",
            "qsgd_nbytes", "encode_qsgd", "decode_qsgd"]
@@ -138,10 +138,10 @@ def decode_stream(payload: torch.Tensor, *, n: int, offset: int, value_dtype: to
     :class:`WireFormatError` naming both ranks, the field and the values.
     """
     vcode = dtype_code(value_dtype)
-    r = _wire_ops.check("stream", payload, [-1, vcode, -1, sender, n, -1, offset, -1, -1])
+    r = ops.wire_check("stream", payload, [-1, vcode, -1, sender, n, -1, offset, -1, -1])
     if r[0]:
         dense = payload.numel() > 6 and int(payload[6]) == int(Kind.DENSE)
-        _wire_ops.raise_malformed(
+        raise_malformed(
             r, payload, what="a stream", receiver=receiver, sender=sender, shown=SHOWN, index_pos=HEADER_NBYTES + 8,
             expected={"value_dtype": vcode, "index_dtype": 0 if dense else dtype_code(index_dtype_for(n)),
                       "sender": sender, "n": n, "count": n if dense else None, "offset": offset},
@@ -149,12 +149,12 @@ def decode_stream(payload: torch.Tensor, *, n: int, offset: int, value_dtype: to
                      "delta": lambda v, _: f"{v} sparse items, past delta = {stream_delta(n, value_dtype)} "
                                            "(the dense form would be smaller)",
                      "offset": lambda v, _: f"offset {v} is negative"})
-    count, vpos = r[_wire_ops.R_COUNT], r[_wire_ops.R_VALUE_POS]
-    values = payload[vpos:vpos + count * r[_wire_ops.R_VALUE_SIZE]].view(value_dtype)
-    if r[_wire_ops.R_DENSE]:
+    count, vpos = r[ops.WireResult.COUNT], r[ops.WireResult.VALUE_POS]
+    values = payload[vpos:vpos + count * r[ops.WireResult.VALUE_SIZE]].view(value_dtype)
+    if r[ops.WireResult.DENSE]:
         return StreamRange(n, offset, values, None)
-    ipos = r[_wire_ops.R_INDEX_POS]
-    indices = payload[ipos:ipos + count * r[_wire_ops.R_INDEX_SIZE]].view(index_dtype_for(n))
+    ipos = r[ops.WireResult.INDEX_POS]
+    indices = payload[ipos:ipos + count * r[ops.WireResult.INDEX_SIZE]].view(index_dtype_for(n))
     return StreamRange(n, offset, values, indices)
 
 
@@ -188,13 +188,13 @@ def decode_qsgd(payload: torch.Tensor, *, n: int, offset: int, bits: int, bucket
     themselves are validated by ``qsgd_dequantize`` as it reads them.
     """
     u8 = dtype_code(torch.uint8)
-    r = _wire_ops.check("qsgd", payload, [int(Kind.DENSE), u8, 0, sender, n, -1, offset, bits, bucket_size])
+    r = ops.wire_check("qsgd", payload, [int(Kind.DENSE), u8, 0, sender, n, -1, offset, bits, bucket_size])
     if r[0]:
-        _wire_ops.raise_malformed(
+        raise_malformed(
             r, payload, what="a QSGD range", receiver=receiver, sender=sender, shown=SHOWN,
             expected={"kind": int(Kind.DENSE), "value_dtype": u8, "index_dtype": 0, "sender": sender, "n": n,
                       "count": (n * bits + 7) // 8, "offset": offset, "bits": bits, "bucket_size": bucket_size},
             explain={"offset": lambda v, _: f"offset {v} is negative"})
-    spos, nscales = r[_wire_ops.R_SCALE_POS], r[_wire_ops.R_NSCALES]
-    vpos, count = r[_wire_ops.R_VALUE_POS], r[_wire_ops.R_COUNT]
+    spos, nscales = r[ops.WireResult.SCALE_POS], r[ops.WireResult.NSCALES]
+    vpos, count = r[ops.WireResult.VALUE_POS], r[ops.WireResult.COUNT]
     return payload[vpos:vpos + count], payload[spos:spos + 4 * nscales].view(torch.float32)

@@ -1,10 +1,11 @@
-"""Selection, sparse-vector, sparse-stream, QSGD, Count-Sketch, DenseStream and SKCompress kernels: the one face
-of sparsecomm's op layer (the hot path of every algorithm).
+"""Selection, sparse-vector, sparse-stream, QSGD, Count-Sketch, DenseStream and SKCompress kernels, and
+the checks of received messages: the one face of sparsecomm's op layer (the hot path of every
+algorithm; the wire formats' validating decoders call the checks).
 
 Every function here is a ``torch.ops.sparsecomm`` custom op (schemas in ``csrc/ops*.cpp``)
 with a CPU kernel in C (``csrc/cpu``, multi-threaded with OpenMP using
 ``torch.get_num_threads()`` threads), a torch implementation for other devices
-(``ops/_torch_impl.py``) and a fake kernel for ``torch.compile`` (``ops/_fake.py``). Ops
+(``ops/_torch_impl/``) and a fake kernel for ``torch.compile`` (``ops/_fake.py``). Ops
 that write in place return nothing at the op level; these Python faces return the
 updated tensor for convenience.
 
@@ -44,18 +45,20 @@ from ._sketch import __all__ as _sketch_all
 from ._sketch import (MAX_ROWS, RUN, sketch_build_, sketch_build_coo_, sketch_estimate, sketch_estimate_at,
                       sketch_heavy_hitters, sketch_l2sq, sketch_merge_, sketch_new)
 from ._skcompress import __all__ as _skcompress_all
-from ._skcompress import (skcompress_decode, skcompress_encode, skcompress_quantiles,
-                          skcompress_quantize)
+from ._skcompress import (INDEX_CODECS, MAX_Q, MAX_ROWS_SKC, MAX_T, PREFIXES, SKETCH_K, VALUE_CODECS,
+                          skcompress_decode, skcompress_encode, skcompress_quantiles, skcompress_quantize)
 from ._stream import __all__ as _stream_all
 from ._stream import (qsgd_dequantize, qsgd_quantize, stream_add_dd_, stream_add_sd_, stream_add_ss,
                       stream_concat)
+from ._wire import __all__ as _wire_all
+from ._wire import WIRE_FIELDS, WIRE_PREFIX_NBYTES, WireResult, wire_check, wire_check_densestream
 
-__all__ = [*_coo_all, *_stream_all, *_sketch_all, *_densestream_all, *_skcompress_all, "use_torch_ops",
+__all__ = [*_coo_all, *_stream_all, *_sketch_all, *_densestream_all, *_skcompress_all, *_wire_all, "use_torch_ops",
            "torch_ops_enabled", "CUDA_KERNELS"]
 
 #: True when the extension was built with the CUDA kernels of csrc/cuda (opt-in at build time:
 #: SPARSECOMM_CUDA_KERNELS=1, see setup.py); CUDA tensors then run them, else the torch
-#: implementations of ops/_torch_impl.py.
+#: implementations of ops/_torch_impl/.
 CUDA_KERNELS: bool = bool(getattr(_C, "CUDA_KERNELS", 0))
 if not CUDA_KERNELS:
     _torch_impl.register("cuda")

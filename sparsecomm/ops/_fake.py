@@ -156,6 +156,16 @@ def _densestream_to_coo(starts, lengths, values, n):
     return starts.new_empty(m), values.new_empty(m)
 
 
+def _wire_check(payload, expect, nbytes=-1):
+    # the result is data-dependent ints: under a fake tensor mode, unbacked symbols
+    ctx = torch.library.get_ctx()
+    return [ctx.new_dynamic_size() for _ in range(17)]
+
+
+for _form in ("header", "coo", "stream", "qsgd"):
+    torch.library.register_fake(f"sparsecomm::wire_check_{_form}")(_wire_check)
+
+
 @torch.library.register_fake("sparsecomm::wire_check_densestream")
 def _wire_check_densestream(payload, expect):
     ctx = torch.library.get_ctx()

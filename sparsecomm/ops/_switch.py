@@ -1,12 +1,12 @@
 """Which implementation the ops run on CPU tensors: the C kernels (default) or the torch
-implementations of ``ops/_torch_impl.py`` that GPUs without CUDA kernels run.
+implementations of ``ops/_torch_impl/`` that GPUs without CUDA kernels run.
 
 The switch exists so that the GPU fallback path is as tested as the C path on a machine
 without a GPU: ``SPARSECOMM_OPS=torch`` in the environment turns it on for the whole
 process (read once, when :mod:`sparsecomm.ops` is imported); :func:`use_torch_ops` turns it
 on for a ``with`` block. It re-registers every op's CPU kernel with the dispatcher, so it
 is process-wide (all threads), not thread-local; blocks nest. The wire checks of
-``formats/_wire_ops.py`` follow it too: while it is on, CPU payloads take the device path
+``ops/_wire.py`` follow it too: while it is on, CPU payloads take the device path
 (a host check of the fixed prefix, then the indices and padding checked with torch).
 """
 
