@@ -21,7 +21,10 @@ The rules:
 * (c) a private module (a dotted-path part starting with ``_``, say ``p._m`` or
   ``p._m.x``) is imported only from inside the package that holds it, ``p`` (its modules,
   its subpackages and its own ``__init__``): ``sparsecomm/reducer.py`` importing
-  ``sparsecomm.ops._torch_impl`` breaks it, ``sparsecomm/ops/_sketch.py`` importing it does not.
+  ``sparsecomm.ops._torch_impl`` breaks it, ``sparsecomm/ops/_sketch.py`` importing it does not;
+* (d) the kernels have one door: the compiled extension ``sparsecomm._C`` is imported only
+  from inside ``sparsecomm.ops`` (rule (c) alone allows any module of ``sparsecomm``, which
+  holds ``_C``); everything else calls ``sparsecomm.ops``' public ops.
 """
 from __future__ import annotations
 
@@ -34,6 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "sparsecomm"
 TOOLING = ("sparsecomm.bench", "sparsecomm.launch", "sparsecomm.testing")
+KERNELS = "sparsecomm._C"
+KERNEL_DOOR = "sparsecomm.ops"
 
 
 @dataclass(frozen=True)
@@ -233,6 +238,12 @@ def private_imports(root: Path, package: str) -> list[str]:
     return sorted(out)
 
 
+def kernel_imports(root: Path, package: str, extension: str, door: str) -> list[str]:
+    modules, imports = collect_imports(root, package)
+    return sorted({f"{_file(modules, imp.importer, root)}:{imp.line} imports {extension}"
+                   for imp in imports if imp.target == extension and not _inside(imp.importer, door)})
+
+
 # -- the package's own source ----------------------------------------------------------------------
 def test_core_does_not_import_tooling():
     found = tooling_imports(ROOT, PACKAGE, TOOLING)
@@ -250,6 +261,12 @@ def test_no_private_module_imported_across_packages():
     found = private_imports(ROOT, PACKAGE)
     assert not found, ("private modules imported from outside their package (import the package's public "
                        "names instead):\n  " + "\n  ".join(found))
+
+
+def test_kernels_reached_only_through_ops():
+    found = kernel_imports(ROOT, PACKAGE, KERNELS, KERNEL_DOOR)
+    assert not found, (f"{KERNELS} imported outside {KERNEL_DOOR} (call the public op in sparsecomm.ops, "
+                       "adding one there if none exists):\n  " + "\n  ".join(found))
 
 
 # -- the rules on a planted package, against what each file was written to break --------------------
@@ -300,3 +317,5 @@ def test_rules_on_a_planted_package(tmp_path):
         "cycle pkg/other.py:1 -> pkg/sub/leaf.py:2 -> pkg/other.py (its component also holds pkg.sub)"]
     # pkg.sub._hidden from pkg.core is across packages; pkg._ext and pkg._version from inside pkg are not
     assert private_imports(root, "pkg") == ["pkg/core.py:7 imports pkg.sub._hidden, a private module of pkg.sub"]
+    # the extension's one door is pkg.sub: core's function-level import of it is the one breach
+    assert kernel_imports(root, "pkg", "pkg._ext", "pkg.sub") == ["pkg/core.py:6 imports pkg._ext"]
