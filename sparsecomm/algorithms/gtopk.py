@@ -36,11 +36,8 @@ from __future__ import annotations
 
 import torch
 
-from typing import Any
-
 from .. import ops
-from ..comm.base import Comm
-from ..formats import CODEC_OPTION_DEFAULTS, CooCodec, check_codec_options, index_dtype_for
+from ..formats import index_dtype_for
 from ._folding import fold_layout
 from .base import Algorithm, register
 
@@ -51,13 +48,7 @@ __all__ = ["GlobalTopk"]
 class GlobalTopk(Algorithm):
     name = "gtopk"
     lossless = False
-    option_defaults = dict(CODEC_OPTION_DEFAULTS)
-
-    def __init__(self, comm: Comm, **options: Any):
-        super().__init__(comm, **options)
-        check_codec_options(self.name, self.options)
-        self.codec = CooCodec(self.options)
-
+    uses_coo_codec = True
     fuses_add = True
 
     def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor, grad: torch.Tensor | None = None) -> None:
