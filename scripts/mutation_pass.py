@@ -72,8 +72,6 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("dense", "non-finite policy flag flipped", "propagates_nonfinite = True", "propagates_nonfinite = False"),
     # -- _folding
     ("_folding", "off-by-one: one more rank gets a partner", "elif rank < extra:", "elif rank <= extra:"),
-    ("_folding", "fold_rounds off by one", "return 2 if self.extra else 0", "return 1 if self.extra else 0"),
-    ("_folding", "in_core off by one", "rank < p2, rank >= p2, partner)", "rank <= p2, rank >= p2, partner)"),
     ("_folding", "size check off by one", "if size < 1:", "if size < 0:"),
     ("_folding", "wrong partner of a folded rank", "partner: int | None = rank - p2", "partner: int | None = (rank - p2 + 1) % p2"),
     # -- _qsgd

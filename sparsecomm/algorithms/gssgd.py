@@ -232,10 +232,6 @@ class GlobalSketchSGD(Algorithm):
     def carried_state(cls, state: dict[str, Any]) -> dict[str, Any]:
         return {"step": state["step"]} if "step" in state else {}  # seeds randomness, not about the tensor
 
-    def columns_for(self, n: int, k: int) -> int:
-        """The sketch width of a call on a length-``n`` tensor with ``k`` outputs."""
-        return self._shape(n, k, self.options)[2]
-
     # -- one call ----------------------------------------------------------------------------
 
     def _allreduce_(self, tensor: torch.Tensor, n: int) -> None:
