@@ -369,3 +369,101 @@ def test_a_declaration_checks_type_bounds_choices_and_a_condition_with_one_messa
         with pytest.raises(ValueError) as caught:
             check_options("demo", specs, {"n": 4, "x": None, "mode": "a", "half": 1, **given})
         assert str(caught.value) == message
+
+
+# -- what the reducer's handshake compares ---------------------------------------------------
+
+# the options as the handshake encodes them (SparseAllreduce.options_text: its CRC is sent), with
+# the defaults and with every option given: ranks on builds that encode them differently would
+# refuse each other, so these texts must not change
+_CODEC_GIVEN = {"index_codec": "delta_binary", "value_codec": "skcompress", "q": 64, "s": 3, "t": 0.5, "r": 4,
+                "m": 8, "prefix": "huffman"}
+_GIVEN = {
+    "dense": {}, "densestream": {},
+    "topka": _CODEC_GIVEN, "gtopk": _CODEC_GIVEN, "sparcml_recursive_double": _CODEC_GIVEN,
+    "sparcml_split_allgather": _CODEC_GIVEN,
+    "spardl": {"teams": 2, "sag": "bruck", **_CODEC_GIVEN}, "oktopk": {"tau": 5, "tau_prime": 7, **_CODEC_GIVEN},
+    "topkdsa": {"quantize_bits": 4, "bucket_size": 64, "seed": 3, **_CODEC_GIVEN},
+    "sparcml": {"alpha": 1e-5, "beta": 2e-9, **_CODEC_GIVEN},
+    "skcompress": {"q": 64, "s": 3, "t": 0.5, "r": 4, "m": 8, "prefix": "huffman", "topology": "ps"},
+    "gssgd": {"rows": 3, "sketch_size": 10, "columns": 999, "p1": None, "p2": 4, "allreduce": "tree",
+              "estimate": "full", "seed": 7, "heavymix": "random"},
+    "auto": {"alpha": 1e-5, "beta": 1e-9, "candidates": ["topka", "gtopk"], "compute": {"topka": 1.0},
+             "tune": 0, "shortlist": 2, "margin": 1.5},
+}
+HANDSHAKE_TEXT = {
+    ("auto", "default"):
+        "alpha=None, beta=None, candidates=None, compute=None, margin=2.0, nonfinite='propagate', "
+        "shortlist=4, tune=2",
+    ("auto", "given"):
+        "alpha=1e-05, beta=1e-09, candidates=('topka', 'gtopk'), compute={'topka': 1.0}, margin=1.5, "
+        "nonfinite='propagate', shortlist=2, tune=0",
+    ("dense", "default"): "nonfinite='propagate'",
+    ("dense", "given"): "nonfinite='propagate'",
+    ("densestream", "default"): "nonfinite='propagate'",
+    ("densestream", "given"): "nonfinite='propagate'",
+    ("gssgd", "default"):
+        "allreduce='scatter', columns=None, estimate='sliced', heavymix='topk', nonfinite='propagate', "
+        "p1=1.0, p2=8.0, rows=5, seed=24301, sketch_size=None",
+    ("gssgd", "given"):
+        "allreduce='tree', columns=999, estimate='full', heavymix='random', nonfinite='propagate', "
+        "p1=None, p2=4, rows=3, seed=7, sketch_size=10",
+    ("gtopk", "default"):
+        "index_codec='none', m='auto', nonfinite='propagate', prefix='auto', q=256, r=8, s=2, t=0.2, "
+        "value_codec='none'",
+    ("gtopk", "given"):
+        "index_codec='delta_binary', m=8, nonfinite='propagate', prefix='huffman', q=64, r=4, s=3, t=0.5,"
+        " value_codec='skcompress'",
+    ("oktopk", "default"):
+        "index_codec='none', m='auto', nonfinite='propagate', prefix='auto', q=256, r=8, s=2, t=0.2, "
+        "tau=32, tau_prime=64, value_codec='none'",
+    ("oktopk", "given"):
+        "index_codec='delta_binary', m=8, nonfinite='propagate', prefix='huffman', q=64, r=4, s=3, t=0.5,"
+        " tau=5, tau_prime=7, value_codec='skcompress'",
+    ("skcompress", "default"):
+        "m='auto', nonfinite='propagate', prefix='auto', q=256, r=8, s=2, t=0.2, topology='allgather'",
+    ("skcompress", "given"): "m=8, nonfinite='propagate', prefix='huffman', q=64, r=4, s=3, t=0.5, topology='ps'",
+    ("sparcml", "default"):
+        "alpha=5e-05, beta=8e-09, index_codec='none', m='auto', nonfinite='propagate', prefix='auto', "
+        "q=256, r=8, s=2, t=0.2, value_codec='none'",
+    ("sparcml", "given"):
+        "alpha=1e-05, beta=2e-09, index_codec='delta_binary', m=8, nonfinite='propagate', "
+        "prefix='huffman', q=64, r=4, s=3, t=0.5, value_codec='skcompress'",
+    ("sparcml_recursive_double", "default"):
+        "index_codec='none', m='auto', nonfinite='propagate', prefix='auto', q=256, r=8, s=2, t=0.2, "
+        "value_codec='none'",
+    ("sparcml_recursive_double", "given"):
+        "index_codec='delta_binary', m=8, nonfinite='propagate', prefix='huffman', q=64, r=4, s=3, t=0.5,"
+        " value_codec='skcompress'",
+    ("sparcml_split_allgather", "default"):
+        "index_codec='none', m='auto', nonfinite='propagate', prefix='auto', q=256, r=8, s=2, t=0.2, "
+        "value_codec='none'",
+    ("sparcml_split_allgather", "given"):
+        "index_codec='delta_binary', m=8, nonfinite='propagate', prefix='huffman', q=64, r=4, s=3, t=0.5,"
+        " value_codec='skcompress'",
+    ("spardl", "default"):
+        "index_codec='none', m='auto', nonfinite='propagate', prefix='auto', q=256, r=8, s=2, sag='auto',"
+        " t=0.2, teams=None, value_codec='none'",
+    ("spardl", "given"):
+        "index_codec='delta_binary', m=8, nonfinite='propagate', prefix='huffman', q=64, r=4, s=3, "
+        "sag='bruck', t=0.5, teams=2, value_codec='skcompress'",
+    ("topka", "default"):
+        "index_codec='none', m='auto', nonfinite='propagate', prefix='auto', q=256, r=8, s=2, t=0.2, "
+        "value_codec='none'",
+    ("topka", "given"):
+        "index_codec='delta_binary', m=8, nonfinite='propagate', prefix='huffman', q=64, r=4, s=3, t=0.5,"
+        " value_codec='skcompress'",
+    ("topkdsa", "default"):
+        "bucket_size=512, index_codec='none', m='auto', nonfinite='propagate', prefix='auto', q=256, "
+        "quantize_bits=None, r=8, s=2, seed=0, t=0.2, value_codec='none'",
+    ("topkdsa", "given"):
+        "bucket_size=64, index_codec='delta_binary', m=8, nonfinite='propagate', prefix='huffman', q=64, "
+        "quantize_bits=4, r=4, s=3, seed=3, t=0.5, value_codec='skcompress'",
+}
+
+
+@pytest.mark.parametrize("name,label", sorted(HANDSHAKE_TEXT), ids=[f"{n}-{l}" for n, l in sorted(HANDSHAKE_TEXT)])
+def test_the_handshake_text_of_each_algorithms_options(name, label):
+    options = _GIVEN[name] if label == "given" else {}
+    result = simulate(2, lambda comm: SparseAllreduce(name, 0.1, comm=comm, **options).options_text())
+    assert result.results == [HANDSHAKE_TEXT[name, label]] * 2
