@@ -2,7 +2,7 @@
 
 An :class:`Option` says what one keyword option accepts: its default, its type, bounds,
 choices, whether None is allowed, and a further condition on the other options when one
-is needed. :func:`check_options` checks given values against these declarations and raises
+is needed. :func:`check_declared` checks given values against these declarations and raises
 one kind of ValueError::
 
     <owner>: <option> must be <what it takes> (<doc>), got <value!r>
@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-__all__ = ["Option", "check_options"]
+__all__ = ["Option", "check_declared"]
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ class Option:
         return " or ".join(f"a {k.__name__}" for k in kinds)
 
 
-def check_options(owner: str, specs: Mapping[str, Option], options: Mapping[str, Any]) -> None:
+def check_declared(owner: str, specs: Mapping[str, Option], options: Mapping[str, Any]) -> None:
     """ValueError naming ``owner``, the option, what it takes and the value given, for the
     first of ``options`` (in the order of ``specs``) that its :class:`Option` rejects."""
     for name, spec in specs.items():

@@ -346,14 +346,14 @@ def test_each_option_rejects_each_kind_of_bad_value(name, option, kind, value):
 
 
 def test_a_declaration_checks_type_bounds_choices_and_a_condition_with_one_message():
-    from sparsecomm.options import Option, check_options
+    from sparsecomm.options import Option, check_declared
 
     specs = {"n": Option(4, int, min=2, max=8, even=True, doc="slots"),
              "x": Option(None, float, min=0, min_open=True, none_doc="measured"),
              "mode": Option("a", str, choices=("a", "b", "c")),
              "half": Option(1, int, min=1, check=lambda v, options: v <= options["n"] // 2, what="an int <= n/2")}
-    check_options("demo", specs, {"n": 8, "x": None, "mode": "c", "half": 4})
-    check_options("demo", specs, {"n": 2, "x": 1e-300, "mode": "a", "half": 1})
+    check_declared("demo", specs, {"n": 8, "x": None, "mode": "c", "half": 4})
+    check_declared("demo", specs, {"n": 2, "x": 1e-300, "mode": "a", "half": 1})
     cases = [({"n": 3}, "demo: n must be an even int in 2..8 (slots), got 3"),
              ({"n": 10}, "demo: n must be an even int in 2..8 (slots), got 10"),
              ({"n": True}, "demo: n must be an even int in 2..8 (slots), got True"),
@@ -367,7 +367,7 @@ def test_a_declaration_checks_type_bounds_choices_and_a_condition_with_one_messa
              ({"half": True}, "demo: half must be an int <= n/2, got True")]  # a bool is no int here
     for given, message in cases:
         with pytest.raises(ValueError) as caught:
-            check_options("demo", specs, {"n": 4, "x": None, "mode": "a", "half": 1, **given})
+            check_declared("demo", specs, {"n": 4, "x": None, "mode": "a", "half": 1, **given})
         assert str(caught.value) == message
 
 

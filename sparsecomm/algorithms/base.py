@@ -14,7 +14,7 @@ on every step with
 
 Each algorithm declares its keyword options once, as :class:`~sparsecomm.options.Option`
 values in :attr:`Algorithm.option_specs`; the base constructor checks every given value
-against them (one kind of error message, :func:`sparsecomm.options.check_options`) and, for
+against them (one kind of error message, :func:`sparsecomm.options.check_declared`) and, for
 algorithms with COO messages (:attr:`Algorithm.uses_coo_codec`), takes the codec options too
 and builds ``self.codec``. Constructors only validate options and must not communicate (they
 may be given ``comm=None`` for validation). An algorithm must only use
@@ -34,7 +34,7 @@ import torch
 from .. import ops
 from ..comm.base import Comm
 from ..formats.codec import CODEC_OPTIONS, CooCodec
-from ..options import Option, check_options as check_declared
+from ..options import Option, check_declared
 
 __all__ = ["Algorithm", "register", "names", "get"]
 
