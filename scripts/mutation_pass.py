@@ -150,7 +150,7 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("skcompress", "ps: rank 0's own contribution dropped",
      "sum_idx, sum_val = ops.merge_add_many([mine[0]] + [p[0] for p in parts],\n                                                      [mine[1]] + [p[1] for p in parts])",
      "sum_idx, sum_val = ops.merge_add_many([p[0] for p in parts] or [mine[0]],\n                                                      [p[1] for p in parts] or [mine[1]])"),
-    ("skcompress", "topology not validated", "if topology not in _TOPOLOGIES:", "if False:"),
+    ("skcompress", "topology not validated", 'Option("allgather", str, choices=_TOPOLOGIES)', 'Option("allgather", str)'),
     ("skcompress", "ps: out not zeroed between entries", "ops.scatter_set_(out, idx, val, zero_rest=True)  # a COO",
      "ops.scatter_set_(out, idx, val, zero_rest=False)  # a COO"),
     ("skcompress", "ps: last_nnz counts the local selection", "        self.last_nnz = idx.numel()", "        self.last_nnz = count"),
