@@ -8,6 +8,7 @@ as that number is known, before any message.
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -279,3 +280,190 @@ def test_teams_is_checked_at_the_first_call_when_p_was_unknown():
     results = spawn(_first_call_rank, 2, state)
     assert results == [("spardl: teams=3 does not divide the number of ranks P=2; valid choices for P=2: 1, 2",
                         True)] * 2, "every rank fails the same way, before its TorchComm exists"
+
+
+# -- every declared option rejects a value of each kind it must refuse -----------------------
+
+# per option: a value of the wrong type, one out of range, one that is not a choice (the kinds
+# the option has); written here, not read from the declarations
+_CODEC_REJECTS = {
+    "index_codec": {"type": 1, "choice": "zstd"},
+    "value_codec": {"type": 0.0, "choice": "qsgd"},
+    "q": {"type": "256", "range": 4098},
+    "s": {"type": 2.0, "range": 17},
+    "t": {"type": "0.2", "range": 0},
+    "r": {"type": 8.0, "range": 256},
+    "m": {"type": True, "choice": 3},
+    "prefix": {"type": 0, "choice": "none"},
+}
+_SKCOMPRESS_CODEC = {k: v for k, v in _CODEC_REJECTS.items() if k not in ("index_codec", "value_codec")}
+REJECTS = {
+    "dense": {},
+    "densestream": {},
+    "topka": _CODEC_REJECTS,
+    "gtopk": _CODEC_REJECTS,
+    "sparcml_recursive_double": _CODEC_REJECTS,
+    "sparcml_split_allgather": _CODEC_REJECTS,
+    "spardl": {"teams": {"type": 2.0, "range": 0}, "sag": {"type": 1, "choice": "fast"}, **_CODEC_REJECTS},
+    "oktopk": {"tau": {"type": 1.5, "range": 0}, "tau_prime": {"type": "64", "range": 2**31}, **_CODEC_REJECTS},
+    "topkdsa": {"quantize_bits": {"type": 4.0, "choice": 2}, "bucket_size": {"type": 512.0, "range": 2**31},
+                "seed": {"type": 1.5}, **_CODEC_REJECTS},
+    "sparcml": {"alpha": {"type": "5e-5", "range": -1e-6}, "beta": {"type": None, "range": -1}, **_CODEC_REJECTS},
+    "skcompress": {"topology": {"type": 0, "choice": "ring"}, **_SKCOMPRESS_CODEC},
+    "gssgd": {"rows": {"type": 5.0, "range": 65}, "sketch_size": {"type": "10", "range": 0},
+              "columns": {"type": 256.0, "range": 2**32}, "p1": {"type": "1", "range": 0.5},
+              "p2": {"type": None, "range": 0.99}, "allreduce": {"type": 0, "choice": "ring"},
+              "estimate": {"type": 0, "choice": "part"}, "seed": {"type": 1.0},
+              "heavymix": {"type": 0, "choice": "TOPK"}},
+    "auto": {"alpha": {"type": "1e-4", "range": -1e-6}, "beta": {"type": True, "range": -INF},
+             "candidates": {"type": "topka", "range": ()}, "compute": {"type": [1.0], "range": {"topka": -1.0}},
+             "tune": {"type": 2.0, "range": 1001}, "shortlist": {"type": None, "range": 0},
+             "margin": {"type": "2", "range": 0.5}},
+}
+# options given beside the bad one so that the case reaches that option's own check
+_BESIDE = {("auto", "alpha"): {"beta": 1e-9}, ("auto", "beta"): {"alpha": 1e-4}}
+_REJECT_CASES = [(name, option, kind, value) for name, options in REJECTS.items()
+                 for option, kinds in options.items() for kind, value in kinds.items()]
+
+
+def test_the_rejection_table_covers_every_algorithm_and_option():
+    assert sorted(REJECTS) == algorithms.names()
+    for name, options in REJECTS.items():
+        assert sorted(options) == sorted(algorithms.get(name).option_defaults), name
+
+
+@pytest.mark.parametrize("name,option,kind,value", _REJECT_CASES,
+                         ids=[f"{n}-{o}-{k}" for n, o, k, _ in _REJECT_CASES])
+def test_each_option_rejects_each_kind_of_bad_value(name, option, kind, value):
+    with pytest.raises(ValueError) as caught:
+        algorithms.get(name)(None, **_BESIDE.get((name, option), {}), **{option: value})
+    # the algorithm, the option, what it takes, and the value given
+    assert re.fullmatch(rf"{name}: (option )?{option}( \(.*\))? must be .+, got {re.escape(repr(value))}",
+                        str(caught.value)), str(caught.value)
+
+
+# -- the declarations themselves (sparsecomm.options) ----------------------------------------
+
+
+def test_a_declaration_checks_type_bounds_choices_and_a_condition_with_one_message():
+    from sparsecomm.options import Option, check_declared
+
+    specs = {"n": Option(4, int, min=2, max=8, even=True, doc="slots"),
+             "x": Option(None, float, min=0, min_open=True, none_doc="measured"),
+             "mode": Option("a", str, choices=("a", "b", "c")),
+             "half": Option(1, int, min=1, check=lambda v, options: v <= options["n"] // 2, what="an int <= n/2")}
+    check_declared("demo", specs, {"n": 8, "x": None, "mode": "c", "half": 4})
+    check_declared("demo", specs, {"n": 2, "x": 1e-300, "mode": "a", "half": 1})
+    cases = [({"n": 3}, "demo: n must be an even int in 2..8 (slots), got 3"),
+             ({"n": 10}, "demo: n must be an even int in 2..8 (slots), got 10"),
+             ({"n": True}, "demo: n must be an even int in 2..8 (slots), got True"),
+             ({"n": 4.0}, "demo: n must be an even int in 2..8 (slots), got 4.0"),
+             ({"x": 0}, "demo: x must be None (measured) or a finite number > 0, got 0"),
+             ({"x": NAN}, "demo: x must be None (measured) or a finite number > 0, got nan"),
+             ({"x": False}, "demo: x must be None (measured) or a finite number > 0, got False"),
+             ({"mode": "d"}, "demo: mode must be 'a', 'b' or 'c', got 'd'"),
+             ({"mode": None}, "demo: mode must be 'a', 'b' or 'c', got None"),
+             ({"half": 3}, "demo: half must be an int <= n/2, got 3"),
+             ({"half": True}, "demo: half must be an int <= n/2, got True")]  # a bool is no int here
+    for given, message in cases:
+        with pytest.raises(ValueError) as caught:
+            check_declared("demo", specs, {"n": 4, "x": None, "mode": "a", "half": 1, **given})
+        assert str(caught.value) == message
+
+
+# -- what the reducer's handshake compares ---------------------------------------------------
+
+# the options as the handshake encodes them (SparseAllreduce.options_text: its CRC is sent), with
+# the defaults and with every option given: ranks on builds that encode them differently would
+# refuse each other, so these texts must not change
+_CODEC_GIVEN = {"index_codec": "delta_binary", "value_codec": "skcompress", "q": 64, "s": 3, "t": 0.5, "r": 4,
+                "m": 8, "prefix": "huffman"}
+_GIVEN = {
+    "dense": {}, "densestream": {},
+    "topka": _CODEC_GIVEN, "gtopk": _CODEC_GIVEN, "sparcml_recursive_double": _CODEC_GIVEN,
+    "sparcml_split_allgather": _CODEC_GIVEN,
+    "spardl": {"teams": 2, "sag": "bruck", **_CODEC_GIVEN}, "oktopk": {"tau": 5, "tau_prime": 7, **_CODEC_GIVEN},
+    "topkdsa": {"quantize_bits": 4, "bucket_size": 64, "seed": 3, **_CODEC_GIVEN},
+    "sparcml": {"alpha": 1e-5, "beta": 2e-9, **_CODEC_GIVEN},
+    "skcompress": {"q": 64, "s": 3, "t": 0.5, "r": 4, "m": 8, "prefix": "huffman", "topology": "ps"},
+    "gssgd": {"rows": 3, "sketch_size": 10, "columns": 999, "p1": None, "p2": 4, "allreduce": "tree",
+              "estimate": "full", "seed": 7, "heavymix": "random"},
+    "auto": {"alpha": 1e-5, "beta": 1e-9, "candidates": ["topka", "gtopk"], "compute": {"topka": 1.0},
+             "tune": 0, "shortlist": 2, "margin": 1.5},
+}
+HANDSHAKE_TEXT = {
+    ("auto", "default"):
+        "alpha=None, beta=None, candidates=None, compute=None, margin=2.0, nonfinite='propagate', "
+        "shortlist=4, tune=2",
+    ("auto", "given"):
+        "alpha=1e-05, beta=1e-09, candidates=('topka', 'gtopk'), compute={'topka': 1.0}, margin=1.5, "
+        "nonfinite='propagate', shortlist=2, tune=0",
+    ("dense", "default"): "nonfinite='propagate'",
+    ("dense", "given"): "nonfinite='propagate'",
+    ("densestream", "default"): "nonfinite='propagate'",
+    ("densestream", "given"): "nonfinite='propagate'",
+    ("gssgd", "default"):
+        "allreduce='scatter', columns=None, estimate='sliced', heavymix='topk', nonfinite='propagate', "
+        "p1=1.0, p2=8.0, rows=5, seed=24301, sketch_size=None",
+    ("gssgd", "given"):
+        "allreduce='tree', columns=999, estimate='full', heavymix='random', nonfinite='propagate', "
+        "p1=None, p2=4, rows=3, seed=7, sketch_size=10",
+    ("gtopk", "default"):
+        "index_codec='none', m='auto', nonfinite='propagate', prefix='auto', q=256, r=8, s=2, t=0.2, "
+        "value_codec='none'",
+    ("gtopk", "given"):
+        "index_codec='delta_binary', m=8, nonfinite='propagate', prefix='huffman', q=64, r=4, s=3, t=0.5,"
+        " value_codec='skcompress'",
+    ("oktopk", "default"):
+        "index_codec='none', m='auto', nonfinite='propagate', prefix='auto', q=256, r=8, s=2, t=0.2, "
+        "tau=32, tau_prime=64, value_codec='none'",
+    ("oktopk", "given"):
+        "index_codec='delta_binary', m=8, nonfinite='propagate', prefix='huffman', q=64, r=4, s=3, t=0.5,"
+        " tau=5, tau_prime=7, value_codec='skcompress'",
+    ("skcompress", "default"):
+        "m='auto', nonfinite='propagate', prefix='auto', q=256, r=8, s=2, t=0.2, topology='allgather'",
+    ("skcompress", "given"): "m=8, nonfinite='propagate', prefix='huffman', q=64, r=4, s=3, t=0.5, topology='ps'",
+    ("sparcml", "default"):
+        "alpha=5e-05, beta=8e-09, index_codec='none', m='auto', nonfinite='propagate', prefix='auto', "
+        "q=256, r=8, s=2, t=0.2, value_codec='none'",
+    ("sparcml", "given"):
+        "alpha=1e-05, beta=2e-09, index_codec='delta_binary', m=8, nonfinite='propagate', "
+        "prefix='huffman', q=64, r=4, s=3, t=0.5, value_codec='skcompress'",
+    ("sparcml_recursive_double", "default"):
+        "index_codec='none', m='auto', nonfinite='propagate', prefix='auto', q=256, r=8, s=2, t=0.2, "
+        "value_codec='none'",
+    ("sparcml_recursive_double", "given"):
+        "index_codec='delta_binary', m=8, nonfinite='propagate', prefix='huffman', q=64, r=4, s=3, t=0.5,"
+        " value_codec='skcompress'",
+    ("sparcml_split_allgather", "default"):
+        "index_codec='none', m='auto', nonfinite='propagate', prefix='auto', q=256, r=8, s=2, t=0.2, "
+        "value_codec='none'",
+    ("sparcml_split_allgather", "given"):
+        "index_codec='delta_binary', m=8, nonfinite='propagate', prefix='huffman', q=64, r=4, s=3, t=0.5,"
+        " value_codec='skcompress'",
+    ("spardl", "default"):
+        "index_codec='none', m='auto', nonfinite='propagate', prefix='auto', q=256, r=8, s=2, sag='auto',"
+        " t=0.2, teams=None, value_codec='none'",
+    ("spardl", "given"):
+        "index_codec='delta_binary', m=8, nonfinite='propagate', prefix='huffman', q=64, r=4, s=3, "
+        "sag='bruck', t=0.5, teams=2, value_codec='skcompress'",
+    ("topka", "default"):
+        "index_codec='none', m='auto', nonfinite='propagate', prefix='auto', q=256, r=8, s=2, t=0.2, "
+        "value_codec='none'",
+    ("topka", "given"):
+        "index_codec='delta_binary', m=8, nonfinite='propagate', prefix='huffman', q=64, r=4, s=3, t=0.5,"
+        " value_codec='skcompress'",
+    ("topkdsa", "default"):
+        "bucket_size=512, index_codec='none', m='auto', nonfinite='propagate', prefix='auto', q=256, "
+        "quantize_bits=None, r=8, s=2, seed=0, t=0.2, value_codec='none'",
+    ("topkdsa", "given"):
+        "bucket_size=64, index_codec='delta_binary', m=8, nonfinite='propagate', prefix='huffman', q=64, "
+        "quantize_bits=4, r=4, s=3, seed=3, t=0.5, value_codec='skcompress'",
+}
+
+
+@pytest.mark.parametrize("name,label", sorted(HANDSHAKE_TEXT), ids=[f"{n}-{l}" for n, l in sorted(HANDSHAKE_TEXT)])
+def test_the_handshake_text_of_each_algorithms_options(name, label):
+    options = _GIVEN[name] if label == "given" else {}
+    result = simulate(2, lambda comm: SparseAllreduce(name, 0.1, comm=comm, **options).options_text())
+    assert result.results == [HANDSHAKE_TEXT[name, label]] * 2

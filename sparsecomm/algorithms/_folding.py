@@ -12,7 +12,7 @@ Reusable by any algorithm that needs a power-of-two core (gtopk, recursive doubl
     f = fold_layout(comm.size, comm.rank)
     if f.folded_out:      send to f.partner, later receive the result from it
     elif f.partner is not None:  receive from f.partner and combine, later send it the result
-    core algorithm on ranks 0..f.p2-1 (f.in_core)
+    core algorithm on ranks 0..f.p2-1
 """
 
 from __future__ import annotations
@@ -31,18 +31,9 @@ def largest_power_of_two(size: int) -> int:
 
 @dataclass(frozen=True)
 class Folding:
-    size: int
-    rank: int
     p2: int             #: largest power of two <= size: ranks 0..p2-1 form the core
-    extra: int          #: size - p2 ranks fold into partners 0..extra-1
-    in_core: bool       #: rank < p2
     folded_out: bool    #: rank >= p2: sends to its partner, takes no part in the core
     partner: int | None  #: the folding partner (rank +/- p2), None when there is none
-
-    @property
-    def fold_rounds(self) -> int:
-        """Rounds the folding adds to the core algorithm (0 or 2: one in, one out)."""
-        return 2 if self.extra else 0
 
 
 def fold_layout(size: int, rank: int) -> Folding:
@@ -57,4 +48,4 @@ def fold_layout(size: int, rank: int) -> Folding:
         partner = rank + p2
     else:
         partner = None
-    return Folding(size, rank, p2, extra, rank < p2, rank >= p2, partner)
+    return Folding(p2, rank >= p2, partner)

@@ -67,6 +67,7 @@ import torch
 
 from ..traffic import default_sets, fit_alpha_beta
 from .base import Algorithm, get, modelled, register, traffic
+from ..options import Option
 
 __all__ = ["AutoAlgorithm", "choose_algorithm", "shortlist", "CANDIDATES", "COMPUTE_NS"]
 
@@ -170,45 +171,42 @@ def _pingpong_fit(comm) -> tuple[float, float]:
     return float(table[0, 0]), float(table[0, 1])
 
 
+def _is_cost(value: Any) -> bool:
+    """A finite number >= 0 (of nanoseconds per element), not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
 @register
 class AutoAlgorithm(Algorithm):
     name = "auto"
     lossless = False   # the instance says what its choice is
-    option_defaults = {"alpha": None, "beta": None, "candidates": None, "compute": None,
-                       "tune": 2, "shortlist": 4, "margin": 2.0}
+    option_specs = {
+        "alpha": Option(None, float, min=0, none_doc="measured by a ping-pong", doc="seconds per message",
+                        label="option alpha"),
+        "beta": Option(None, float, min=0, none_doc="measured by a ping-pong", doc="seconds per byte",
+                       label="option beta"),
+        "candidates": Option(None, (tuple, list), check=lambda names, options: bool(names),
+                             what="a non-empty tuple of algorithm names", label="option candidates"),
+        "compute": Option(None, dict, check=lambda table, options: all(map(_is_cost, table.values())),
+                          what="None or a dict name -> ns per element (finite, >= 0)", label="option compute"),
+        "tune": Option(2, int, min=0, max=1000, label="option tune"),
+        "shortlist": Option(4, int, min=1, max=1000, label="option shortlist"),
+        "margin": Option(2.0, float, min=1, doc="a factor of the cheapest prediction", label="option margin"),
+    }
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any]) -> None:
+        if (options["alpha"] is None) != (options["beta"] is None):
+            raise ValueError("auto: give both alpha and beta, or neither (then a ping-pong measures both)")
+        if options["candidates"] is not None:
+            bad = [c for c in options["candidates"] if c == "auto" or c not in modelled()]
+            if bad:
+                raise ValueError(f"auto: candidates {bad} cannot be chosen; choose among {', '.join(modelled())}")
 
     def __init__(self, comm, **options: Any):
         super().__init__(comm, **options)
-        for key in ("alpha", "beta"):
-            v = self.options[key]
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
-                                  or not (math.isfinite(v) and v >= 0)):
-                raise ValueError(f"auto: option {key} must be None (measured by a ping-pong) or a finite "
-                                 f"number >= 0 (seconds; per byte for beta), got {v!r}")
-        if (self.options["alpha"] is None) != (self.options["beta"] is None):
-            raise ValueError("auto: give both alpha and beta, or neither (then a ping-pong measures both)")
-        cands = self.options["candidates"]
-        if cands is not None:
-            if isinstance(cands, str) or not isinstance(cands, (tuple, list)) or not cands:
-                raise ValueError(f"auto: option candidates must be a non-empty tuple of algorithm names, got {cands!r}")
-            bad = [c for c in cands if c == "auto" or c not in modelled()]
-            if bad:
-                raise ValueError(f"auto: candidates {bad} cannot be chosen; choose among {', '.join(modelled())}")
-            self.options["candidates"] = tuple(cands)
-        comp = self.options["compute"]
-        if comp is not None and (not isinstance(comp, dict) or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
-                for v in comp.values())):
-            raise ValueError(f"auto: option compute must be None or a dict name -> ns per element (finite, >= 0), "
-                             f"got {comp!r}")
-        for key, low in (("tune", 0), ("shortlist", 1)):
-            v = self.options[key]
-            if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= 1000:
-                raise ValueError(f"auto: option {key} must be an int in {low}..1000, got {v!r}")
-        m = self.options["margin"]
-        if isinstance(m, bool) or not isinstance(m, (int, float)) or not (math.isfinite(m) and m >= 1):
-            raise ValueError(f"auto: option margin must be a finite number >= 1 (a factor of the cheapest "
-                             f"prediction), got {m!r}")
+        if self.options["candidates"] is not None:
+            self.options["candidates"] = tuple(self.options["candidates"])
         self.choice: str | None = None          # the kept algorithm, once decided
         self.inner: Algorithm | None = None     # the instance the next call runs
         self.decision: dict[str, Any] = {}

@@ -12,9 +12,14 @@ on every step with
 * ``out`` -- a dense buffer of the same length and dtype; the algorithm overwrites all of
   it with the reduced result, which must be bit-identical on every rank.
 
-Constructors only validate options and must not communicate (they may be given
-``comm=None`` for validation). It must only use :class:`~sparsecomm.comm.Comm`, :mod:`sparsecomm.ops` and
-:mod:`sparsecomm.formats`.
+Each algorithm declares its keyword options once, as :class:`~sparsecomm.options.Option`
+values in :attr:`Algorithm.option_specs`; the base constructor checks every given value
+against them (one kind of error message, :func:`sparsecomm.options.check_declared`) and, for
+algorithms with COO messages (:attr:`Algorithm.uses_coo_codec`), takes the codec options too
+and builds ``self.codec``. Constructors only validate options and must not communicate (they
+may be given ``comm=None`` for validation). An algorithm must only use
+:class:`~sparsecomm.comm.Comm`, :mod:`sparsecomm.ops`, :mod:`sparsecomm.formats` and
+:mod:`sparsecomm.options`.
 
 Each algorithm also writes down its message schedule, sizes only, as the classmethod
 :meth:`Algorithm.traffic` beside its ``reduce()``; :func:`traffic` finds it by name (the cost
@@ -27,13 +32,15 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar, Iterator, Mapping
 
 import torch
 
 from .. import ops
 from ..comm.base import Comm
 from ..traffic import IndexSets, Traffic, default_sets
+from ..formats.codec import CODEC_OPTIONS, CooCodec
+from ..options import Option, check_declared
 
 __all__ = ["Algorithm", "register", "names", "get", "traffic", "modelled", "TRAFFIC_MODELS"]
 
@@ -111,25 +118,61 @@ class Algorithm(ABC):
     #: NaN and Inf reach its result exactly as in a dense sum, so under the reducer's
     #: ``nonfinite="propagate"`` the finiteness check and its flag round are skipped
     propagates_nonfinite: ClassVar[bool] = False
-    #: the keyword options the constructor accepts, with their defaults
+    #: the keyword options the constructor accepts, declared once: default, type, range,
+    #: choices (the codec options are added when :attr:`uses_coo_codec`)
+    option_specs: ClassVar[dict[str, Option]] = {}
+    #: the accepted options with their defaults (made from :attr:`option_specs`)
     option_defaults: ClassVar[dict[str, Any]] = {}
+    #: True when the algorithm sends COO messages through a :class:`~sparsecomm.formats.codec.CooCodec`:
+    #: it takes the codec options (:data:`~sparsecomm.formats.codec.CODEC_OPTIONS`) and the base
+    #: constructor builds ``self.codec`` from them (a lossy value codec makes the instance lossy)
+    uses_coo_codec: ClassVar[bool] = False
+    #: codec options the algorithm sets itself rather than taking them from the user
+    fixed_codec_options: ClassVar[dict[str, Any]] = {}
     #: True when :meth:`reduce` takes ``grad=``: the reducer then hands over ``acc`` without
     #: the gradient and the algorithm adds it itself, fused with its first selection
     #: (:func:`sparsecomm.ops.topk_accum_`: one pass over the residual and the gradient
     #: instead of an add pass and a selection pass)
     fuses_add: ClassVar[bool] = False
 
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        specs = {key: spec for key, spec in cls.option_specs.items() if key not in cls.fixed_codec_options}
+        if cls.uses_coo_codec:
+            specs.update((key, spec) for key, spec in CODEC_OPTIONS.items()
+                         if key not in cls.fixed_codec_options and key not in specs)
+        cls.option_specs = specs
+        cls.option_defaults = {key: spec.default for key, spec in specs.items()}
+
     def __init__(self, comm: Comm, **options: Any):
-        unknown = sorted(set(options) - set(self.option_defaults))
-        if unknown:
-            accepted = ", ".join(sorted(self.option_defaults)) or "none"
-            raise ValueError(f"algorithm {self.name!r} does not take option(s) {', '.join(unknown)}; "
-                             f"accepted options: {accepted}")
         self.comm = comm
-        self.options = {**self.option_defaults, **options}
+        self.options = self.resolve_options(options)
         self.times: dict[str, float] = {}
         #: entries let through by the last call (the result's support), when known cheaply
         self.last_nnz: int | None = None
+        if self.uses_coo_codec:
+            self.codec = CooCodec({**self.options, **self.fixed_codec_options})
+            self.lossless = self.lossless and self.codec.lossless
+
+    @classmethod
+    def resolve_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        """``options`` with the defaults of those not given, every value checked against
+        :attr:`option_specs` and :meth:`check_options`: ValueError naming the algorithm, the
+        option and what to give otherwise. Values are not changed."""
+        unknown = sorted(set(options) - set(cls.option_specs))
+        if unknown:
+            accepted = ", ".join(sorted(cls.option_specs)) or "none"
+            raise ValueError(f"algorithm {cls.name!r} does not take option(s) {', '.join(unknown)}; "
+                             f"accepted options: {accepted}")
+        merged = {**cls.option_defaults, **options}
+        check_declared(cls.name, cls.option_specs, merged)
+        cls.check_options(merged)
+        return merged
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any]) -> None:
+        """ValueError for a combination of (each valid) options that cannot work together and
+        that no single :class:`~sparsecomm.options.Option` states. None by default."""
 
     def check_size(self, size: int) -> None:
         """ValueError if the options cannot work on ``size`` ranks (e.g. spardl's ``teams``).

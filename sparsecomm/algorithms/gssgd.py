@@ -78,6 +78,7 @@ from ..comm.collectives import (block_bounds, bruck_allgather, bruck_allgather_t
 from ..errors import WireFormatError
 from ..formats.header import HEADER_NBYTES, Kind, check_header, index_dtype_for, pack_header
 from ..traffic import IndexSets, Traffic
+from ..options import Option
 from .base import Algorithm, register
 
 __all__ = ["GlobalSketchSGD", "sketch_columns", "false_candidates", "MIN_COLUMNS"]
@@ -127,16 +128,25 @@ def sketch_columns(n: int, k: int, rows: int, candidates: int, sketch_size: floa
     return hi
 
 
-def _is_number(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-
-
 @register
 class GlobalSketchSGD(Algorithm):
     name = "gssgd"
     lossless = False
-    option_defaults = {"rows": 5, "sketch_size": None, "columns": None, "p1": 1.0, "p2": 8.0,
-                       "allreduce": "scatter", "estimate": "sliced", "seed": 0x5EED, "heavymix": "topk"}
+    option_specs = {
+        "rows": Option(5, int, min=1, max=64),
+        "sketch_size": Option(None, float, min=0, min_open=True,
+                              none_doc="auto: sized to the candidates' heavy-hitter guarantee",
+                              label="sketch_size (sketch cells per selected entry)"),
+        # the sketch kernels take cols in [1, 2^32 - 1] (sketch.h)
+        "columns": Option(None, int, min=1, max=2**32 - 1, none_doc="auto: from sketch_size"),
+        "p1": Option(1.0, float, min=1, optional=True, none_doc="sketch all of acc",
+                     label="p1 (each rank sketches its local top-p1*k)"),
+        "p2": Option(8.0, float, min=1, label="p2 (p2*k candidates in the exact round)"),
+        "allreduce": Option("scatter", str, choices=("scatter", "tree")),
+        "estimate": Option("sliced", str, choices=("sliced", "full")),
+        "seed": Option(0x5EED, int),
+        "heavymix": Option("topk", str, choices=("topk", "random")),
+    }
     # the Count-Sketch hash family of csrc/include/sparsecomm/sketch.h (runs of 16 coordinates
     # on consecutive buckets): ranks whose builds hash differently would sum unrelated sketches;
     # "hh-width": the default width from the heavy-hitter guarantee (a peer sizing from k alone
@@ -145,49 +155,14 @@ class GlobalSketchSGD(Algorithm):
 
     def __init__(self, comm: Comm, **options: Any):
         super().__init__(comm, **options)
-        self.check_options(self.options)
         self._step = 0
         self._warned = False
-
-    @staticmethod
-    def check_options(options: dict[str, Any]) -> None:
-        """ValueError naming the option, the value and what to give."""
-        rows, size, cols, p1, p2, allreduce, estimate, seed, fill = (options[key] for key in (
-            "rows", "sketch_size", "columns", "p1", "p2", "allreduce", "estimate", "seed", "heavymix"))
-        if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= 64:
-            raise ValueError(f"gssgd: option rows must be an int in 1..64, got {rows!r}")
-        if size is not None and (not _is_number(size) or not size > 0):
-            raise ValueError(f"gssgd: option sketch_size (sketch cells per selected entry) must be None (auto: "
-                             f"sized to the candidates' heavy-hitter guarantee) or a finite number > 0, got {size!r}")
-        # the sketch kernels take cols in [1, 2^32 - 1] (sketch.h)
-        if cols is not None and (isinstance(cols, bool) or not isinstance(cols, int) or not 1 <= cols < 2**32):
-            raise ValueError(f"gssgd: option columns must be None (auto: from sketch_size) or an int "
-                             f"in 1..{2**32 - 1}, got {cols!r}")
-        if p1 is not None and (not _is_number(p1) or not p1 >= 1):
-            raise ValueError(f"gssgd: option p1 (each rank sketches its local top-p1*k) must be None (sketch "
-                             f"all of acc) or a finite number >= 1, got {p1!r}")
-        if not _is_number(p2) or not p2 >= 1:
-            raise ValueError(f"gssgd: option p2 (p2*k candidates in the exact round) must be a finite number "
-                             f">= 1, got {p2!r}")
-        if allreduce not in ("scatter", "tree"):
-            raise ValueError(f"gssgd: option allreduce must be 'scatter' or 'tree', got {allreduce!r}")
-        if estimate not in ("sliced", "full"):
-            raise ValueError(f"gssgd: option estimate must be 'sliced' or 'full', got {estimate!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"gssgd: option seed must be an int, got {seed!r}")
-        if fill not in ("topk", "random"):
-            raise ValueError(f"gssgd: option heavymix must be 'topk' or 'random', got {fill!r}")
 
     # -- sizes and traffic -------------------------------------------------------------------
 
     @classmethod
     def _resolved(cls, options: dict[str, Any]) -> dict[str, Any]:
-        unknown = set(options) - set(cls.option_defaults)
-        if unknown:
-            raise ValueError(f"gssgd: unknown options {sorted(unknown)}")
-        merged = {**cls.option_defaults, **options}
-        cls.check_options(merged)
-        return merged
+        return cls.resolve_options(options)
 
     @staticmethod
     def _shape(n: int, k: int, options: dict[str, Any]) -> tuple[int, int, int, int]:
@@ -257,10 +232,6 @@ class GlobalSketchSGD(Algorithm):
     @classmethod
     def carried_state(cls, state: dict[str, Any]) -> dict[str, Any]:
         return {"step": state["step"]} if "step" in state else {}  # seeds randomness, not about the tensor
-
-    def columns_for(self, n: int, k: int) -> int:
-        """The sketch width of a call on a length-``n`` tensor with ``k`` outputs."""
-        return self._shape(n, k, self.options)[2]
 
     # -- one call ----------------------------------------------------------------------------
 

@@ -34,13 +34,12 @@ of ``coo_nbytes(k)`` in all (rank 0 sends log2(p2) of them, plus one to its fold
 
 from __future__ import annotations
 
-import torch
-
 from typing import Any
 
+import torch
+
 from .. import ops
-from ..comm.base import Comm
-from ..formats import CODEC_OPTION_DEFAULTS, CooCodec, check_codec_options, index_dtype_for
+from ..formats import index_dtype_for
 from ..formats.coo import coo_nbytes
 from ..traffic import IndexSets, Traffic
 from ._folding import fold_layout, largest_power_of_two
@@ -53,13 +52,7 @@ __all__ = ["GlobalTopk"]
 class GlobalTopk(Algorithm):
     name = "gtopk"
     lossless = False
-    option_defaults = dict(CODEC_OPTION_DEFAULTS)
-
-    def __init__(self, comm: Comm, **options: Any):
-        super().__init__(comm, **options)
-        check_codec_options(self.name, self.options)
-        self.codec = CooCodec(self.options)
-
+    uses_coo_codec = True
     fuses_add = True
 
     def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor, grad: torch.Tensor | None = None) -> None:

@@ -120,9 +120,10 @@ import torch
 from .. import ops
 from ..comm.collectives import allgather_int64, bruck_allgather, bruck_allgather_var
 from ..errors import AgreedValueError, WireFormatError
-from ..formats import CODEC_OPTION_DEFAULTS, CooCodec, check_codec_options, index_dtype_for
+from ..formats import index_dtype_for
 from ..formats.coo import coo_nbytes
 from ..traffic import IndexSets, Traffic
+from ..options import Option
 from .base import Algorithm, register
 
 __all__ = ["OkTopk", "volume_bound", "paper_bound", "bound_guaranteed", "ladder", "RUNGS"]
@@ -135,6 +136,9 @@ _KEY_INF = 0x7F800000
 _DIGIT_SHIFTS = (24, 16, 8, 0)
 _DIGIT_BINS = 256
 _STATE_KEYS = {"n", "k", "size", "step", "local_threshold", "global_threshold", "boundaries"}
+# what tau and tau_prime take: periods in steps
+_MAX_PERIOD = 2**31 - 1
+_PERIOD = "an integer number of steps in [1, 2^31 - 1]"
 
 
 def volume_bound(k: int, size: int) -> int:
@@ -204,12 +208,6 @@ def _balanced_blocks(total: int, size: int) -> list[int]:
     return [total // size + (1 if j < total % size else 0) for j in range(size)]
 
 
-def _check_period(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**31 - 1:
-        raise ValueError(f"oktopk: {name} must be an integer number of steps in [1, 2^31 - 1], got {value!r}")
-    return value
-
-
 def _local_rung(acc: torch.Tensor, k: int, threshold: float) -> tuple[torch.Tensor, float] | None:
     """The ladder rule on ``|acc|``: (the indices of every entry at or above the lowest rung
     of ``threshold``'s ladder that selects at most k entries, that rung) if the rung selects
@@ -266,14 +264,14 @@ class OkTopk(Algorithm):
     lossless = False
     #: the reuse step's count all-gather carries the ladder's 2 RUNGS + 1 counts
     wire_revision = "rung-ladder"
-    option_defaults = {"tau": 32, "tau_prime": 64, **CODEC_OPTION_DEFAULTS}
+    option_specs = {"tau": Option(32, int, min=1, max=_MAX_PERIOD, what=_PERIOD),
+                    "tau_prime": Option(64, int, min=1, max=_MAX_PERIOD, what=_PERIOD)}
+    uses_coo_codec = True
 
     def __init__(self, comm, **options: Any):
         super().__init__(comm, **options)
-        check_codec_options(self.name, self.options)
-        self.codec = CooCodec(self.options)
-        self.tau = _check_period("tau", self.options["tau"])
-        self.tau_prime = _check_period("tau_prime", self.options["tau_prime"])
+        self.tau = self.options["tau"]
+        self.tau_prime = self.options["tau_prime"]
         self.step = 0
         self.local_threshold: float | None = None
         self.global_threshold: float | None = None

@@ -38,10 +38,9 @@ from typing import Any
 import torch
 
 from .. import ops
-from ..comm.base import Comm
-from ..formats import CODEC_OPTION_DEFAULTS, CooCodec, check_codec_options
+from ..options import Option
 from ..traffic import IndexSets, Traffic, model_sets
-from .base import Algorithm, register
+from .base import register
 from .topka import TopkAllgather
 
 __all__ = ["SKCompress"]
@@ -53,18 +52,9 @@ _TOPOLOGIES = ("allgather", "ps")
 class SKCompress(TopkAllgather):
     name = "skcompress"
     lossless = False
-    option_defaults = {**{k: v for k, v in CODEC_OPTION_DEFAULTS.items() if k not in ("index_codec", "value_codec")},
-                       "topology": "allgather"}
-
-    def __init__(self, comm: Comm, **options: Any):
-        Algorithm.__init__(self, comm, **options)  # TopkAllgather's own options are not ours
-        topology = self.options["topology"]
-        if topology not in _TOPOLOGIES:
-            raise ValueError(f"skcompress: topology must be 'allgather' or 'ps', got {topology!r}")
-        codec_options = {**self.options, "index_codec": "delta_binary", "value_codec": "skcompress"}
-        check_codec_options(self.name, codec_options)
-        self.codec = CooCodec(codec_options)
-        self.lossless = False
+    option_specs = {"topology": Option("allgather", str, choices=_TOPOLOGIES)}
+    # the SKCompress format: both codecs always on
+    fixed_codec_options = {"index_codec": "delta_binary", "value_codec": "skcompress"}
 
     def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
         if self.options["topology"] == "allgather":

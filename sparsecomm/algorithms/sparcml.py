@@ -56,15 +56,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import ops
 from ..comm.collectives import bruck_allgather, bruck_allgather_var
-from ..formats import CODEC_OPTION_DEFAULTS, CooCodec, check_codec_options
+from ..formats import CODEC_OPTION_DEFAULTS, CooCodec
 from ..formats.header import index_dtype_for
 from ..formats.stream import dense_stream_message, stream_delta, stream_nbytes
 from . import _qsgd
 from ._sparse_stream import SparseStream, decode_sparse_stream, encode_sparse_stream
 from ..traffic import IndexSets, Traffic, stream_message_nbytes, union_sorted
 from ._folding import fold_layout, largest_power_of_two
+from ..options import Option
 from .base import Algorithm, get, register
 
 __all__ = ["SparcmlRecursiveDouble", "SparcmlSplitAllgather", "TopkDSA", "Sparcml", "bounds", "choose"]
@@ -73,13 +73,6 @@ __all__ = ["SparcmlRecursiveDouble", "SparcmlSplitAllgather", "TopkDSA", "Sparcm
 def bounds(n: int, p: int) -> list[int]:
     """Range boundaries of the split: range j is [bounds[j], bounds[j+1])."""
     return [j * n // p for j in range(p + 1)]
-
-
-def _init_codec(alg: Algorithm) -> CooCodec:
-    """Validate the codec options and build the codec (module docstring, "Codecs")."""
-    check_codec_options(alg.name, alg.options)
-    alg.lossless = alg.lossless and CooCodec(alg.options).lossless
-    return CooCodec(alg.options)
 
 
 def _send(alg: Algorithm, stream: SparseStream, acc: torch.Tensor, keep_error: bool = True
@@ -106,11 +99,10 @@ class SparcmlRecursiveDouble(Algorithm):
     name = "sparcml_recursive_double"
     lossless = True
     fuses_add = True
-    option_defaults = dict(CODEC_OPTION_DEFAULTS)
+    uses_coo_codec = True  # module docstring, "Codecs"
 
     def __init__(self, comm, **options: Any):
         super().__init__(comm, **options)
-        self.codec = _init_codec(self)
         # the result's way back to a folded rank: keys coded, values exact (module docstring)
         self._back_codec = CooCodec({**self.options, "value_codec": "none"})
 
@@ -290,11 +282,7 @@ class SparcmlSplitAllgather(Algorithm):
     name = "sparcml_split_allgather"
     lossless = True
     fuses_add = True
-    option_defaults = dict(CODEC_OPTION_DEFAULTS)
-
-    def __init__(self, comm, **options: Any):
-        super().__init__(comm, **options)
-        self.codec = _init_codec(self)
+    uses_coo_codec = True  # module docstring, "Codecs"
 
     def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor, grad: torch.Tensor | None = None) -> None:
         comm, n, rank, size = self.comm, acc.numel(), self.comm.rank, self.comm.size
@@ -346,22 +334,20 @@ class TopkDSA(Algorithm):
     name = "topkdsa"
     lossless = True  # the instance says False when quantize_bits is set (see module docstring)
     fuses_add = True
-    option_defaults = {"quantize_bits": None, "bucket_size": 512, "seed": 0, **CODEC_OPTION_DEFAULTS}
+    option_specs = {
+        "quantize_bits": Option(None, int, choices=_qsgd.QUANTIZE_BITS, doc="an int"),
+        # the QSGD header carries bucket_size as an int32 (formats/stream.py)
+        "bucket_size": Option(512, int, min=1, max=_MAX_BUCKET,
+                              check=lambda bucket, options: not (options["quantize_bits"] == 4 and bucket % 2),
+                              what=f"an integer in 1..{_MAX_BUCKET}", doc="even with quantize_bits=4"),
+        "seed": Option(0, int, what="an integer"),
+    }
+    uses_coo_codec = True  # the split phase's sparse pieces only; the ranges go dense
 
     def __init__(self, comm, **options: Any):
         super().__init__(comm, **options)
-        bits, bucket = self.options["quantize_bits"], self.options["bucket_size"]
-        if bits is not None and (isinstance(bits, bool) or not isinstance(bits, int) or bits not in _qsgd.QUANTIZE_BITS):
-            raise ValueError(f"topkdsa: quantize_bits must be None, 4 or 8 (an int), got {bits!r}")
-        # the QSGD header carries bucket_size as an int32 (formats/stream.py)
-        if (isinstance(bucket, bool) or not isinstance(bucket, int) or not 1 <= bucket <= _MAX_BUCKET
-                or (bits == 4 and bucket % 2)):
-            raise ValueError(f"topkdsa: bucket_size must be an integer in 1..{_MAX_BUCKET} (even with "
-                             f"quantize_bits=4), got {bucket!r}")
-        if isinstance(self.options["seed"], bool) or not isinstance(self.options["seed"], int):
-            raise ValueError(f"topkdsa: seed must be an integer, got {self.options['seed']!r}")
-        self.lossless = bits is None  # quantized: unbiased, error kept in the residual, not exact
-        self.codec = _init_codec(self)  # the split phase's sparse pieces only; the ranges go dense
+        # quantized: unbiased, error kept in the residual, not exact
+        self.lossless = self.lossless and self.options["quantize_bits"] is None
         self._step = 0
 
     def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor, grad: torch.Tensor | None = None) -> None:
@@ -449,20 +435,18 @@ class Sparcml(Algorithm):
     name = "sparcml"
     lossless = True
     fuses_add = True
-    option_defaults = {"alpha": 50e-6, "beta": 8e-9, **CODEC_OPTION_DEFAULTS}
+    # finite: inf or NaN would make every cost comparison in choose() the same, whatever P, N, k
+    option_specs = {
+        "alpha": Option(50e-6, float, min=0, doc="seconds per message, e.g. 50e-6; python -m "
+                                                 "sparsecomm.bench collectives fits both on your links"),
+        "beta": Option(8e-9, float, min=0, doc="seconds per byte, e.g. 8e-9 for 1 Gbit/s; python -m "
+                                               "sparsecomm.bench collectives fits both on your links"),
+    }
+    uses_coo_codec = True  # passed on to the chosen algorithm
 
     def __init__(self, comm, **options: Any):
         super().__init__(comm, **options)
-        check_codec_options(self.name, self.options)
-        self.lossless = CooCodec(self.options).lossless
         self._codec_options = {key: self.options[key] for key in CODEC_OPTION_DEFAULTS}
-        for key, what in (("alpha", "seconds per message, e.g. 50e-6"),
-                          ("beta", "seconds per byte, e.g. 8e-9 for 1 Gbit/s")):
-            v = self.options[key]
-            # inf or NaN would make every cost comparison in choose() the same, whatever P, N, k
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
-                raise ValueError(f"sparcml: {key} must be a finite number >= 0 ({what}; python -m "
-                                 f"sparsecomm.bench collectives fits both on your links), got {v!r}")
         self._algs: dict[str, Algorithm] = {}
         self.observed_k: int | None = None
         self.last_choice: str | None = None

@@ -74,9 +74,10 @@ import torch
 
 from .. import ops
 from ..comm.collectives import bruck_allgather, bruck_allgather_var
-from ..formats import CODEC_OPTION_DEFAULTS, CooCodec, check_codec_options, index_dtype_for
+from ..formats import index_dtype_for
 from ..formats.coo import coo_nbytes
 from ..traffic import IndexSets, Traffic
+from ..options import Option
 from .base import Algorithm, register
 
 __all__ = ["SparDL"]
@@ -194,21 +195,16 @@ def _bsag_quota(layout: _Layout, h: float) -> int:
 class SparDL(Algorithm):
     name = "spardl"
     lossless = False
-    option_defaults = {"teams": None, "sag": "auto", **CODEC_OPTION_DEFAULTS}
+    option_specs = {
+        # whether teams divides P is checked once P is known (check_size)
+        "teams": Option(None, int, min=1,
+                        what="None (the paper's default) or a positive int dividing the number of ranks"),
+        "sag": Option("auto", str, choices=_SAG_CHOICES, what=f"one of {', '.join(map(repr, _SAG_CHOICES))}"),
+    }
+    uses_coo_codec = True
 
     def __init__(self, comm, **options: Any):
         super().__init__(comm, **options)
-        check_codec_options(self.name, self.options)
-        self.codec = CooCodec(self.options)
-        teams, sag = self.options["teams"], self.options["sag"]
-        if sag not in _SAG_CHOICES:
-            raise ValueError(f"spardl: sag must be one of {', '.join(repr(s) for s in _SAG_CHOICES)}, got {sag!r}")
-        if teams is not None and (isinstance(teams, bool) or not isinstance(teams, int) or teams < 1):
-            raise ValueError(f"spardl: teams must be None (the paper's default) or a positive int dividing "
-                             f"the number of ranks, got {teams!r}")
-        if sag == "recursive" and teams is not None and not _is_pow2(teams):
-            raise ValueError(f"spardl: sag='recursive' (R-SAG) needs teams to be a power of two, got teams={teams}; "
-                             "use sag='bruck' (B-SAG) or sag='auto' for other team counts")
         self._teams: int | None = None
         self._mode = "none"
         if comm is not None:
@@ -219,6 +215,13 @@ class SparDL(Algorithm):
         self._pending_state: dict[str, Any] | None = None
 
     # -- options ------------------------------------------------------------------------
+    @classmethod
+    def check_options(cls, options: dict[str, Any]) -> None:
+        teams = options["teams"]
+        if options["sag"] == "recursive" and teams is not None and not _is_pow2(teams):
+            raise ValueError(f"spardl: sag='recursive' (R-SAG) needs teams to be a power of two, got teams={teams}; "
+                             "use sag='bruck' (B-SAG) or sag='auto' for other team counts")
+
     def check_size(self, size: int) -> None:
         """ValueError unless ``teams`` (and ``sag``) work on ``size`` ranks."""
         self._resolve(size)
@@ -233,7 +236,7 @@ class SparDL(Algorithm):
         if teams == 1:
             mode = "none"
         elif sag == "recursive" or (sag == "auto" and _is_pow2(teams)):
-            if not _is_pow2(teams):  # only reachable with teams given and sag='recursive', checked above
+            if not _is_pow2(teams):  # only reachable with teams given and sag='recursive', which check_options rejects
                 raise ValueError(f"spardl: sag='recursive' needs teams to be a power of two, got {teams}")
             mode = "recursive"
         else:

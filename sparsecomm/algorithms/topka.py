@@ -23,9 +23,7 @@ from typing import Any
 import torch
 
 from .. import ops
-from ..comm.base import Comm
 from ..comm.collectives import bruck_allgather, bruck_allgather_var
-from ..formats import CODEC_OPTION_DEFAULTS, CooCodec, check_codec_options
 from ..formats.coo import coo_nbytes
 from ..traffic import IndexSets, Traffic
 from .base import Algorithm, register
@@ -37,14 +35,7 @@ __all__ = ["TopkAllgather"]
 class TopkAllgather(Algorithm):
     name = "topka"
     lossless = True
-    option_defaults = dict(CODEC_OPTION_DEFAULTS)
-
-    def __init__(self, comm: Comm, **options: Any):
-        super().__init__(comm, **options)
-        check_codec_options(self.name, self.options)
-        self.codec = CooCodec(self.options)
-        self.lossless = self.codec.lossless
-
+    uses_coo_codec = True
     fuses_add = True
 
     def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor, grad: torch.Tensor | None = None) -> None:

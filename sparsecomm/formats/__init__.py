@@ -7,10 +7,10 @@ encoder and decoder, through the public op layer (:mod:`sparsecomm.ops`, which n
 this package); the arithmetic on what they decode belongs to the algorithms.
 """
 
-from .codec import CODEC_OPTION_DEFAULTS, CooCodec, check_codec_options
+from .codec import CODEC_OPTION_DEFAULTS, CODEC_OPTIONS, CooCodec
 from .coo import coo_nbytes, decode_coo, encode_coo
 from .header import (FORMAT_VERSION, HEADER_NBYTES, Kind, WireFormatError, check_header, index_dtype_for,
                      pack_header, parse_header)
 
-__all__ = ["CODEC_OPTION_DEFAULTS", "CooCodec", "check_codec_options", "coo_nbytes", "decode_coo", "encode_coo", "FORMAT_VERSION", "HEADER_NBYTES", "Kind",
+__all__ = ["CODEC_OPTION_DEFAULTS", "CODEC_OPTIONS", "CooCodec", "coo_nbytes", "decode_coo", "encode_coo", "FORMAT_VERSION", "HEADER_NBYTES", "Kind",
            "WireFormatError", "check_header", "index_dtype_for", "pack_header", "parse_header"]

@@ -2,7 +2,7 @@
 COO messages calls instead of :func:`.encode_coo` / :func:`.decode_coo`.
 
 Codecs ("SKCompress: compressing sparse and nonuniform gradient", sections 4-6), chosen by
-algorithm options (:data:`CODEC_OPTION_DEFAULTS`, validated by :func:`check_codec_options`;
+algorithm options (declared in :data:`CODEC_OPTIONS`, checked by the algorithm's base class;
 being options, they are part of the reducer's signature handshake, so ranks that disagree
 raise the same ValueError on every rank before any message):
 
@@ -33,54 +33,35 @@ layer (``sparsecomm.ops.skcompress_encode/decode``).
 
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping
 
 import torch
 
 from ..errors import WireFormatError
 from .. import ops
+from ..options import Option
 from .coo import coo_nbytes, decode_coo, encode_coo
 from .header import HEADER_NBYTES, Kind, check_header, index_dtype_for, pack_header
 
-__all__ = ["CODEC_OPTION_DEFAULTS", "CooCodec", "check_codec_options"]
+__all__ = ["CODEC_OPTIONS", "CODEC_OPTION_DEFAULTS", "CooCodec"]
 
-#: the codec options an algorithm with COO messages accepts, with their defaults
-CODEC_OPTION_DEFAULTS: dict[str, Any] = {
-    "index_codec": "none", "value_codec": "none",
-    "q": 256, "s": 2, "t": 0.2, "r": 8, "m": "auto", "prefix": "auto",
+#: the codec options an algorithm with COO messages accepts (sections 4-5 of the paper; the
+#: bounds are the C encoder's): algorithms with ``uses_coo_codec`` take these besides their own
+CODEC_OPTIONS: dict[str, Option] = {
+    "index_codec": Option("none", str, choices=tuple(ops.INDEX_CODECS)),
+    "value_codec": Option("none", str, choices=tuple(ops.VALUE_CODECS)),
+    "q": Option(256, int, min=2, max=ops.MAX_Q, even=True, doc="buckets in all, q/2 per sign"),
+    "s": Option(2, int, min=1, max=ops.MAX_ROWS_SKC, doc="MinMaxSketch rows"),
+    "t": Option(0.2, float, min=0, min_open=True, max=ops.MAX_T, doc="sketch columns per key of a group"),
+    # declared after q: its bound reads q, checked by then
+    "r": Option(8, int, min=1, max=255, check=lambda r, options: r <= options["q"] // 2,
+                what="an int in 1..min(255, q/2)", doc="groups per sign"),
+    "m": Option("auto", choices=("auto", 2, 4, 8, 16), doc="intervals of a delta key"),
+    "prefix": Option("auto", str, choices=tuple(ops.PREFIXES)),
 }
+#: the codec options with their defaults
+CODEC_OPTION_DEFAULTS: dict[str, Any] = {name: option.default for name, option in CODEC_OPTIONS.items()}
 _EXACT_MAX = 65536  # quantiles by a full sort up to this many values per sign
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def check_codec_options(algorithm: str, options: Mapping[str, Any]) -> None:
-    """ValueError naming the option, the value and what to give, for any invalid codec option."""
-    def bad(name, what):
-        raise ValueError(f"{algorithm}: {name} must be {what}, got {options[name]!r}")
-
-    if options["index_codec"] not in ops.INDEX_CODECS:
-        bad("index_codec", "'none' or 'delta_binary'")
-    if options["value_codec"] not in ops.VALUE_CODECS:
-        bad("value_codec", "'none' or 'skcompress'")
-    q = options["q"]
-    if not (_is_int(q) and 2 <= q <= ops.MAX_Q and q % 2 == 0):
-        bad("q", f"an even int in 2..{ops.MAX_Q} (buckets in all, q/2 per sign)")
-    if not (_is_int(options["s"]) and 1 <= options["s"] <= ops.MAX_ROWS_SKC):
-        bad("s", f"an int in 1..{ops.MAX_ROWS_SKC} (MinMaxSketch rows)")
-    t = options["t"]
-    if not (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and 0 < t <= ops.MAX_T):
-        bad("t", f"a number in (0, {ops.MAX_T:g}] (sketch columns per key of a group)")
-    r = options["r"]
-    if not (_is_int(r) and 1 <= r <= min(255, q // 2 if _is_int(q) else 255)):
-        bad("r", "an int in 1..min(255, q/2) (groups per sign)")
-    if options["m"] not in ("auto", 2, 4, 8, 16) or isinstance(options["m"], bool):
-        bad("m", "'auto', 2, 4, 8 or 16 (intervals of a delta key)")
-    if options["prefix"] not in ops.PREFIXES:
-        bad("prefix", "'auto', 'fixed' or 'huffman'")
 
 
 class CooCodec:
