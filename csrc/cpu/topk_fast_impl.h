@@ -82,39 +82,44 @@ static inline void FN(add_run)(BITS* x, const BITS* g, int64_t n) {
 }
 #endif
 
-/*
- * The candidates of one 16 of topk_fast's filter loop: bit j of msk (key of
- * x[i + j] >= tm1 + 1) puts x[i + j] into the thread's buffer, its key into the
- * running maximum *mx and, with `clear`, 0 into x[i + j] (while the line is hot;
- * the unselected are put back). 0 when the buffer is full and cannot grow.
- * Inlined into each filter loop below, one per instruction set: the SSE2 loops
- * and, for float32 on x86-64, an AVX2 loop (topk.c) with the same candidates and
- * the same sums (no FMA, the same IEEE additions).
- */
-static inline __attribute__((always_inline)) int FN(take16)(BITS* x, int64_t i, unsigned msk,
-                                                             int clear, int64_t base, FN(cbuf) * cb,
-                                                             int64_t cap, int64_t hint, BITS* mx) {
+/* Room for 16 more candidates in the thread's buffer: 0 when it is full and
+ * cannot grow. */
+static inline __attribute__((always_inline)) int FN(cbuf_room16)(FN(cbuf) * cb, int64_t cap,
+                                                                  int64_t hint) {
   if (cb->n + 16 > cb->cap) {
     if (cb->n > cap || !FN(cbuf_grow)(cb, hint)) return 0;
   }
+  return 1;
+}
+
+/*
+ * The candidates of one 16 of topk_fast's filter loop: bit j of msk (key of
+ * x[i + j] >= tm1 + 1) puts x[i + j] into the thread's buffer (which has room,
+ * cbuf_room16) and, with `clear`, 0 into x[i + j] (while the line is hot; the
+ * unselected are put back). Returns the running maximum key mx updated with
+ * theirs. Inlined into each filter loop below, one per instruction set: the
+ * SSE2 loops and, for float32 on x86-64, an AVX2 loop (topk.c) with the same
+ * candidates and the same sums (no FMA, the same IEEE additions).
+ */
+static inline __attribute__((always_inline)) BITS FN(take16)(BITS* x, int64_t i, unsigned msk,
+                                                              int clear, int64_t base,
+                                                              FN(cbuf) * cb, BITS mx) {
   int64_t cn = cb->n;
   BITS* restrict cbb = cb->b;
   int64_t* restrict cbi = cb->i;
-  BITS m = *mx;
   while (msk) { /* one step per candidate */
     int j = __builtin_ctz(msk);
     msk &= msk - 1;
     BITS v = x[i + j];
     BITS key = (BITS)(v & KMASK);
-    m = key > m ? key : m;
+    mx = key > mx ? key : mx;
     cbb[cn] = v;
     cbi[cn] = base + i + j;
     cn++;
     if (clear) x[i + j] = 0;
   }
   cb->n = cn;
-  *mx = m;
-  return 1;
+  return mx;
 }
 
 /*
@@ -130,7 +135,8 @@ static int64_t FN(filter)(BITS* x, int64_t base, int64_t lo, int64_t hi, BITS tm
   for (; i + 16 <= hi; i += 16) {
     unsigned msk = FN(mask16)(x + i, tm1);
     if (!msk) continue; /* common case: no candidate among these 16 */
-    if (!FN(take16)(x, i, msk, 0, base, cb, cap, hint, &mx)) { *fail = 1; break; }
+    if (!FN(cbuf_room16)(cb, cap, hint)) { *fail = 1; break; }
+    mx = FN(take16)(x, i, msk, 0, base, cb, mx);
   }
   *mx_io = mx;
   return i;
@@ -145,7 +151,8 @@ static int64_t FN(filter_add)(BITS* x, const BITS* g, int clear, int64_t base, i
   for (; i + 16 <= hi; i += 16) {
     unsigned msk = FN(add_mask16)(x + i, g + i, tm1);
     if (!msk) continue;
-    if (!FN(take16)(x, i, msk, clear, base, cb, cap, hint, &mx)) { *fail = 1; break; }
+    if (!FN(cbuf_room16)(cb, cap, hint)) { *fail = 1; break; }
+    mx = FN(take16)(x, i, msk, clear, base, cb, mx);
   }
   *mx_io = mx;
   return i;
@@ -178,7 +185,8 @@ __attribute__((target("avx2"))) static int64_t FN(filter_add_avx2)(
   for (; i + 16 <= hi; i += 16) {
     unsigned msk = FN(add_mask16_avx2)(x + i, g + i, tm1);
     if (!msk) continue;
-    if (!FN(take16)(x, i, msk, clear, base, cb, cap, hint, &mx)) { *fail = 1; break; }
+    if (!FN(cbuf_room16)(cb, cap, hint)) { *fail = 1; break; }
+    mx = FN(take16)(x, i, msk, clear, base, cb, mx);
   }
   *mx_io = mx;
   return i;
