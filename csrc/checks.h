@@ -3,9 +3,10 @@
 // Bindings only: check the tensors a Python caller hands in (messages name the
 // op and the argument, say what was expected and what was given), allocate
 // outputs, call a C kernel and turn its status into an exception with
-// raise_status. Kernels validate the *data* (index order and range, wire
-// fields) themselves, so nothing is checked twice: the Python face
-// (sparsecomm/ops) does not re-check what is checked here.
+// raise_status (call_kernel does both). Kernels validate the *data* (index
+// order and range, wire fields) themselves, so nothing is checked twice: the
+// Python face (sparsecomm/ops) does not re-check what is checked here. The
+// argument checks of the ops bound on both devices are in op_checks.h.
 //
 // Status -> exception, in this one place (sparsecomm/ops/_errors.py maps the
 // torch exception types to the Python ones users catch):
@@ -21,7 +22,9 @@
 #include <c10/util/Exception.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -48,6 +51,39 @@ inline void check_cpu(const Tensor& t, const char* op, const std::string& name) 
   TORCH_CHECK_VALUE(t.device().is_cpu(), op, ": ", name,
                     " must be a CPU tensor for this kernel, got device ", t.device());
 }
+
+inline void check_cuda(const Tensor& t, const Tensor& first, const char* op,
+                       const std::string& name) {
+  TORCH_CHECK_VALUE(t.is_cuda() && t.device() == first.device(), op, ": ", name,
+                    " must be a CUDA tensor on ", first.device(), ", got device ", t.device());
+}
+
+// The device a binding runs on: its CPU bindings take CPU tensors, its CUDA
+// bindings CUDA tensors on the device of the op's first tensor argument.
+enum class Device { Cpu, Cuda };
+
+// The device rule of one call: `first` is the op's first tensor argument.
+class Placement {
+ public:
+  Placement(Device device, const Tensor& first) : device_(device), first_(first) {}
+
+  void check(const Tensor& t, const char* op, const std::string& name) const {
+    if (device_ == Device::Cpu)
+      check_cpu(t, op, name);
+    else
+      check_cuda(t, first_, op, name);
+  }
+
+  // 1-D and on the device: the shape every vector argument of the ops has.
+  void check_vector(const Tensor& t, const char* op, const std::string& name) const {
+    check_1d(t, op, name);
+    check(t, op, name);
+  }
+
+ private:
+  Device device_;
+  const Tensor& first_;
+};
 
 // 1-D CPU tensor: the shape every vector argument of the ops has.
 inline void check_vector(const Tensor& t, const char* op, const std::string& name) {
@@ -114,17 +150,21 @@ inline void check_nonnegative(int64_t v, const char* op, const char* name) {
 // 4 KiB pages (one fault + zeroing each) was ~40% of topk's time at 10%
 // density for N = 100M (120 MB of output); with 2 MiB pages it is a few %.
 // A hint only: ignored where THP is off.
-inline void advise_huge(const Tensor& t) {
+inline void advise_huge(uintptr_t address, size_t bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   const uintptr_t huge = (uintptr_t)2 << 20;
-  size_t bytes = (size_t)t.numel() * t.element_size();
   if (bytes < 2 * huge) return;
-  uintptr_t lo = ((uintptr_t)t.data_ptr() + huge - 1) & ~(huge - 1);
-  uintptr_t hi = ((uintptr_t)t.data_ptr() + bytes) & ~(huge - 1);
+  uintptr_t lo = (address + huge - 1) & ~(huge - 1);
+  uintptr_t hi = (address + bytes) & ~(huge - 1);
   if (hi > lo) (void)madvise((void*)lo, hi - lo, MADV_HUGEPAGE);
 #else
-  (void)t;
+  (void)address;
+  (void)bytes;
 #endif
+}
+
+inline void advise_huge(const Tensor& t) {
+  advise_huge((uintptr_t)t.data_ptr(), (size_t)t.numel() * t.element_size());
 }
 
 inline Tensor empty_out(int64_t n, const at::TensorOptions& opt) {
@@ -178,6 +218,40 @@ struct InputNames {
     default:
       TORCH_CHECK(false, op, ": internal error (kernel status ", st, ")");
   }
+}
+
+// Calls a kernel whose last parameter is its sc_error_info* (the arguments
+// before it are `args`) and raises the exception for a failed status with
+// raise_status: `inputs` names what err.input indexes, `limit` is the dense
+// length index ranges were checked against.
+template <typename... Params, typename... Args>
+inline void call_kernel(const char* op, InputNames inputs, int64_t limit,
+                        int (*kernel)(Params...), Args&&... args) {
+  sc_error_info e{0, 0, 0};
+  int st = kernel(std::forward<Args>(args)..., &e);
+  if (st) raise_status(st, op, e, inputs, limit);
+}
+
+// The same for a kernel that checks no index range.
+template <typename... Params, typename... Args>
+inline void call_kernel(const char* op, InputNames inputs, int (*kernel)(Params...),
+                        Args&&... args) {
+  call_kernel(op, inputs, -1, kernel, std::forward<Args>(args)...);
+}
+
+// The same with the names written at the call: call_kernel(op, {"idx", "val"}, ...).
+template <typename... Params, typename... Args>
+inline void call_kernel(const char* op, std::initializer_list<std::string> inputs, int64_t limit,
+                        int (*kernel)(Params...), Args&&... args) {
+  call_kernel(op, InputNames{inputs.begin(), inputs.size()}, limit, kernel,
+              std::forward<Args>(args)...);
+}
+
+template <typename... Params, typename... Args>
+inline void call_kernel(const char* op, std::initializer_list<std::string> inputs,
+                        int (*kernel)(Params...), Args&&... args) {
+  call_kernel(op, InputNames{inputs.begin(), inputs.size()}, -1, kernel,
+              std::forward<Args>(args)...);
 }
 
 }  // namespace sparsecomm

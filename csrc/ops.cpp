@@ -3,7 +3,7 @@
 // A binding checks the tensors it is given (csrc/checks.h: shapes, devices,
 // dtypes, with messages naming the op and the argument), allocates outputs,
 // calls one C kernel (csrc/cpu, C ABI in csrc/include/sparsecomm) and turns
-// its status into an exception with raise_status. Kernels validate the data
+// its status into an exception (call_kernel). Kernels validate the data
 // (index order and range) themselves. Families add their ops from their own
 // csrc/ops_*.cpp with TORCH_LIBRARY_FRAGMENT; fake (meta) kernels for
 // torch.compile live in sparsecomm/ops/_fake.py. Ops that write in place
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "op_checks.h"
 #include "sparsecomm/kernels.h"
 
 namespace {
@@ -29,19 +30,14 @@ using namespace sparsecomm;
 
 std::tuple<Tensor, Tensor> topk_with(sc_topk_path_t path, const char* op, const Tensor& x,
                                      int64_t k) {
-  check_vector(x, op, "x");
-  check_nonnegative(k, op, "k");
-  sc_dtype dt = value_dtype(x, op, "x");
+  sc_dtype dt = check_topk_args(Device::Cpu, op, x, k);
   Tensor xc = x.contiguous();
   int64_t n = xc.numel();
   int64_t m = k < n ? k : n;
   Tensor vals = empty_out(m, xc.options());
   Tensor idx = empty_out(m, xc.options().dtype(at::kLong));
-  sc_error_info e{0, 0, 0};
-  int st = sc_topk_path(path, dt, xc.data_ptr(), n, k, threads(), vals.data_ptr(),
-                        idx.data_ptr<int64_t>(), &e);
-  const std::string names[] = {"x"};
-  if (st) raise_status(st, op, e, {names, 1});
+  call_kernel(op, {"x"}, sc_topk_path, path, dt, xc.data_ptr(), n, k, threads(), vals.data_ptr(),
+              idx.data_ptr<int64_t>());
   return {vals, idx};
 }
 
@@ -56,20 +52,14 @@ std::tuple<Tensor, Tensor> topk_radix_cpu(const Tensor& x, int64_t k) {
 std::tuple<Tensor, Tensor> block_topk_cpu(const Tensor& x, int64_t num_blocks,
                                           int64_t k_per_block) {
   const char* op = "sparsecomm.block_topk";
-  check_vector(x, op, "x");
-  TORCH_CHECK_VALUE(num_blocks >= 1, op, ": num_blocks must be >= 1, got ", num_blocks);
-  check_nonnegative(k_per_block, op, "k_per_block");
-  sc_dtype dt = value_dtype(x, op, "x");
+  sc_dtype dt = check_block_topk_args(Device::Cpu, op, x, num_blocks, k_per_block);
   Tensor xc = x.contiguous();
   int64_t n = xc.numel();
   int64_t m = sc_block_topk_count(n, num_blocks, k_per_block);
   Tensor vals = empty_out(m, xc.options());
   Tensor idx = empty_out(m, xc.options().dtype(at::kLong));
-  sc_error_info e{0, 0, 0};
-  int st = sc_block_topk(dt, xc.data_ptr(), n, num_blocks, k_per_block, threads(),
-                         vals.data_ptr(), idx.data_ptr<int64_t>(), &e);
-  const std::string names[] = {"x"};
-  if (st) raise_status(st, op, e, {names, 1});
+  call_kernel(op, {"x"}, sc_block_topk, dt, xc.data_ptr(), n, num_blocks, k_per_block, threads(),
+              vals.data_ptr(), idx.data_ptr<int64_t>());
   return {vals, idx};
 }
 
@@ -85,7 +75,7 @@ void topk_accum_cpu(Tensor& acc, const Tensor& g, int64_t num_blocks, int64_t k_
   check_contiguous(acc, op, "acc");
   check_contiguous(values, op, "values");
   check_contiguous(indices, op, "indices");
-  TORCH_CHECK_VALUE(num_blocks >= 1, op, ": num_blocks must be >= 1, got ", num_blocks);
+  check_num_blocks(num_blocks, op);
   check_nonnegative(k_per_block, op, "k_per_block");
   sc_dtype dt = value_dtype(acc, op, "acc", Floats::Full);
   check_same_dtype(acc, g, op, "acc", "g");
@@ -100,58 +90,27 @@ void topk_accum_cpu(Tensor& acc, const Tensor& g, int64_t num_blocks, int64_t k_
                     n, ", num_blocks=", num_blocks, ", k_per_block=", k_per_block, "), got ",
                     values.numel(), " and ", indices.numel());
   Tensor gc = g.contiguous();
-  sc_error_info e{0, 0, 0};
-  int st = sc_block_topk_accum(dt, acc.data_ptr(), gc.data_ptr(), n, num_blocks, k_per_block,
-                               clear ? 1 : 0, threads(), values.data_ptr(),
-                               indices.data_ptr<int64_t>(), &e);
-  const std::string names[] = {"acc", "g", "num_blocks", "k_per_block", "values", "indices"};
-  if (st) raise_status(st, op, e, {names, 6});
+  call_kernel(op, {"acc", "g", "num_blocks", "k_per_block", "values", "indices"},
+              sc_block_topk_accum, dt, acc.data_ptr(), gc.data_ptr(), n, num_blocks, k_per_block,
+              clear ? 1 : 0, threads(), values.data_ptr(), indices.data_ptr<int64_t>());
 }
 
 int64_t release_caches() { return (int64_t)sc_topk_release_cache(); }
 
 // ------------------------------------------------------------------ COO
 
-// Merges the COO vectors (idx[i], val[i]); the kernel checks order and range.
 std::tuple<Tensor, Tensor> merge_impl(const char* op, const std::vector<Tensor>& idx,
                                       const std::vector<Tensor>& val,
                                       const std::vector<std::string>& inames,
                                       const std::vector<std::string>& vnames, int64_t n) {
-  TORCH_CHECK_VALUE(!idx.empty(), op, ": needs at least one input vector, got none");
-  TORCH_CHECK_VALUE(idx.size() == val.size(), op,
-                    ": indices and values must be lists of the same length, got ", idx.size(),
-                    " and ", val.size());
-  std::vector<Tensor> ic, vc;
-  std::vector<const void*> ip, vp;
-  std::vector<int64_t> lens;
-  int64_t total = 0;
-  for (size_t i = 0; i < idx.size(); i++) {
-    check_vector(idx[i], op, inames[i]);
-    check_vector(val[i], op, vnames[i]);
-    index_dtype(idx[i], op, inames[i]);
-    value_dtype(val[i], op, vnames[i]);
-    if (i > 0) {
-      check_same_dtype(idx[0], idx[i], op, inames[0], inames[i]);
-      check_same_dtype(val[0], val[i], op, vnames[0], vnames[i]);
-    }
-    check_same_length(idx[i], val[i], op, inames[i], vnames[i]);
-    ic.push_back(idx[i].contiguous());
-    vc.push_back(val[i].contiguous());
-    ip.push_back(ic.back().data_ptr());
-    vp.push_back(vc.back().data_ptr());
-    lens.push_back(ic.back().numel());
-    total += lens.back();
-  }
-  Tensor oi = empty_out(total, ic[0].options());
-  Tensor ov = empty_out(total, vc[0].options());
+  MergeInputs in = merge_inputs(Device::Cpu, op, idx, val, inames, vnames);
+  Tensor oi = empty_out(in.total, in.idx[0].options());
+  Tensor ov = empty_out(in.total, in.val[0].options());
   int64_t n_out = 0;
-  sc_error_info e{0, 0, 0};
-  int st = sc_merge_add_many(index_dtype(ic[0], op, inames[0]),
-                             value_dtype(vc[0], op, vnames[0]), (int64_t)ic.size(), ip.data(),
-                             vp.data(), lens.data(), n, threads(), oi.data_ptr(), ov.data_ptr(),
-                             &n_out, &e);
-  if (st) raise_status(st, op, e, {inames.data(), inames.size()}, n);
-  if (n_out == total) return {oi, ov};
+  call_kernel(op, {inames.data(), inames.size()}, n, sc_merge_add_many, in.itype, in.vtype,
+              (int64_t)in.idx.size(), in.idx_ptr.data(), in.val_ptr.data(), in.lens.data(), n,
+              threads(), oi.data_ptr(), ov.data_ptr(), &n_out);
+  if (n_out == in.total) return {oi, ov};
   return {oi.narrow(0, 0, n_out), ov.narrow(0, 0, n_out)};
 }
 
@@ -163,49 +122,24 @@ std::tuple<Tensor, Tensor> merge_add_cpu(const Tensor& idx_a, const Tensor& val_
 
 std::tuple<Tensor, Tensor> merge_add_many_cpu(at::TensorList indices, at::TensorList values,
                                               int64_t n) {
-  std::vector<std::string> inames, vnames;
-  for (size_t i = 0; i < indices.size(); i++) {
-    inames.push_back("indices[" + std::to_string(i) + "]");
-    vnames.push_back("values[" + std::to_string(i) + "]");
-  }
+  auto [inames, vnames] = merge_many_names(indices.size());
   return merge_impl("sparsecomm.merge_add_many", indices.vec(), values.vec(), inames, vnames, n);
-}
-
-// The tensor checks of a scatter into dense (scatter_add_, scatter_set_): the value and
-// index types; the kernel checks index range and overlap itself.
-std::pair<sc_dtype, sc_index_t> check_scatter_tensors(const Tensor& dense, const Tensor& idx,
-                                                      const Tensor& val, const char* op) {
-  check_vector(dense, op, "dense");
-  check_vector(idx, op, "idx");
-  check_vector(val, op, "val");
-  check_contiguous(dense, op, "dense");
-  sc_dtype vt = value_dtype(dense, op, "dense");
-  sc_index_t it = index_dtype(idx, op, "idx");
-  check_same_dtype(dense, val, op, "dense", "val");
-  check_same_length(idx, val, op, "idx", "val");
-  return {vt, it};
 }
 
 void scatter_add_cpu(Tensor& dense, const Tensor& idx, const Tensor& val) {
   const char* op = "sparsecomm.scatter_add_";
-  auto [vt, it] = check_scatter_tensors(dense, idx, val, op);
+  auto [vt, it] = check_scatter_args(Device::Cpu, op, dense, idx, val);
   Tensor ic = idx.contiguous(), vc = val.contiguous();
-  sc_error_info e{0, 0, 0};
-  int st = sc_scatter_add(it, vt, dense.data_ptr(), dense.numel(), ic.data_ptr(), vc.data_ptr(),
-                          ic.numel(), threads(), &e);
-  const std::string names[] = {"dense", "idx", "val"};
-  if (st) raise_status(st, op, e, {names, 3}, dense.numel());
+  call_kernel(op, {"dense", "idx", "val"}, dense.numel(), sc_scatter_add, it, vt, dense.data_ptr(),
+              dense.numel(), ic.data_ptr(), vc.data_ptr(), ic.numel(), threads());
 }
 
 void scatter_set_cpu(Tensor& dense, const Tensor& idx, const Tensor& val, bool zero_rest) {
   const char* op = "sparsecomm.scatter_set_";
-  auto [vt, it] = check_scatter_tensors(dense, idx, val, op);
+  auto [vt, it] = check_scatter_args(Device::Cpu, op, dense, idx, val);
   Tensor ic = idx.contiguous(), vc = val.contiguous();
-  sc_error_info e{0, 0, 0};
-  int st = sc_scatter_set(it, vt, dense.data_ptr(), dense.numel(), ic.data_ptr(), vc.data_ptr(),
-                          ic.numel(), zero_rest ? 1 : 0, threads(), &e);
-  const std::string names[] = {"dense", "idx", "val"};
-  if (st) raise_status(st, op, e, {names, 3}, dense.numel());
+  call_kernel(op, {"dense", "idx", "val"}, dense.numel(), sc_scatter_set, it, vt, dense.data_ptr(),
+              dense.numel(), ic.data_ptr(), vc.data_ptr(), ic.numel(), zero_rest ? 1 : 0, threads());
 }
 
 // ------------------------------------------------------------------ checks
@@ -216,26 +150,17 @@ Tensor nonfinite_flags_cpu(const Tensor& x) {
   sc_dtype dt = value_dtype(x, op, "x");
   Tensor xc = x.contiguous();
   int flags = 0;
-  sc_error_info e{0, 0, 0};
-  int st = sc_nonfinite(dt, xc.data_ptr(), xc.numel(), threads(), &flags, &e);
-  const std::string names[] = {"x"};
-  if (st) raise_status(st, op, e, {names, 1});
+  call_kernel(op, {"x"}, sc_nonfinite, dt, xc.data_ptr(), xc.numel(), threads(), &flags);
   return at::scalar_tensor(flags, xc.options().dtype(at::kInt));
 }
 
 Tensor gather_cpu(const Tensor& dense, const Tensor& idx) {
   const char* op = "sparsecomm.gather";
-  check_vector(dense, op, "dense");
-  check_vector(idx, op, "idx");
-  sc_dtype vt = value_dtype(dense, op, "dense");
-  sc_index_t it = index_dtype(idx, op, "idx");
+  auto [vt, it] = check_gather_args(Device::Cpu, op, dense, idx);
   Tensor dc = dense.contiguous(), ic = idx.contiguous();
   Tensor out = empty_out(ic.numel(), dc.options());
-  sc_error_info e{0, 0, 0};
-  int st = sc_gather(it, vt, dc.data_ptr(), dc.numel(), ic.data_ptr(), ic.numel(), threads(),
-                     out.data_ptr(), &e);
-  const std::string names[] = {"dense", "idx"};
-  if (st) raise_status(st, op, e, {names, 2}, dc.numel());
+  call_kernel(op, {"dense", "idx"}, dc.numel(), sc_gather, it, vt, dc.data_ptr(), dc.numel(),
+              ic.data_ptr(), ic.numel(), threads(), out.data_ptr());
   return out;
 }
 
@@ -279,14 +204,7 @@ TORCH_LIBRARY_IMPL(sparsecomm, CPU, m) {
 static PyObject* py_advise_huge(PyObject*, PyObject* args) {
   unsigned long long addr = 0, nbytes = 0;
   if (!PyArg_ParseTuple(args, "KK", &addr, &nbytes)) return nullptr;
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  const uintptr_t huge = (uintptr_t)2 << 20;
-  if (nbytes >= 2 * huge) {
-    uintptr_t lo = ((uintptr_t)addr + huge - 1) & ~(huge - 1);
-    uintptr_t hi = ((uintptr_t)addr + nbytes) & ~(huge - 1);
-    if (hi > lo) (void)madvise((void*)lo, hi - lo, MADV_HUGEPAGE);
-  }
-#endif
+  sparsecomm::advise_huge((uintptr_t)addr, (size_t)nbytes);
   Py_RETURN_NONE;
 }
 
@@ -296,8 +214,8 @@ static PyMethodDef kModuleMethods[] = {
     {nullptr, nullptr, 0, nullptr}};
 
 // `import sparsecomm._C` loads this library, which registers the operators
-// above with the dispatcher (torch.ops.sparsecomm.*). The module itself is
-// empty.
+// above with the dispatcher (torch.ops.sparsecomm.*). The module itself holds
+// only advise_huge and CUDA_KERNELS.
 extern "C" PyObject* PyInit__C(void) {
   static struct PyModuleDef module_def = {
       PyModuleDef_HEAD_INIT, "_C",

@@ -3,7 +3,7 @@
 // csrc/include/sparsecomm/densestream.h), written like every binding: checks
 // from csrc/checks.h, outputs allocated (the header's bounds, then narrowed to
 // what the kernel wrote: one pass; encode_dense and to_coo, whose bound is N,
-// count first), one kernel call, raise_status.
+// count first), one kernel call through call_kernel.
 //
 // A DenseStream is three tensors: starts (int64), lengths (int64) and values
 // (the value dtype, all blocks back to back).
@@ -79,16 +79,13 @@ Blocks encode_coo_cpu(const Tensor& idx, const Tensor& val, int64_t n, int64_t w
   sc_index_t it = index_dtype(idx, op, "idx");
   sc_dtype vt = value_dtype(val, op, "val");
   Tensor ic = idx.contiguous(), vc = val.contiguous();
-  const std::string names[] = {"idx", "val", "n", "width", "capacity"};
   const int64_t m = ic.numel(), T = run_of(width, vc);
   sc_ds_counts cap{m, std::min(n, m + (m > 0 ? m - 1 : 0) * T)};  // densestream.h's bound
   Blocks out = alloc_blocks(cap, vc);
   sc_ds_counts c{0, 0};
-  sc_error_info e{0, 0, 0};
-  int st = sc_ds_encode_coo(it, vt, ic.data_ptr(), vc.data_ptr(), m, n, width,
-                            std::get<0>(out).data_ptr<int64_t>(), std::get<1>(out).data_ptr<int64_t>(),
-                            std::get<2>(out).data_ptr(), cap.nblocks, cap.nvalues, &c, &e);
-  if (st) raise_status(st, op, e, {names, 5}, n);
+  call_kernel(op, {"idx", "val", "n", "width", "capacity"}, n, sc_ds_encode_coo, it, vt, ic.data_ptr(),
+              vc.data_ptr(), m, n, width, std::get<0>(out).data_ptr<int64_t>(),
+              std::get<1>(out).data_ptr<int64_t>(), std::get<2>(out).data_ptr(), cap.nblocks, cap.nvalues, &c);
   return narrowed(out, c);
 }
 
@@ -100,15 +97,12 @@ Blocks encode_dense_cpu(const Tensor& x, int64_t width) {
   Tensor xc = x.contiguous();
   const std::string names[] = {"x", "width", "capacity"};
   sc_ds_counts c{0, 0};
-  sc_error_info e{0, 0, 0};
-  int st = sc_ds_encode_dense(vt, xc.data_ptr(), xc.numel(), width, nullptr, nullptr, nullptr, 0,
-                              0, &c, &e);
-  if (st) raise_status(st, op, e, {names, 3});
+  call_kernel(op, {names, 3}, sc_ds_encode_dense, vt, xc.data_ptr(), xc.numel(), width, nullptr, nullptr,
+              nullptr, 0, 0, &c);
   Blocks out = alloc_blocks(c, xc);
-  st = sc_ds_encode_dense(vt, xc.data_ptr(), xc.numel(), width, std::get<0>(out).data_ptr<int64_t>(),
-                          std::get<1>(out).data_ptr<int64_t>(), std::get<2>(out).data_ptr(),
-                          c.nblocks, c.nvalues, &c, &e);
-  if (st) raise_status(st, op, e, {names, 3});
+  call_kernel(op, {names, 3}, sc_ds_encode_dense, vt, xc.data_ptr(), xc.numel(), width,
+              std::get<0>(out).data_ptr<int64_t>(), std::get<1>(out).data_ptr<int64_t>(),
+              std::get<2>(out).data_ptr(), c.nblocks, c.nvalues, &c);
   return out;
 }
 
@@ -125,13 +119,10 @@ Blocks add_cpu(const Tensor& sa, const Tensor& la, const Tensor& va, const Tenso
                    std::min(n, a.v.numel() + b.v.numel() + (a.s.numel() + b.s.numel()) * T)};
   Blocks out = alloc_blocks(cap, a.v);
   sc_ds_counts c{0, 0};
-  sc_error_info e{0, 0, 0};
-  int st = sc_ds_add(a.vt, a.s.data_ptr<int64_t>(), a.l.data_ptr<int64_t>(), a.v.data_ptr(), a.s.numel(),
-                     a.v.numel(), b.s.data_ptr<int64_t>(), b.l.data_ptr<int64_t>(), b.v.data_ptr(),
-                     b.s.numel(), b.v.numel(), n, width, std::get<0>(out).data_ptr<int64_t>(),
-                     std::get<1>(out).data_ptr<int64_t>(), std::get<2>(out).data_ptr(), cap.nblocks,
-                     cap.nvalues, &c, &e);
-  if (st) raise_status(st, op, e, {kPairNames, 6}, n);
+  call_kernel(op, {kPairNames, 6}, n, sc_ds_add, a.vt, a.s.data_ptr<int64_t>(), a.l.data_ptr<int64_t>(),
+              a.v.data_ptr(), a.s.numel(), a.v.numel(), b.s.data_ptr<int64_t>(), b.l.data_ptr<int64_t>(),
+              b.v.data_ptr(), b.s.numel(), b.v.numel(), n, width, std::get<0>(out).data_ptr<int64_t>(),
+              std::get<1>(out).data_ptr<int64_t>(), std::get<2>(out).data_ptr(), cap.nblocks, cap.nvalues, &c);
   return narrowed(out, c);
 }
 
@@ -146,12 +137,9 @@ Blocks slice_cpu(const Tensor& s, const Tensor& l, const Tensor& v, int64_t n, i
   sc_ds_counts cap{a.v.numel(), a.v.numel()};
   Blocks out = alloc_blocks(cap, a.v);
   sc_ds_counts c{0, 0};
-  sc_error_info e{0, 0, 0};
-  int st = sc_ds_slice(a.vt, a.s.data_ptr<int64_t>(), a.l.data_ptr<int64_t>(), a.v.data_ptr(), a.s.numel(),
-                       a.v.numel(), n, lo, hi, width, std::get<0>(out).data_ptr<int64_t>(),
-                       std::get<1>(out).data_ptr<int64_t>(), std::get<2>(out).data_ptr(), cap.nblocks,
-                       cap.nvalues, &c, &e);
-  if (st) raise_status(st, op, e, {kBlockNames, 3}, n);
+  call_kernel(op, {kBlockNames, 3}, n, sc_ds_slice, a.vt, a.s.data_ptr<int64_t>(), a.l.data_ptr<int64_t>(),
+              a.v.data_ptr(), a.s.numel(), a.v.numel(), n, lo, hi, width, std::get<0>(out).data_ptr<int64_t>(),
+              std::get<1>(out).data_ptr<int64_t>(), std::get<2>(out).data_ptr(), cap.nblocks, cap.nvalues, &c);
   return narrowed(out, c);
 }
 
@@ -161,10 +149,8 @@ void add_into_cpu(Tensor& dense, const Tensor& s, const Tensor& l, const Tensor&
   check_contiguous(dense, op, "dense");
   BlocksIn a = blocks_in(s, l, v, op, "");
   check_same_dtype(dense, v, op, "dense", "values");
-  sc_error_info e{0, 0, 0};
-  int st = sc_ds_add_into(a.vt, dense.data_ptr(), dense.numel(), a.s.data_ptr<int64_t>(),
-                          a.l.data_ptr<int64_t>(), a.v.data_ptr(), a.s.numel(), a.v.numel(), &e);
-  if (st) raise_status(st, op, e, {kBlockNames, 3}, dense.numel());
+  call_kernel(op, {kBlockNames, 3}, dense.numel(), sc_ds_add_into, a.vt, dense.data_ptr(), dense.numel(),
+              a.s.data_ptr<int64_t>(), a.l.data_ptr<int64_t>(), a.v.data_ptr(), a.s.numel(), a.v.numel());
 }
 
 std::tuple<Tensor, Tensor> to_coo_cpu(const Tensor& s, const Tensor& l, const Tensor& v, int64_t n) {
@@ -172,14 +158,11 @@ std::tuple<Tensor, Tensor> to_coo_cpu(const Tensor& s, const Tensor& l, const Te
   BlocksIn a = blocks_in(s, l, v, op, "");
   check_nonnegative(n, op, "n");
   int64_t m = 0;
-  sc_error_info e{0, 0, 0};
-  int st = sc_ds_to_coo(a.vt, a.s.data_ptr<int64_t>(), a.l.data_ptr<int64_t>(), a.v.data_ptr(),
-                        a.s.numel(), a.v.numel(), n, nullptr, nullptr, 0, &m, &e);
-  if (st) raise_status(st, op, e, {kBlockNames, 3}, n);
+  call_kernel(op, {kBlockNames, 3}, n, sc_ds_to_coo, a.vt, a.s.data_ptr<int64_t>(), a.l.data_ptr<int64_t>(),
+              a.v.data_ptr(), a.s.numel(), a.v.numel(), n, nullptr, nullptr, 0, &m);
   Tensor idx = at::empty({m}, a.s.options()), val = at::empty({m}, a.v.options());
-  st = sc_ds_to_coo(a.vt, a.s.data_ptr<int64_t>(), a.l.data_ptr<int64_t>(), a.v.data_ptr(),
-                    a.s.numel(), a.v.numel(), n, idx.data_ptr<int64_t>(), val.data_ptr(), m, &m, &e);
-  if (st) raise_status(st, op, e, {kBlockNames, 3}, n);
+  call_kernel(op, {kBlockNames, 3}, n, sc_ds_to_coo, a.vt, a.s.data_ptr<int64_t>(), a.l.data_ptr<int64_t>(),
+              a.v.data_ptr(), a.s.numel(), a.v.numel(), n, idx.data_ptr<int64_t>(), val.data_ptr(), m, &m);
   return {idx, val};
 }
 

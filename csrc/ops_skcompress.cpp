@@ -1,6 +1,6 @@
 // SKCompress ops: bindings of csrc/cpu/skcompress.c (C ABI and wire layout in
 // csrc/include/sparsecomm/skcompress.h), written like every binding: checks from
-// csrc/checks.h, one kernel call, raise_status.
+// csrc/checks.h, one kernel call through call_kernel.
 #include <torch/library.h>
 
 #include <string>
@@ -30,10 +30,8 @@ Tensor skcompress_quantiles_cpu(const Tensor& x, int64_t nq, int64_t exact_max) 
   check_nonnegative(exact_max, op, "exact_max");
   Tensor xc = x.contiguous();
   Tensor out = at::empty({nq + 1}, x.options().dtype(at::kDouble));
-  sc_error_info e{0, 0, 0};
-  int st = sc_skc_quantiles(vt, xc.data_ptr(), xc.numel(), nq, exact_max,
-                            out.data_ptr<double>(), &e);
-  if (st) raise_status(st, op, e, {kVecNames + 1, 1});
+  call_kernel(op, {"val"}, sc_skc_quantiles, vt, xc.data_ptr(), xc.numel(), nq, exact_max,
+              out.data_ptr<double>());
   return out;
 }
 
@@ -49,10 +47,8 @@ std::tuple<Tensor, Tensor, Tensor> skcompress_quantize_cpu(const Tensor& v, int6
   Tensor bucket = at::empty({vc.numel()}, v.options().dtype(at::kInt));
   Tensor splits = at::empty({2, q / 2 + 1}, v.options().dtype(at::kDouble));
   Tensor used = at::empty({2}, v.options().dtype(at::kLong));
-  sc_error_info e{0, 0, 0};
-  int st = sc_skc_quantize(vt, vc.data_ptr(), vc.numel(), q, exact_max, bucket.data_ptr<int32_t>(),
-                           splits.data_ptr<double>(), used.data_ptr<int64_t>(), &e);
-  if (st) raise_status(st, op, e, {kVecNames, 2});
+  call_kernel(op, {kVecNames, 2}, sc_skc_quantize, vt, vc.data_ptr(), vc.numel(), q, exact_max,
+              bucket.data_ptr<int32_t>(), splits.data_ptr<double>(), used.data_ptr<int64_t>());
   return {bucket, splits, used};
 }
 
@@ -84,15 +80,14 @@ Tensor skcompress_encode_cpu(const Tensor& idx, const Tensor& val, int64_t n, in
   TORCH_CHECK_VALUE(index_codec >= 0 && index_codec <= 1 && value_codec >= 0 && value_codec <= 1,
                     op, ": unknown codec (index ", index_codec, ", value ", value_codec, ")");
   sc_skc_options o = make_options(index_codec, value_codec, q, s, t, r, m, prefix, exact_max);
-  sc_error_info e{0, 0, 0};
-  int st = sc_skc_check_options(&o, &e);
-  if (st) raise_status(st, op, e, {kArgNames, 11});
+  call_kernel(op, {kArgNames, 11}, sc_skc_check_options, &o);
   Tensor ii = idx.to(at::kLong).contiguous();
   Tensor vv = val.contiguous();
   int64_t cap = sc_skc_encode_bound(&o, n, vt, vv.numel());
   Tensor out = at::empty({cap}, val.options().dtype(at::kByte));
   int64_t len = 0;
-  st = sc_skc_encode(&o, n, ii.data_ptr<int64_t>(), vt, vv.data_ptr(), vv.numel(),
+  sc_error_info e{0, 0, 0};
+  int st = sc_skc_encode(&o, n, ii.data_ptr<int64_t>(), vt, vv.data_ptr(), vv.numel(),
                      out.data_ptr<uint8_t>(), cap, &len, &e);
   if (st == SC_ERR_ARG) raise_status(st, op, e, {kArgNames, 11});
   if (st) raise_status(st, op, e, {kVecNames, 2}, n);

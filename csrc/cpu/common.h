@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "sparsecomm/abi.h"
+#include "sparsecomm/bitexact.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -26,12 +27,7 @@ static inline int sc_clamp_threads(int nt) {
 }
 
 /* splitmix64 */
-static inline uint64_t sc_rand(uint64_t* s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+static inline uint64_t sc_rand(uint64_t* s) { return sc_mix64(*s += 0x9E3779B97F4A7C15ull); }
 
 /* End (exclusive) of block b of B over n elements: (b+1)*n/B; b = -1 gives 0. */
 static inline int64_t sc_block_end(int64_t n, int64_t B, int64_t b) {

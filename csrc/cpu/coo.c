@@ -7,10 +7,10 @@
 #include "sparsecomm/kernels.h"
 #include "common.h"
 
-static inline float ld_f16(uint16_t h) { return sc_f16_to_f32(h); }
-static inline uint16_t st_f16(float f) { return sc_f32_to_f16(f); }
-static inline float ld_bf16(uint16_t h) { return sc_bf16_to_f32(h); }
-static inline uint16_t st_bf16(float f) { return sc_f32_to_bf16(f); }
+static inline float ld_f16(uint16_t h) { return sc_f16_bits_to_f32(h); }
+static inline uint16_t st_f16(float f) { return sc_f32_to_f16_bits(f); }
+static inline float ld_bf16(uint16_t h) { return sc_bf16_bits_to_f32(h); }
+static inline uint16_t st_bf16(float f) { return sc_f32_to_bf16_bits(f); }
 
 #define ISFX i32
 #define IT int32_t
@@ -62,6 +62,38 @@ static int overlaps(const void* a, size_t an, const void* b, size_t bn) {
   return an && bn && x < y + bn && y < x + an;
 }
 
+/* ------------------------------------------------------------ dispatch */
+
+/* The (index type, value type) instance of each kernel (coo_impl.h's *_any). Assigning
+ * and gathering copy bits: they dispatch on the value width only. */
+typedef int (*merge_many_fn)(int64_t, const void* const*, const void* const*, const int64_t*, int,
+                             void*, void*, int64_t*);
+typedef void (*scatter_add_fn)(void*, const void*, const void*, int64_t, int);
+typedef void (*scatter_set_fn)(void*, int64_t, const void*, const void*, int64_t, int, int, int);
+typedef void (*gather_fn)(const void*, const void*, int64_t, int, void*);
+
+static merge_many_fn merge_many_for(sc_index_t itype, sc_dtype vtype) {
+  const int i32 = itype == SC_I32;
+  switch (vtype) {
+    case SC_F32: return i32 ? merge_many_any_i32_f32 : merge_many_any_i64_f32;
+    case SC_F64: return i32 ? merge_many_any_i32_f64 : merge_many_any_i64_f64;
+    case SC_F16: return i32 ? merge_many_any_i32_f16 : merge_many_any_i64_f16;
+    case SC_BF16: return i32 ? merge_many_any_i32_bf16 : merge_many_any_i64_bf16;
+    default: return NULL;
+  }
+}
+
+static scatter_add_fn scatter_add_for(sc_index_t itype, sc_dtype vtype) {
+  const int i32 = itype == SC_I32;
+  switch (vtype) {
+    case SC_F32: return i32 ? scatter_add_any_i32_f32 : scatter_add_any_i64_f32;
+    case SC_F64: return i32 ? scatter_add_any_i32_f64 : scatter_add_any_i64_f64;
+    case SC_F16: return i32 ? scatter_add_any_i32_f16 : scatter_add_any_i64_f16;
+    case SC_BF16: return i32 ? scatter_add_any_i32_bf16 : scatter_add_any_i64_bf16;
+    default: return NULL;
+  }
+}
+
 /* ------------------------------------------------------------ merges */
 
 int sc_merge_add_many(sc_index_t itype, sc_dtype vtype, int64_t p,
@@ -79,29 +111,8 @@ int sc_merge_add_many(sc_index_t itype, sc_dtype vtype, int64_t p,
     if (st) return st;
   }
   if (p == 0) return SC_OK;
-#define MM(ISFX_, IT_, VSFX_, VT_)                                                     \
-  st = merge_many_##ISFX_##_##VSFX_(p, (const IT_* const*)idx, (const VT_* const*)val, \
-                                    lens, nt, (IT_*)out_idx, (VT_*)out_val, out_n);   \
-  break
-  int st = SC_ERR_ARG;
-  if (itype == SC_I32) {
-    switch (vtype) {
-      case SC_F32: MM(i32, int32_t, f32, float);
-      case SC_F64: MM(i32, int32_t, f64, double);
-      case SC_F16: MM(i32, int32_t, f16, uint16_t);
-      case SC_BF16: MM(i32, int32_t, bf16, uint16_t);
-      default: break;
-    }
-  } else {
-    switch (vtype) {
-      case SC_F32: MM(i64, int64_t, f32, float);
-      case SC_F64: MM(i64, int64_t, f64, double);
-      case SC_F16: MM(i64, int64_t, f16, uint16_t);
-      case SC_BF16: MM(i64, int64_t, bf16, uint16_t);
-      default: break;
-    }
-  }
-#undef MM
+  merge_many_fn merge = merge_many_for(itype, vtype);
+  int st = merge ? merge(p, idx, val, lens, nt, out_idx, out_val, out_n) : SC_ERR_ARG;
   return st ? sc_fail(err, st, 0, 0, 0) : SC_OK;
 }
 
@@ -151,26 +162,8 @@ int sc_scatter_add(sc_index_t itype, sc_dtype vtype, void* dense,
   /* strictly ascending indices are distinct: the scatter may run in parallel;
      any other order (repeats included) runs serially in input order */
   const int pnt = ascending && n > 65536 ? nt : 1;
-#define SA(ISFX_, IT_, VSFX_, VT_) \
-  scatter_add_##ISFX_##_##VSFX_((VT_*)dense, (const IT_*)idx, (const VT_*)val, n, pnt); break
-  if (itype == SC_I32) {
-    switch (vtype) {
-      case SC_F32: SA(i32, int32_t, f32, float);
-      case SC_F64: SA(i32, int32_t, f64, double);
-      case SC_F16: SA(i32, int32_t, f16, uint16_t);
-      case SC_BF16: SA(i32, int32_t, bf16, uint16_t);
-      default: break;
-    }
-  } else {
-    switch (vtype) {
-      case SC_F32: SA(i64, int64_t, f32, float);
-      case SC_F64: SA(i64, int64_t, f64, double);
-      case SC_F16: SA(i64, int64_t, f16, uint16_t);
-      case SC_BF16: SA(i64, int64_t, bf16, uint16_t);
-      default: break;
-    }
-  }
-#undef SA
+  scatter_add_fn scatter = scatter_add_for(itype, vtype);
+  if (scatter) scatter(dense, idx, val, n, pnt);
   return SC_OK;
 }
 
@@ -184,19 +177,13 @@ int sc_scatter_set(sc_index_t itype, sc_dtype vtype, void* dense, int64_t dense_
   const size_t w = sc_dtype_size(vtype);
   /* parallel only over distinct entries; the zeroing pass splits dense itself */
   const int pnt = ascending ? nt : 1;
-  /* assigning copies bits: dispatch on the value width only */
-#define SS(ISFX_, IT_, VSFX_, VT_) \
-  scatter_set_##ISFX_##_##VSFX_((VT_*)dense, dense_n, (const IT_*)idx, (const VT_*)val, n, zero_rest != 0, ascending, pnt)
-  if (itype == SC_I32) {
-    if (w == 8) SS(i32, int32_t, f64, double);
-    else if (w == 4) SS(i32, int32_t, f32, float);
-    else SS(i32, int32_t, f16, uint16_t);
-  } else {
-    if (w == 8) SS(i64, int64_t, f64, double);
-    else if (w == 4) SS(i64, int64_t, f32, float);
-    else SS(i64, int64_t, f16, uint16_t);
-  }
-#undef SS
+  scatter_set_fn assign = itype == SC_I32 ? (w == 8   ? scatter_set_any_i32_f64
+                                             : w == 4 ? scatter_set_any_i32_f32
+                                                      : scatter_set_any_i32_f16)
+                                          : (w == 8   ? scatter_set_any_i64_f64
+                                             : w == 4 ? scatter_set_any_i64_f32
+                                                      : scatter_set_any_i64_f16);
+  assign(dense, dense_n, idx, val, n, zero_rest != 0, ascending, pnt);
   return SC_OK;
 }
 
@@ -212,18 +199,12 @@ int sc_gather(sc_index_t itype, sc_dtype vtype, const void* dense,
   int64_t br, bo;
   scan_indices(itype, idx, n, dense_n, nt, &br, &bo);
   if (br != INT64_MAX) return sc_fail(err, SC_ERR_INDEX_RANGE, 1, br, index_at(itype, idx, br));
-  /* gathering copies bits: dispatch on the value width only */
-#define GA(ISFX_, IT_, VSFX_, VT_) \
-  gather_##ISFX_##_##VSFX_((const VT_*)dense, (const IT_*)idx, n, nt, (VT_*)out)
-  if (itype == SC_I32) {
-    if (w == 8) GA(i32, int32_t, f64, double);
-    else if (w == 4) GA(i32, int32_t, f32, float);
-    else GA(i32, int32_t, f16, uint16_t);
-  } else {
-    if (w == 8) GA(i64, int64_t, f64, double);
-    else if (w == 4) GA(i64, int64_t, f32, float);
-    else GA(i64, int64_t, f16, uint16_t);
-  }
-#undef GA
+  gather_fn gather = itype == SC_I32 ? (w == 8   ? gather_any_i32_f64
+                                       : w == 4 ? gather_any_i32_f32
+                                                : gather_any_i32_f16)
+                                    : (w == 8   ? gather_any_i64_f64
+                                       : w == 4 ? gather_any_i64_f32
+                                                : gather_any_i64_f16);
+  gather(dense, idx, n, nt, out);
   return SC_OK;
 }

@@ -26,13 +26,16 @@ static int64_t FN(merge2_seg)(const IT* ia, const VT* va, int64_t a_lo, int64_t 
   return o;
 }
 
+/* Heap order of the merge: input s1's current index before s2's, ties by input. */
+static inline int FN(heap_less)(const IT* const* idx, const int64_t* pos, int64_t s1, int64_t s2) {
+  return idx[s1][pos[s1]] < idx[s2][pos[s2]] || (idx[s1][pos[s1]] == idx[s2][pos[s2]] && s1 < s2);
+}
+
 /* k-way merge of segments [lo[p], hi[p]) of the p inputs (binary heap). */
 static int64_t FN(mergek_seg)(int64_t P, const IT* const* idx, const VT* const* val,
                               const int64_t* lo, const int64_t* hi, int64_t* pos,
                               int64_t* heap, IT* oi, VT* ov) {
   int64_t m = 0, o = 0;
-#define HLESS(s1, s2) (idx[s1][pos[s1]] < idx[s2][pos[s2]] || \
-                       (idx[s1][pos[s1]] == idx[s2][pos[s2]] && (s1) < (s2)))
   for (int64_t p = 0; p < P; p++) {
     pos[p] = lo[p];
     if (lo[p] < hi[p]) {
@@ -41,7 +44,7 @@ static int64_t FN(mergek_seg)(int64_t P, const IT* const* idx, const VT* const* 
       heap[c] = p;
       while (c > 0) {
         int64_t par = (c - 1) / 2;
-        if (HLESS(heap[c], heap[par])) { int64_t tmp = heap[c]; heap[c] = heap[par]; heap[par] = tmp; c = par; }
+        if (FN(heap_less)(idx, pos, heap[c], heap[par])) { int64_t tmp = heap[c]; heap[c] = heap[par]; heap[par] = tmp; c = par; }
         else break;
       }
     }
@@ -64,8 +67,8 @@ static int64_t FN(mergek_seg)(int64_t P, const IT* const* idx, const VT* const* 
       int64_t c = 0;
       for (;;) {
         int64_t l = 2 * c + 1, r = l + 1, b = c;
-        if (l < m && HLESS(heap[l], heap[b])) b = l;
-        if (r < m && HLESS(heap[r], heap[b])) b = r;
+        if (l < m && FN(heap_less)(idx, pos, heap[l], heap[b])) b = l;
+        if (r < m && FN(heap_less)(idx, pos, heap[r], heap[b])) b = r;
         if (b == c) break;
         int64_t tmp = heap[c]; heap[c] = heap[b]; heap[b] = tmp; c = b;
       }
@@ -75,7 +78,6 @@ static int64_t FN(mergek_seg)(int64_t P, const IT* const* idx, const VT* const* 
     ov[o] = STORE(acc);
     o++;
   }
-#undef HLESS
   return o;
 }
 
@@ -279,6 +281,31 @@ SC_MAYBE_UNUSED static void FN(gather)(const VT* dense, const IT* idx, int64_t n
   int64_t i;
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && n > 32768)
   for (i = 0; i < n; i++) out[i] = dense[idx[i]];
+}
+
+/* The kernels above on untyped buffers: one signature for every type pair, so that
+ * coo.c dispatches on the types by picking a function. */
+SC_MAYBE_UNUSED static int FN(merge_many_any)(int64_t P, const void* const* idx,
+                                              const void* const* val, const int64_t* lens, int nt,
+                                              void* oi, void* ov, int64_t* out_n) {
+  return FN(merge_many)(P, (const IT* const*)idx, (const VT* const*)val, lens, nt, (IT*)oi, (VT*)ov,
+                        out_n);
+}
+
+SC_MAYBE_UNUSED static void FN(scatter_add_any)(void* dense, const void* idx, const void* val,
+                                                int64_t n, int nt) {
+  FN(scatter_add)((VT*)dense, (const IT*)idx, (const VT*)val, n, nt);
+}
+
+SC_MAYBE_UNUSED static void FN(scatter_set_any)(void* dense, int64_t dense_n, const void* idx,
+                                                const void* val, int64_t n, int zero_rest,
+                                                int ascending, int nt) {
+  FN(scatter_set)((VT*)dense, dense_n, (const IT*)idx, (const VT*)val, n, zero_rest, ascending, nt);
+}
+
+SC_MAYBE_UNUSED static void FN(gather_any)(const void* dense, const void* idx, int64_t n, int nt,
+                                           void* out) {
+  FN(gather)((const VT*)dense, (const IT*)idx, n, nt, (VT*)out);
 }
 
 #undef FN

@@ -9,10 +9,10 @@
 #include "sparsecomm/kernels.h"
 #include "common.h"
 
-static inline float ld_f16(uint16_t h) { return sc_f16_to_f32(h); }
-static inline uint16_t st_f16(float f) { return sc_f32_to_f16(f); }
-static inline float ld_bf16(uint16_t h) { return sc_bf16_to_f32(h); }
-static inline uint16_t st_bf16(float f) { return sc_f32_to_bf16(f); }
+static inline float ld_f16(uint16_t h) { return sc_f16_bits_to_f32(h); }
+static inline uint16_t st_f16(float f) { return sc_f32_to_f16_bits(f); }
+static inline float ld_bf16(uint16_t h) { return sc_bf16_bits_to_f32(h); }
+static inline uint16_t st_bf16(float f) { return sc_f32_to_bf16_bits(f); }
 
 #define VSFX f32
 #define VT float

@@ -6,48 +6,70 @@
 #include "sparsecomm/kernels.h"
 #include "common.h"
 
-/*
- * 1 if any key (bits & MASK) exceeds LIM (the largest finite key). Written as
- * arithmetic, not a branch or a compare: LIM - key is negative (top bit set)
- * exactly when key > LIM, and OR-ing those over the input vectorizes on any
- * target (SSE2: pand / psub / por), with no early exit. Two halves are read in
- * one loop: two streams keep more cache misses in flight on one core than one
- * (a single read stream is latency-bound at ~0.55 residual-add passes over
- * 15M float32, two at ~0.45; docs/benchmarks.md).
- */
-#define ANY_ABOVE(SFX, W, MASK, LIM, TOP)                                  \
-  static int any_above_##SFX(const W* u, int64_t n) {                      \
-    const int64_t h = n / 2;                                               \
-    W a = 0, b = 0;                                                        \
-    for (int64_t i = 0; i < h; i++) {                                      \
-      a |= (W)((W)(LIM) - (W)(u[i] & (W)(MASK)));                          \
-      b |= (W)((W)(LIM) - (W)(u[h + i] & (W)(MASK)));                      \
-    }                                                                      \
-    if (n & 1) a |= (W)((W)(LIM) - (W)(u[n - 1] & (W)(MASK)));             \
-    return ((a | b) >> (TOP)) != 0;                                        \
-  }
+/* the scan of each value width (finite_impl.h) */
+#define SFX w32
+#define W uint32_t
+#define MASK 0x7FFFFFFFu
+#define LIM 0x7F7FFFFFu
+#define INF 0x7F800000u
+#define SIGN 0x80000000u
+#define TOP 31
+#include "finite_impl.h"
+#undef SFX
+#undef W
+#undef MASK
+#undef LIM
+#undef INF
+#undef SIGN
+#undef TOP
 
-ANY_ABOVE(w32, uint32_t, 0x7FFFFFFFu, 0x7F7FFFFFu, 31)
-ANY_ABOVE(w64, uint64_t, 0x7FFFFFFFFFFFFFFFull, 0x7FEFFFFFFFFFFFFFull, 63)
-ANY_ABOVE(f16, uint16_t, 0x7FFFu, 0x7BFFu, 15)
-ANY_ABOVE(bf16, uint16_t, 0x7FFFu, 0x7F7Fu, 15)
+#define SFX w64
+#define W uint64_t
+#define MASK 0x7FFFFFFFFFFFFFFFull
+#define LIM 0x7FEFFFFFFFFFFFFFull
+#define INF 0x7FF0000000000000ull
+#define SIGN 0x8000000000000000ull
+#define TOP 63
+#include "finite_impl.h"
+#undef SFX
+#undef W
+#undef MASK
+#undef LIM
+#undef INF
+#undef SIGN
+#undef TOP
 
-/* The exact flags of x[lo, hi) (the rare path: something was found). */
-#define FLAGS(SFX, W, MASK, INF, SIGN)                                     \
-  static int flags_##SFX(const W* u, int64_t lo, int64_t hi) {             \
-    int f = 0;                                                             \
-    for (int64_t i = lo; i < hi; i++) {                                    \
-      W key = (W)(u[i] & (W)(MASK));                                       \
-      if (key > (W)(INF)) f |= SC_NONFINITE_NAN;                           \
-      else if (key == (W)(INF)) f |= (u[i] & (W)(SIGN)) ? SC_NONFINITE_NEG_INF : SC_NONFINITE_POS_INF; \
-    }                                                                      \
-    return f;                                                              \
-  }
+#define SFX f16
+#define W uint16_t
+#define MASK 0x7FFFu
+#define LIM 0x7BFFu
+#define INF 0x7C00u
+#define SIGN 0x8000u
+#define TOP 15
+#include "finite_impl.h"
+#undef SFX
+#undef W
+#undef MASK
+#undef LIM
+#undef INF
+#undef SIGN
+#undef TOP
 
-FLAGS(w32, uint32_t, 0x7FFFFFFFu, 0x7F800000u, 0x80000000u)
-FLAGS(w64, uint64_t, 0x7FFFFFFFFFFFFFFFull, 0x7FF0000000000000ull, 0x8000000000000000ull)
-FLAGS(f16, uint16_t, 0x7FFFu, 0x7C00u, 0x8000u)
-FLAGS(bf16, uint16_t, 0x7FFFu, 0x7F80u, 0x8000u)
+#define SFX bf16
+#define W uint16_t
+#define MASK 0x7FFFu
+#define LIM 0x7F7Fu
+#define INF 0x7F80u
+#define SIGN 0x8000u
+#define TOP 15
+#include "finite_impl.h"
+#undef SFX
+#undef W
+#undef MASK
+#undef LIM
+#undef INF
+#undef SIGN
+#undef TOP
 
 static int any_part(sc_dtype t, const void* x, int64_t lo, int64_t hi) {
   switch (t) {

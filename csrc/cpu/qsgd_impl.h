@@ -3,7 +3,7 @@
  * per value type. Contract: csrc/include/sparsecomm/stream.h.
  *
  * Required macros: SFX (name suffix), VT (value type: float or double).
- * stream.c provides qsgd_u01(seed, i), the uniform draw of element i.
+ * sc_qsgd_u01(seed, i) (sparsecomm/bitexact.h) is the uniform draw of element i.
  */
 #define CAT_(a, b) a##_##b
 #define CAT(a, b) CAT_(a, b)
@@ -16,7 +16,7 @@ static inline int FN(qsgd_level)(VT x, int64_t i, float scale, int s, uint64_t s
   if (!(scale > 0.0f)) return s;
   double r = fabs((double)x) / (double)scale * s;
   double l = floor(r);
-  if (qsgd_u01(seed, i) < r - l) l += 1.0;
+  if (sc_qsgd_u01(seed, i) < r - l) l += 1.0;
   if (l > s) l = s;
   return x < 0 ? s - (int)l : s + (int)l;
 }

@@ -18,23 +18,9 @@
 
 #define SK_RUN SC_SKETCH_RUN
 
-static inline uint64_t sk_mix(uint64_t z) {
-  z ^= z >> 30;
-  z *= 0xBF58476D1CE4E5B9ull;
-  z ^= z >> 27;
-  z *= 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return z;
-}
-
-static inline uint64_t sk_key(uint64_t seed, int64_t row) {
-  return sk_mix(seed + 0x9E3779B97F4A7C15ull * (uint64_t)(row + 1));
-}
-
-/* hash of run r = i / 16 in the row with key `key`; its offset bucket and the sign bit of
- * the coordinate with offset o = i % 16 inside the run. */
-static inline uint64_t sk_hash(uint64_t key, uint64_t run) { return sk_mix(key ^ run); }
-static inline uint64_t sk_base(uint64_t h, uint64_t cols) { return ((h >> 32) * cols) >> 32; }
+/* The hash family is sparsecomm/bitexact.h's, shared with the CUDA kernels: the hash of
+ * run r = i / 16 in the row with key `key` (sc_sketch_hash) gives its offset bucket
+ * (sc_sketch_base) and the sign bit of the coordinate with offset o = i % 16 inside it. */
 
 /* x86-64: an AVX-512 and an AVX2 clone of the hot loops, picked at load time (the run
  * read-modify-writes are one or two vector instructions there; the hashes need 64-bit
@@ -69,8 +55,8 @@ static inline uint64_t sk_base(uint64_t h, uint64_t cols) { return ((h >> 32) * 
 static inline void sk_hash_runs(uint64_t key, int64_t r0, int64_t len, uint64_t cols,
                                 uint32_t* restrict base, uint32_t* restrict bits) {
   for (int64_t t = 0; t < len; ++t) {
-    uint64_t h = sk_hash(key, (uint64_t)(r0 + t));
-    base[t] = (uint32_t)sk_base(h, cols);
+    uint64_t h = sc_sketch_hash(key, (uint64_t)(r0 + t));
+    base[t] = (uint32_t)sc_sketch_base(h, cols);
     bits[t] = (uint32_t)(h & 0xFFFF);
   }
 }
@@ -78,7 +64,7 @@ static inline void sk_hash_runs(uint64_t key, int64_t r0, int64_t len, uint64_t 
 /* Bucket and sign bit of single coordinates (idx[t], or i0 + t when idx is NULL): for
  * COO inputs, index lists and the last partial run. */
 static inline uint64_t sk_bucket_of(uint64_t h, uint64_t o, uint64_t cols) {
-  uint64_t q = sk_base(h, cols) + o;
+  uint64_t q = sc_sketch_base(h, cols) + o;
   return q < cols ? q : (cols >= SK_RUN ? q - cols : q % cols); /* q < cols + 16 */
 }
 
@@ -86,7 +72,7 @@ static inline void sk_hash_coords(uint64_t key, const int64_t* idx, int64_t i0, 
                                   uint64_t cols, uint32_t* restrict bk, uint32_t* restrict sg) {
   for (int64_t t = 0; t < len; ++t) {
     uint64_t i = idx ? (uint64_t)idx[t] : (uint64_t)(i0 + t), o = i % SK_RUN;
-    uint64_t h = sk_hash(key, i / SK_RUN);
+    uint64_t h = sc_sketch_hash(key, i / SK_RUN);
     bk[t] = (uint32_t)sk_bucket_of(h, o, cols);
     sg[t] = (uint32_t)((h >> o) & 1);
   }

@@ -72,7 +72,7 @@ static void FN(build)(TT* table, int64_t rows, int64_t cols, uint64_t seed, cons
   (void)nt;
 #pragma omp parallel for num_threads(nt) schedule(static, 1) if (nt > 1)
   for (int64_t j = 0; j < rows; ++j)
-    FN(build_row)(table + j * cols, (uint64_t)cols, sk_key(seed, j), idx, val, m);
+    FN(build_row)(table + j * cols, (uint64_t)cols, sc_sketch_key(seed, j), idx, val, m);
 }
 
 #ifdef ESFX
@@ -198,7 +198,7 @@ static void EFN(estimate)(const TT* table, int64_t rows, int64_t cols, uint64_t 
                           const int64_t* idx, int64_t m, TT* out, int nt, char* ws,
                           size_t ws_bytes) {
   uint64_t keys[SC_SKETCH_MAX_ROWS];
-  for (int64_t j = 0; j < rows; ++j) keys[j] = sk_key(seed, j);
+  for (int64_t j = 0; j < rows; ++j) keys[j] = sc_sketch_key(seed, j);
   const int64_t nchunks = (m + SK_CHUNK - 1) / SK_CHUNK;
   (void)nt;
 #pragma omp parallel num_threads(nt) if (nt > 1)

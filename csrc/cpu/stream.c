@@ -90,13 +90,6 @@ int sc_stream_concat(sc_index_t it, sc_dtype vt, const void* ia, const void* va,
 
 /* --------------------------------------------------------------------- QSGD */
 
-/* Uniform [0, 1) draw of element i: splitmix64 of (seed, i), so the result does
-   not depend on which thread quantizes which bucket. */
-static inline double qsgd_u01(uint64_t seed, int64_t i) {
-  uint64_t s = seed ^ ((uint64_t)i * 0xD1B54A32D192ED03ull);
-  return (double)(sc_rand(&s) >> 11) * (1.0 / 9007199254740992.0);
-}
-
 #define SFX f32
 #define VT float
 #include "qsgd_impl.h"

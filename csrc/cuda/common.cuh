@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "sparsecomm/bitexact.h"
 #include "sparsecomm/cuda.h"
 
 namespace sc_cuda {
@@ -86,54 +87,7 @@ class Scratch {
   } while (0)
 
 // ------------------------------------------------------------------ value types
-// bit-exact ports of csrc/cpu/convert.c (round to nearest even, NaN kept NaN)
-
-__device__ inline uint32_t f2u(float f) { return __float_as_uint(f); }
-__device__ inline float u2f(uint32_t u) { return __uint_as_float(u); }
-
-__device__ inline float f16_to_f32(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1Fu;
-  uint32_t man = h & 0x3FFu;
-  if (exp == 0x1F) return u2f(sign | 0x7F800000u | (man << 13));
-  if (exp == 0) {
-    if (man == 0) return u2f(sign);
-    float f = __fmul_rn((float)man, 5.9604644775390625e-08f);
-    return u2f(sign | f2u(f));
-  }
-  return u2f(sign | ((exp + 112) << 23) | (man << 13));
-}
-
-__device__ inline uint16_t f32_to_f16(float f) {
-  uint32_t u = f2u(f);
-  uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-  uint32_t a = u & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return (uint16_t)(sign | 0x7E00u | ((a >> 13) & 0x3FFu));
-  if (a >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u);
-  if (a < 0x38800000u) {
-    if (a < 0x33000000u) return sign;
-    uint32_t e = a >> 23;
-    uint32_t m = (a & 0x7FFFFFu) | 0x800000u;
-    uint32_t shift = 126 - e;
-    uint32_t q = m >> shift;
-    uint32_t rem = m & ((1u << shift) - 1);
-    uint32_t half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (q & 1))) q++;
-    return (uint16_t)(sign | q);
-  }
-  uint32_t r = a + 0xFFFu + ((a >> 13) & 1u);
-  r -= (uint32_t)(127 - 15) << 23;
-  return (uint16_t)(sign | (r >> 13));
-}
-
-__device__ inline float bf16_to_f32(uint16_t h) { return u2f((uint32_t)h << 16); }
-
-__device__ inline uint16_t f32_to_bf16(float f) {
-  uint32_t u = f2u(f);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40u);
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
+// the CPU kernels' half-type roundings: sparsecomm/bitexact.h
 
 // Value traits: storage type S, accumulation type A (float32 for the half types),
 // magnitude key type K (the bit pattern without the sign: unsigned order = |x| order).
@@ -160,8 +114,8 @@ struct F16 {
   using A = float;
   using K = uint16_t;
   static constexpr K kInf = 0x7C00u;
-  __device__ static A load(S v) { return f16_to_f32(v); }
-  __device__ static S store(A v) { return f32_to_f16(v); }
+  __device__ static A load(S v) { return sc_f16_bits_to_f32(v); }
+  __device__ static S store(A v) { return sc_f32_to_f16_bits(v); }
   __device__ static K key(S v) { return (K)(v & 0x7FFFu); }
 };
 struct BF16 {
@@ -169,8 +123,8 @@ struct BF16 {
   using A = float;
   using K = uint16_t;
   static constexpr K kInf = 0x7F80u;
-  __device__ static A load(S v) { return bf16_to_f32(v); }
-  __device__ static S store(A v) { return f32_to_bf16(v); }
+  __device__ static A load(S v) { return sc_bf16_bits_to_f32(v); }
+  __device__ static S store(A v) { return sc_f32_to_bf16_bits(v); }
   __device__ static K key(S v) { return (K)(v & 0x7FFFu); }
 };
 

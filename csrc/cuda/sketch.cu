@@ -20,20 +20,9 @@ using namespace sc_cuda;
 
 constexpr uint64_t kRun = SC_SKETCH_RUN;
 
-__host__ __device__ inline uint64_t sk_mix(uint64_t z) {
-  z ^= z >> 30;
-  z *= 0xBF58476D1CE4E5B9ull;
-  z ^= z >> 27;
-  z *= 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return z;
-}
-
-inline uint64_t sk_key(uint64_t seed, int64_t row) { return sk_mix(seed + 0x9E3779B97F4A7C15ull * (uint64_t)(row + 1)); }
-
 __device__ inline uint32_t sk_bucket(uint64_t key, uint64_t i, uint64_t cols, int* sign_bit) {
-  uint64_t h = sk_mix(key ^ (i / kRun)), o = i % kRun;
-  uint64_t q = (((h >> 32) * cols) >> 32) + o;
+  uint64_t h = sc_sketch_hash(key, i / kRun), o = i % kRun;
+  uint64_t q = sc_sketch_base(h, cols) + o;
   *sign_bit = (int)((h >> o) & 1);
   return (uint32_t)(q < cols ? q : (cols >= kRun ? q - cols : q % cols));
 }
@@ -87,7 +76,7 @@ int build(TT* table, int64_t rows, int64_t cols, uint64_t seed, const int64_t* i
                                               end_bit, s));
   SC_SCRATCH(temp, unsigned char, scratch, temp_bytes);
   for (int64_t j = 0; j < rows; ++j) {
-    const uint64_t key = sk_key(seed, j);
+    const uint64_t key = sc_sketch_key(seed, j);
     row_buckets<<<grid_for(m), kThreads, 0, s>>>(key, (uint64_t)cols, idx, m, bucket, pos);
     SC_CUDA_LAUNCHED();
     SC_CUDA_TRY(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, bucket, bucket_sorted, pos, pos_sorted, m, 0,
@@ -100,13 +89,13 @@ int build(TT* table, int64_t rows, int64_t cols, uint64_t seed, const int64_t* i
   return SC_OK;
 }
 
-#define SK_CE(T, a, b)         \
-  do {                         \
-    T lo_ = a < b ? a : b;     \
-    T hi_ = a < b ? b : a;     \
-    a = lo_;                   \
-    b = hi_;                   \
-  } while (0)
+template <typename T>
+__device__ inline void sk_ce(T& a, T& b) {
+  T lo = a < b ? a : b;
+  T hi = a < b ? b : a;
+  a = lo;
+  b = hi;
+}
 
 template <typename TT>
 __global__ void estimate_kernel(const TT* table, int64_t rows, uint64_t cols, Keys keys, const int64_t* idx,
@@ -124,24 +113,24 @@ __global__ void estimate_kernel(const TT* table, int64_t rows, uint64_t cols, Ke
       r = e[0];
     } else if (rows == 3) {
       TT a0 = e[0], a1 = e[1], a2 = e[2];
-      SK_CE(TT, a0, a1); SK_CE(TT, a1, a2); SK_CE(TT, a0, a1);
+      sk_ce(a0, a1); sk_ce(a1, a2); sk_ce(a0, a1);
       r = a1;
     } else if (rows == 5) {
       TT a0 = e[0], a1 = e[1], a2 = e[2], a3 = e[3], a4 = e[4];
-      SK_CE(TT, a0, a3); SK_CE(TT, a1, a4);
-      SK_CE(TT, a0, a2); SK_CE(TT, a1, a3);
-      SK_CE(TT, a0, a1); SK_CE(TT, a2, a4);
-      SK_CE(TT, a1, a2); SK_CE(TT, a3, a4);
-      SK_CE(TT, a2, a3);
+      sk_ce(a0, a3); sk_ce(a1, a4);
+      sk_ce(a0, a2); sk_ce(a1, a3);
+      sk_ce(a0, a1); sk_ce(a2, a4);
+      sk_ce(a1, a2); sk_ce(a3, a4);
+      sk_ce(a2, a3);
       r = a2;
     } else if (rows == 7) {
       TT a0 = e[0], a1 = e[1], a2 = e[2], a3 = e[3], a4 = e[4], a5 = e[5], a6 = e[6];
-      SK_CE(TT, a0, a6); SK_CE(TT, a2, a3); SK_CE(TT, a4, a5);
-      SK_CE(TT, a0, a2); SK_CE(TT, a1, a4); SK_CE(TT, a3, a6);
-      SK_CE(TT, a0, a1); SK_CE(TT, a2, a5); SK_CE(TT, a3, a4);
-      SK_CE(TT, a1, a2); SK_CE(TT, a4, a6);
-      SK_CE(TT, a2, a3); SK_CE(TT, a4, a5);
-      SK_CE(TT, a1, a2); SK_CE(TT, a3, a4); SK_CE(TT, a5, a6);
+      sk_ce(a0, a6); sk_ce(a2, a3); sk_ce(a4, a5);
+      sk_ce(a0, a2); sk_ce(a1, a4); sk_ce(a3, a6);
+      sk_ce(a0, a1); sk_ce(a2, a5); sk_ce(a3, a4);
+      sk_ce(a1, a2); sk_ce(a4, a6);
+      sk_ce(a2, a3); sk_ce(a4, a5);
+      sk_ce(a1, a2); sk_ce(a3, a4); sk_ce(a5, a6);
       r = a3;
     } else {  // insertion sort, then the middle (mean of the two middle values when even)
       for (int64_t p = 1; p < rows; ++p) {
@@ -229,7 +218,7 @@ extern "C" int sc_cuda_sketch_estimate(sc_dtype table_dtype, const void* table, 
     if (bad >= 0) return fail(err, SC_ERR_INDEX_RANGE, 1, bad, read_back(idx, bad, s));
   }
   Keys keys;
-  for (int64_t j = 0; j < rows; ++j) keys.k[j] = sk_key(seed, j);
+  for (int64_t j = 0; j < rows; ++j) keys.k[j] = sc_sketch_key(seed, j);
   if (table_dtype == SC_F32)
     estimate_kernel<float><<<grid_for(m), kThreads, 0, s>>>((const float*)table, rows, (uint64_t)cols, keys, idx,
                                                              m, (float*)out);

@@ -17,25 +17,12 @@ __global__ void add_kernel(S* a, const S* b, int64_t n) {
     a[i] += b[i];
 }
 
-__device__ inline uint64_t splitmix(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-// stream.c's qsgd_u01: element i's uniform draw in [0, 1)
-__device__ inline double qsgd_u01(uint64_t seed, int64_t i) {
-  uint64_t z = seed ^ ((uint64_t)i * 0xD1B54A32D192ED03ull);
-  return (double)(splitmix(z) >> 11) * (1.0 / 9007199254740992.0);
-}
-
 template <typename S>
 __device__ inline int qsgd_level(S x, int64_t i, float scale, int s, uint64_t seed) {
   if (!(scale > 0.0f)) return s;
   double r = __dmul_rn(__ddiv_rn(fabs((double)x), (double)scale), (double)s);
   double l = floor(r);
-  if (qsgd_u01(seed, i) < __dsub_rn(r, l)) l += 1.0;
+  if (sc_qsgd_u01(seed, i) < __dsub_rn(r, l)) l += 1.0;
   if (l > s) l = s;
   return x < 0 ? s - (int)l : s + (int)l;
 }

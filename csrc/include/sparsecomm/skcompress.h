@@ -112,8 +112,6 @@ typedef enum {
   SC_SKC_F_COUNT = 14       /* count too large for the body */
 } sc_skc_field;
 
-const char* sc_skc_field_name(int field);
-
 typedef struct {
   int index_codec;    /* SC_SKC_INDEX_* */
   int value_codec;    /* SC_SKC_VALUE_* */
@@ -173,9 +171,6 @@ int sc_skc_encode(const sc_skc_options* o, int64_t N, const int64_t* idx, sc_dty
 int sc_skc_decode(const uint8_t* body, int64_t len, int64_t N, int64_t count, sc_dtype vt,
                   int expect_index, int expect_value, int64_t* idx_out, void* val_out,
                   sc_error_info* err);
-
-/* Peek the codecs of a body (no validation beyond its length): 0 or SC_ERR_MALFORMED. */
-int sc_skc_body_codecs(const uint8_t* body, int64_t len, int* index_codec, int* value_codec);
 
 #ifdef __cplusplus
 }

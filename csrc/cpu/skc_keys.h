@@ -1,0 +1,27 @@
+/* SKCompress, internal: the keys sections of a body, raw or delta-binary with an adaptive
+ * (fixed or Huffman-coded) prefix. */
+#ifndef SPARSECOMM_CPU_SKC_KEYS_H
+#define SPARSECOMM_CPU_SKC_KEYS_H
+
+#include <stdint.h>
+
+#include "sparsecomm/abi.h"
+
+/* Bytes of a raw keys section. */
+static inline int64_t raw_key_size(int64_t N) { return N < (1ll << 31) ? 4 : 8; }
+
+/* Chooses m and the prefix scheme for the deltas of keys[0..n) and writes the
+ * delta-binary section at out (cap bytes); returns bytes written or -1 when cap is too
+ * small (-2: out of memory). */
+int64_t skc_write_delta_keys(const int64_t* keys, int64_t n, int64_t N, int64_t want_m,
+                                int want_prefix, uint8_t* out, int64_t cap);
+
+/* The raw keys section (raw_key_size(N) bytes a key); bytes written or -1 when cap is
+ * too small. */
+int64_t skc_write_raw_keys(const int64_t* keys, int64_t n, int64_t N, uint8_t* out, int64_t cap);
+
+/* Reads a keys section of n keys at body[*pos..len); keys strictly ascending, < N. */
+int skc_read_keys(const uint8_t* body, int64_t len, int64_t* pos, int codec, int64_t n,
+                     int64_t N, int64_t* keys, sc_error_info* err);
+
+#endif
