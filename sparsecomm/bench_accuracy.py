@@ -46,7 +46,7 @@ import torch.nn as nn
 from . import algorithms, baselines
 from .bench_tasks import TASKS, Task, make_task
 from .launch import describe_link
-from .schedule import DensitySchedule
+from .density import DensitySchedule
 
 __all__ = ["main", "run_rank", "time_to_target", "schedule_preset", "format_table"]
 

@@ -100,7 +100,7 @@ from ._bucket_worker import BucketWorker, fail_future
 from .comm.base import Comm
 from ._checkpoint import CHECKPOINT_VERSION, HOW_TO_SAVE, check_owner, check_version, fingerprint, loaded_fingerprint
 from .reducer import NONFINITE_POLICIES, SparseAllreduce
-from .schedule import DensitySchedule, as_schedule
+from .density import DensitySchedule, as_schedule
 
 __all__ = ["DDPHookState", "ddp_hook"]
 
