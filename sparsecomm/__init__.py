@@ -14,7 +14,7 @@ from __future__ import annotations
 from . import algorithms, comm, formats, ops
 from .hook import DDPHookState, ddp_hook
 from .reducer import SparseAllreduce, k_for
-from .schedule import DensitySchedule
+from .density import DensitySchedule
 
 from ._version import __version__
 

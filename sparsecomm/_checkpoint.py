@@ -12,7 +12,7 @@ the uninterrupted run. So each state records
 * ``fingerprint``: 63 bits that are the same on every rank of one save -- a hash of the
   configuration, the world size and the step (call count), never of anything per rank -- and
   differ between saves at different steps. ``load_state_dict`` hands it to the reducers
-  (``SparseAllreduce._checkpoint_id``, 0 when fresh), whose first-call handshake compares it:
+  (``SparseAllreduce.set_checkpoint_fingerprint``, 0 when fresh), whose first-call handshake compares it:
   ranks resumed from different saves, or some resumed and some fresh, raise the same error on
   every rank before any message whose size depends on the state. Two runs of one configuration
   saved at the same step have the same fingerprint (nothing run-specific is agreed without a
@@ -27,7 +27,10 @@ per-rank save.
 from __future__ import annotations
 
 import hashlib
+import io
 from typing import Any
+
+import torch
 
 #: the layout of sparsecomm's checkpoints (state_dict), independent of the wire format's version
 CHECKPOINT_VERSION = 1
@@ -82,3 +85,34 @@ def check_owner(what: str, saved_rank: Any, saved_size: Any, rank: int | None, s
         raise ValueError(f"this {what} state_dict holds the state of rank {saved_rank} (of {saved_size}); this is "
                          f"rank {rank}. Loading it here would silently drift from the uninterrupted run: "
                          + HOW_TO_SAVE)
+
+
+def pack_rank_part(what: str, local: dict[str, Any]) -> dict[str, Any]:
+    """``{"sparsecomm": what, "checkpoint_version", "world_size", "fingerprint", "rank<r>": bytes}``:
+    this rank's ``local`` state as ``torch.save`` bytes under a key of its own rank (``rank?``
+    while unknown), so ``torch.distributed.checkpoint`` writes each rank's own and gives it back
+    to that rank; the few keys beside it are the same on every rank."""
+    buffer = io.BytesIO()
+    torch.save(local, buffer)
+    key = "rank?" if local["rank"] is None else f"rank{local['rank']}"
+    return {"sparsecomm": what, "checkpoint_version": CHECKPOINT_VERSION,
+            "world_size": local["world_size"], "fingerprint": local["fingerprint"], key: buffer.getvalue()}
+
+
+def unpack_rank_part(what: str, packed: dict[str, Any], rank: int | None) -> dict[str, Any]:
+    """Rank ``rank``'s local state out of :func:`pack_rank_part`'s dict (the only part, when
+    there is one: its owner is checked by the caller), or the error naming whose it is."""
+    check_version(packed, what)
+    parts = {key: value for key, value in packed.items() if key.startswith("rank")}
+    key = f"rank{rank}" if f"rank{rank}" in parts else ("rank?" if "rank?" in parts else None)
+    if key is None and len(parts) == 1:
+        # another rank's (refused by the owner check if it holds per-rank data), or, while this
+        # rank is unknown, checked against the Comm's rank when it is built
+        key = next(iter(parts))
+    if key is None or not isinstance(parts[key], (bytes, bytearray)):
+        raise ValueError(f"this {what} state_dict holds the parts {sorted(parts)}, none of them this "
+                         f"rank's (rank {rank}): " + HOW_TO_SAVE)
+    local = torch.load(io.BytesIO(parts[key]), weights_only=True)
+    if not isinstance(local, dict):
+        raise ValueError(f"this {what} state_dict's part {key} is not a state: {type(local).__name__}")
+    return local

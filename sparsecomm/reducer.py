@@ -32,10 +32,10 @@ result on every rank; ``"raise"`` is the opt-in for failing fast. The check is o
 gradient: a sum of finite values that overflows inside an algorithm is that algorithm's
 arithmetic (Inf is selected first; the kernels still raise on a NaN they meet).
 
-Every call begins with one all-gather of a fixed-size agreement record
-(:data:`sparsecomm.formats.header.AGREEMENT_FIELDS`, 120 bytes: format version, kind,
-sparsecomm version, algorithm, options, density, N, dtype, k, checkpoint, calls made, step,
-resets, and the non-finite flag). The first call after construction, ``reset()`` or
+Every call begins with one all-gather of a fixed-size agreement record (sparsecomm/_agreement.py;
+:data:`sparsecomm.formats.header.AGREEMENT_FIELDS`, 120 bytes: format version, kind, sparsecomm
+version, algorithm, options, density, N, dtype, k, checkpoint, calls made, step, resets, and
+the non-finite flag). The first call after construction, ``reset()`` or
 ``load_state_dict()`` sends it as a handshake; later calls send it as their check, in the round
 the non-finite flag takes anyway (no extra round). Because every kind has the same size and
 goes first on the call's tag, ranks at different points -- one reset and another not, another
@@ -54,30 +54,21 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 import time
-import zlib
 from typing import Any
 
 import torch
 
-from . import _version as _version_module
 from . import algorithms, ops
-from .ops import _torch_impl
+from ._agreement import Signature, agree, signature
 from .comm.base import Comm
 from ._checkpoint import CHECKPOINT_VERSION, check_owner, check_version, fingerprint, loaded_fingerprint
+from .density import DensitySchedule, as_schedule
 from .errors import AgreedValueError
-from .formats.header import AGREEMENT_FIELDS, DTYPE_CODES, FORMAT_VERSION, MAGIC, AgreementKind
-from .schedule import DensitySchedule, as_schedule
+from .formats.header import AgreementKind
 
-__all__ = ["SparseAllreduce", "k_for"]
+__all__ = ["SparseAllreduce", "k_for", "check_density", "check_nonfinite"]
 
 _HALF_TYPES = (torch.float16, torch.bfloat16)
-#: the agreement record's fields the ranks must share (all but the non-finite flag)
-_COMPARED = tuple(i for i, field in enumerate(AGREEMENT_FIELDS) if field != "nonfinite")
-_FIELD = {field: i for i, field in enumerate(AGREEMENT_FIELDS)}
-_KIND_WORDS = {AgreementKind.HANDSHAKE: "the first call after construction, reset() or load_state_dict()",
-               AgreementKind.CALL: "a later call", AgreementKind.REUSED: "a call with another tensor, without reset()"}
-#: signature fields whose value is a text sent as a hash; the error names them in words
-_TEXT_FIELDS = ("sparsecomm version", "algorithm", "options")
 #: the values of the ``nonfinite`` option
 NONFINITE_POLICIES = ("propagate", "raise")
 # this rank's non-finite flag (bits), all-gathered before the algorithm runs
@@ -96,13 +87,16 @@ def k_for(density: float, n: int) -> int:
     return min(n, max(1, math.ceil(Fraction(repr(float(density))) * n)))
 
 
-def _crc(text: str) -> int:
-    return zlib.crc32(text.encode())
+def check_density(density: Any) -> None:
+    """A ValueError unless ``density`` is a number in (0, 1] (the reducer's and the hook's)."""
+    if isinstance(density, bool) or not isinstance(density, (int, float)) or not (0.0 < density <= 1.0):
+        raise ValueError(f"density must be a number in (0, 1], got {density!r}")
 
 
-def _version() -> str:
-    """This rank's sparsecomm version, read at each handshake (not frozen at import)."""
-    return str(_version_module.__version__)
+def check_nonfinite(nonfinite: Any) -> None:
+    """A ValueError unless ``nonfinite`` is one of :data:`NONFINITE_POLICIES`."""
+    if nonfinite not in NONFINITE_POLICIES:
+        raise ValueError(f"nonfinite must be one of {', '.join(map(repr, NONFINITE_POLICIES))}, got {nonfinite!r}")
 
 
 def _nonfinite_flag(flat: torch.Tensor) -> int:
@@ -112,8 +106,8 @@ def _nonfinite_flag(flat: torch.Tensor) -> int:
     0.7; docs/benchmarks.md), a second only when something is there."""
     if flat.numel() == 0:
         return 0
-    if flat.device.type not in ("cpu", "cuda"):  # no kernel registered there: the torch code
-        return int(_torch_impl.nonfinite_flags(flat))
+    if flat.device.type not in ("cpu", "cuda"):  # no kernel is registered there: a CPU copy is read
+        flat = flat.cpu()
     return ops.nonfinite_flags(flat)
 
 
@@ -129,8 +123,7 @@ def _fresh_result(grad: torch.Tensor) -> torch.Tensor:
     result = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
     nbytes = result.numel() * result.element_size()
     if result.device.type == "cpu" and nbytes >= _HUGE_RESULT_BYTES:
-        from . import _C
-        _C.advise_huge(result.data_ptr(), nbytes)
+        ops.advise_huge(result.data_ptr(), nbytes)
     return result
 
 
@@ -181,10 +174,8 @@ class SparseAllreduce:
 
     def __init__(self, algorithm: str, density: float, comm: Comm | None = None, nonfinite: str = "propagate",
                  density_schedule: DensitySchedule | None = None, **options: Any):
-        if isinstance(density, bool) or not isinstance(density, (int, float)) or not (0.0 < density <= 1.0):
-            raise ValueError(f"density must be a number in (0, 1], got {density!r}")
-        if nonfinite not in NONFINITE_POLICIES:
-            raise ValueError(f"nonfinite must be one of {', '.join(map(repr, NONFINITE_POLICIES))}, got {nonfinite!r}")
+        check_density(density)
+        check_nonfinite(nonfinite)
         cls = algorithms.get(algorithm)
         if comm is None:
             from .comm.torch_comm import TorchComm
@@ -203,12 +194,12 @@ class SparseAllreduce:
         self._pending_residual: torch.Tensor | None = None
         self._agreed: tuple | None = None   # (n, dtype, device) the ranks agreed on
         self._shape: torch.Size | None = None
-        #: 0 on a fresh reducer; load_state_dict sets a 63-bit fingerprint of the loaded state,
-        #: which the handshake compares across ranks ("checkpoint")
+        #: 0 on a fresh reducer; load_state_dict (or set_checkpoint_fingerprint) sets a 63-bit
+        #: fingerprint of the loaded state, which the handshake compares across ranks ("checkpoint")
         self._checkpoint_id = 0
         self._resets = 0    # reset() and load_state_dict() calls: part of every agreement record
         #: this rank's fixed record fields and texts, from its last handshake (reused by later calls)
-        self._signature: tuple[list[int], dict[str, str]] | None = None
+        self._signature: Signature | None = None
         self.last_stats: dict[str, Any] = {}
 
     # -- public state ----------------------------------------------------------------------
@@ -280,6 +271,15 @@ class SparseAllreduce:
         self.calls = int(state.get("calls", 0))
         self.algorithm.load_state_dict(state.get("algorithm_state", {}))
         self._checkpoint_id = mark
+
+    def set_checkpoint_fingerprint(self, mark: int) -> None:
+        """Say which save this reducer continues from: the ``fingerprint`` of a checkpoint
+        (equal on every rank of one save; 0: a fresh start), as :meth:`load_state_dict` does
+        from the state it loads. The agreement records from the next call on carry it, so
+        ranks that resumed from different saves raise the same error on every rank. For a
+        reducer whose state was restored elsewhere (the DDP hook's reducers of a loaded
+        state). A ValueError unless an int in [0, 2**63)."""
+        self._checkpoint_id = loaded_fingerprint({"fingerprint": mark})
 
     # -- the call --------------------------------------------------------------------------
     # Under torch.compile a call runs eagerly (a graph break around it): its
@@ -452,79 +452,20 @@ class SparseAllreduce:
         return self._residual
 
     def _handshake(self, n: int, dtype: torch.dtype, k: int, step: int) -> None:
-        """The first call's agreement record: this rank's signature (texts as CRCs) taken
-        afresh and kept for the later calls' records; raises on any difference."""
-        options = self.options_text()
-        density_bits = torch.tensor([self.density], dtype=torch.float64, device="cpu").view(torch.int64).item()
+        """The first call's agreement record: this rank's signature taken afresh and kept for
+        the later calls' records; raises on any difference."""
         revision = self.algorithm.wire_revision
         algorithm_id = f"{self.algorithm_name}/{revision}" if revision else self.algorithm_name
-        version = _version()
-        self._signature = ([_crc(version), _crc(algorithm_id), _crc(options), density_bits],
-                           {"sparsecomm version": version, "algorithm": algorithm_id, "options": options})
+        self._signature = signature(algorithm_id, self.options_text(), self.density)
         self._agree(AgreementKind.HANDSHAKE, n, dtype, k, step, 0)
 
     def _agree(self, kind: AgreementKind, n: int, dtype: torch.dtype, k: int, step: int, flag: int) -> list[int]:
-        """All-gather this rank's agreement record (fixed size, whatever the kind); return every
-        rank's non-finite flag, or raise the same AgreedValueError on every rank naming each
-        differing field and the ranks on each side."""
+        """This call's agreement record, all-gathered and compared (sparsecomm/_agreement.py):
+        every rank's non-finite flag, or the same AgreedValueError on every rank."""
         assert self._signature is not None, "a handshake comes first"
-        fixed, texts = self._signature
-        record = [0] * len(AGREEMENT_FIELDS)
-        for field, value in (("magic", MAGIC), ("format version", FORMAT_VERSION), ("kind", int(kind)),
-                             ("sparsecomm version", fixed[0]), ("algorithm", fixed[1]), ("options", fixed[2]),
-                             ("density", fixed[3]), ("N", n), ("dtype", DTYPE_CODES.get(dtype, 0)), ("k", k),
-                             ("checkpoint", int(self._checkpoint_id)), ("calls", self.calls), ("step", int(step)),
-                             ("resets", self._resets), ("nonfinite", flag)):
-            record[_FIELD[field]] = value
-        table = self.comm.allgather_small(torch.tensor(record, dtype=torch.int64, device="cpu")).cpu()
-        rows = table.tolist()   # compared as Python ints: one conversion, not a tensor op per field
-        differing = [i for i in _COMPARED if any(row[i] != rows[0][i] for row in rows)]
-        # resets alone is no disagreement: a reset on some ranks only is told by the kind (a
-        # handshake meets a later call), and ranks all at a handshake after the same calls hold
-        # the same state however often each reset -- counting them would make the advice below
-        # (reset() on every rank, or every rank loading the same save) never agree again
-        if all(AGREEMENT_FIELDS[i] == "resets" for i in differing):
-            return [row[_FIELD["nonfinite"]] for row in rows]
-        words = self._words(texts, differing, table)
-        lines = []
-        for i in differing:
-            field = AGREEMENT_FIELDS[i]
-            values = table[:, i].tolist()
-            if field in words:
-                values = words[field]
-            elif field == "dtype":
-                by_code = {code: str(d) for d, code in DTYPE_CODES.items()}
-                values = [by_code.get(v, v) for v in values]
-            elif field == "density":
-                values = [torch.tensor([v]).view(torch.float64).item() for v in values]
-            elif field == "magic":
-                values = [f"#{v:x}" for v in values]
-            elif field == "checkpoint":
-                values = ["a fresh start" if v == 0 else f"checkpoint #{v:x}" for v in values]
-            elif field == "kind":
-                values = [_KIND_WORDS.get(v, f"kind {v}") for v in values]
-            groups: dict[Any, list[int]] = {}
-            for rank, value in enumerate(values):
-                groups.setdefault(value, []).append(rank)
-            lines.append(f"{field}: " + "; ".join(f"ranks {ranks} have {value}" for value, ranks in groups.items()))
-        names = {AGREEMENT_FIELDS[i] for i in differing}
-        advice = ("\nevery rank must call the same reducer with the same tensor size, dtype, "
-                  "algorithm, options (including nonfinite) and sparsecomm version")
-        if names & {"kind", "resets"}:
-            advice += ("\nreset() is collective: every rank must call it (and load_state_dict) between the same "
-                       "calls; call reset() on every rank to start this reducer afresh"
-                       + ("; a reducer serves one tensor: reset() on every rank before giving it another"
-                          if bool((table[:, _FIELD["kind"]] == AgreementKind.REUSED).any()) else ""))
-        if names & {"calls", "step"}:
-            advice += ("\nthe ranks are at different steps: pass the same step= on every rank, and resume every "
-                       "rank from the same save")
-        if "checkpoint" in names:
-            advice += ("\nthe ranks resumed from different checkpoints (or some from none): every rank must "
-                       "load its own state from the same save, or every rank start fresh")
-        what = "first call" if kind == AgreementKind.HANDSHAKE else f"call {self.calls}"
-        raise AgreedValueError(f"rank {self.comm.rank}: the ranks disagree on the reduction "
-                               f"({self.algorithm_name}, density {self.density}, this rank N={n}, {dtype}, "
-                               f"{what}):\n  " + "\n  ".join(lines) + advice)
+        return agree(self.comm, self._signature, kind, n=n, dtype=dtype, k=k, step=step, flag=flag,
+                     checkpoint=self._checkpoint_id, calls=self.calls, resets=self._resets,
+                     algorithm=self.algorithm_name, density=self.density)
 
     def options_text(self) -> str:
         """The options as the handshake compares and the mismatch error shows them: the
@@ -533,31 +474,3 @@ class SparseAllreduce:
         if self.density_schedule is not None:  # a schedule is a value: its canonical text is compared
             merged["density_schedule"] = self.density_schedule.spec_text()
         return ", ".join(f"{key}={merged[key]!r}" for key in sorted(merged))
-
-    def _words(self, texts: dict[str, str], differing: list[int], table: torch.Tensor) -> dict[str, list[str]]:
-        """Every rank's text of each differing text field (version, algorithm, options), in
-        words for the error message; the signature carries only their CRCs. All ranks call
-        this together (they all saw the same table): one all-gather of the texts' byte
-        lengths, one of the texts padded to the longest, only on this error path. Only when
-        the handshake layout itself agrees (same magic and format version): a peer speaking
-        another layout might not answer, so its texts are then shown by hash."""
-        fields = [AGREEMENT_FIELDS[i] for i in differing if AGREEMENT_FIELDS[i] in _TEXT_FIELDS]
-        if not fields:
-            return {}
-        if any(AGREEMENT_FIELDS[i] in ("magic", "format version") for i in differing):
-            return {field: [f"#{h:x}" for h in table[:, _FIELD[field]].tolist()] for field in fields}
-        raw = [texts[field].encode() for field in fields]
-        lengths = self.comm.allgather_small(torch.tensor([len(r) for r in raw], dtype=torch.int64,
-                                                         device="cpu")).cpu()
-        width = int(lengths.max())
-        padded = torch.zeros(len(fields), width, dtype=torch.uint8, device="cpu")
-        for row, data in enumerate(raw):
-            if data:
-                padded[row, :len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        gathered = self.comm.allgather_small(padded).cpu()  # (P, fields, width)
-        words: dict[str, list[str]] = {}
-        for j, field in enumerate(fields):
-            shown = "{%s}" if field == "options" else "%r"  # options as {key=value, ...}, the rest quoted
-            words[field] = [shown % bytes(gathered[rank, j, :int(lengths[rank, j])].tolist()).decode("utf-8", "replace")
-                            for rank in range(gathered.shape[0])]
-        return words

@@ -290,6 +290,18 @@ def test_hook_state_refuses_another_ranks_residuals():
     simulate(1, fn)
 
 
+
+@pytest.mark.parametrize("key", ["warmup_steps", "layout_final", "next_layout", "algorithm_states"])
+def test_hook_state_without_a_key_of_its_version_is_refused(key):
+    """Every key of a local_state_dict() is part of the checkpoint's version: a state lacking
+    one is no state_dict() of this sparsecomm (no default is made up for it)."""
+    def fn(comm):
+        local = sc.DDPHookState("topka", 0.05, comm=comm).local_state_dict()
+        del local[key]
+        with pytest.raises(ValueError, match=rf"lacks the keys \['{key}'\]"):
+            sc.DDPHookState("topka", 0.05, comm=comm).load_state_dict(local)
+    simulate(1, fn)
+
 def _dcp_save_after_two_steps(rank, world_size, path):
     from sparsecomm.comm.torch_comm import TorchComm
 

@@ -282,3 +282,34 @@ def test_nonfinite_policy_is_validated():
         sc.SparseAllreduce("topka", 0.5, nonfinite="ignore")  # refused before any Comm is made
     with pytest.raises(ValueError, match="nonfinite must be one of"):
         sc.DDPHookState("topka", 0.5, nonfinite=True)
+
+
+
+def test_set_checkpoint_fingerprint_is_compared_by_the_first_call():
+    """A reducer told which save it continues from (as the DDP hook tells the reducers of a
+    loaded state) carries that fingerprint in its handshake: ranks told different saves raise
+    the same error naming both; the same save everywhere reduces as usual."""
+    def differ(comm):
+        reducer = sc.SparseAllreduce("topka", 0.2, comm=comm)
+        reducer.set_checkpoint_fingerprint([0x1234, 0x5678][comm.rank])
+        with pytest.raises(ValueError) as caught:
+            reducer(torch.ones(100))
+        return str(caught.value)
+
+    expected = "checkpoint: ranks [0] have checkpoint #1234; ranks [1] have checkpoint #5678"
+    messages = simulate(2, differ).results
+    assert all(expected in message for message in messages), messages
+
+    def same(comm):
+        reducer = sc.SparseAllreduce("topka", 0.2, comm=comm)
+        reducer.set_checkpoint_fingerprint(0x1234)
+        return float(reducer(torch.ones(100)).sum())
+
+    assert simulate(2, same).results == [40.0, 40.0]
+
+
+@pytest.mark.parametrize("mark", [-1, 1 << 63, 1.0, "1234", None])
+def test_set_checkpoint_fingerprint_refuses_what_no_save_has(mark):
+    reducer = sc.SparseAllreduce("topka", 0.2, comm=simulate(1, lambda c: c).results[0])
+    with pytest.raises(ValueError, match="fingerprint must be an int in"):
+        reducer.set_checkpoint_fingerprint(mark)

@@ -46,7 +46,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from .. import algorithms
 from ..hook import DDPHookState, ddp_hook
 from ..launch import describe_link
-from ..schedule import DensitySchedule
+from ..density import DensitySchedule
 from ..testing import spawn
 from . import baselines
 from .tasks import TASKS, Task, make_task

@@ -32,6 +32,7 @@ Conventions shared by all functions:
 from __future__ import annotations
 
 from .. import _C  # registers torch.ops.sparsecomm.*
+from .._C import advise_huge  # transparent huge pages for a fresh CPU buffer (the reducer's results)
 from . import _fake, _torch_impl  # noqa: F401  (fake kernels; torch kernels for CUDA)
 from ._switch import apply_environment as _apply_environment
 from ._switch import torch_ops_enabled, use_torch_ops
@@ -54,7 +55,7 @@ from ._wire import __all__ as _wire_all
 from ._wire import WIRE_FIELDS, WIRE_PREFIX_NBYTES, WireResult, wire_check, wire_check_densestream
 
 __all__ = [*_coo_all, *_stream_all, *_sketch_all, *_densestream_all, *_skcompress_all, *_wire_all, "use_torch_ops",
-           "torch_ops_enabled", "CUDA_KERNELS"]
+           "torch_ops_enabled", "CUDA_KERNELS", "advise_huge"]
 
 #: True when the extension was built with the CUDA kernels of csrc/cuda (opt-in at build time:
 #: SPARSECOMM_CUDA_KERNELS=1, see setup.py); CUDA tensors then run them, else the torch
