@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from sparsecomm.bench.baselines import TorchHook, bucket_shapes, powersgd_plan
+from sparsecomm.bench.baselines import TorchHook, bucket_shapes, powersgd_counts
 from sparsecomm.comm.base import ring_allreduce_cost
 from sparsecomm.testing import spawn
 
@@ -28,8 +28,8 @@ def test_bucket_shapes_cover_n_with_matrices_first(n):
     ([(3, 100)], 8, (300, 0, 0)),                              # r' = min(n, m, r) = 3: no gain
     ([(512, 4608), (7,)], 2, (7, 1024, 9216)),
 ])
-def test_powersgd_plan_mirrors_the_compress_rule(shapes, rank, expected):
-    assert powersgd_plan(shapes, rank) == expected
+def test_powersgd_counts_mirror_the_compress_rule(shapes, rank, expected):
+    assert powersgd_counts(shapes, rank) == expected
 
 
 @pytest.mark.parametrize("kwargs", [{"powersgd_rank": 0}, {"powersgd_rank": 1.5}, {"start_powerSGD_iter": 1},

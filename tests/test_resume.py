@@ -30,7 +30,7 @@ from sparsecomm.testing import spawn
 
 STEPS = 4
 #: checkpoints after step 1 (the hook has seen only DDP's initial layout), 2 (it has seen the rebuilt
-#: one, to be adopted at step 2) and 3 (the rebuilt layout is the plan)
+#: one, to be adopted at step 2) and 3 (the rebuilt layout is the recorded layout)
 RESUME_AT = (1, 2, 3)
 #: DDP configurations: (DDP keyword arguments, parameter dtype, micro-batches per step)
 CONFIGS = {
@@ -163,7 +163,7 @@ def _resumed(rank, world_size, configs, warmup, only, checkpoints):
 def _run_matrix(world_size: int, configs: list[str], warmup: int = 0,
                 only: list[str] | None = None) -> tuple[dict, int]:
     """{(config, algorithm label, t): max |difference| of the parameters over every rank}, and
-    how many DDP buckets the resumed runs regrouped into the plan (rank 0)."""
+    how many DDP buckets the resumed runs regrouped into the recorded layout (rank 0)."""
     first = spawn(_uninterrupted, world_size, configs, warmup, only, timeout=600)
     # every rank resumes from its own checkpoint
     checkpoints = [{key: value["checkpoints"] for key, value in ranks.items()} for ranks in first]
@@ -196,7 +196,7 @@ def test_resume_through_the_hook_is_bit_exact(world_size):
 @pytest.mark.distributed
 def test_resume_inside_and_after_warmup_is_bit_exact():
     """warmup_steps=2 with checkpoints after steps 1 and 2 (inside the warm-up) and 3 (after
-    it): the warm-up's dense allreduce also runs on the plan's buckets (gloo's ring sums are
+    it): the warm-up's dense allreduce also runs on the recorded layout's buckets (gloo's ring sums are
     position dependent for P >= 3), P = 3, small buckets, three algorithms."""
     diffs, regrouped = _run_matrix(3, ["bucket_cap_mb=0.01"], warmup=2, only=["topka", "spardl", "gssgd"])
     assert regrouped > 0, "no resumed run met buckets other than its plan's: the test exercised nothing"
@@ -227,7 +227,7 @@ AUTO_RESUME_AT = (1, 5, 10, 11)
 
 
 def _choices(state) -> dict:
-    """Per plan bucket: the kept candidate, or None while its trials are under way."""
+    """Per layout bucket: the kept candidate, or None while its trials are under way."""
     local = state.local_state_dict()
     return {j: s.get("choice") for j, s in local["algorithm_states"].items()}
 

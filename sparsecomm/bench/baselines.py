@@ -24,7 +24,7 @@ Bytes and rounds are counted like :meth:`sparsecomm.comm.Comm.allreduce_dense` c
 backend's allreduce (ring formula, :func:`sparsecomm.comm.base.ring_allreduce_cost`), since
 the hooks call ``torch.distributed.all_reduce`` whose internals cannot be observed: fp16 is one
 allreduce of 2 N bytes; PowerSGD three allreduces (uncompressed part, all P's, all Q's) of
-the sizes its own compress rule gives (mirrored in :func:`powersgd_plan`).
+the sizes its own compress rule gives (mirrored in :func:`powersgd_counts`).
 """
 
 
@@ -37,7 +37,7 @@ import torch.distributed as dist
 from .._bucket_worker import BucketWorker
 from ..comm.base import ring_allreduce_cost
 
-__all__ = ["TorchHook", "names", "is_baseline", "powersgd_plan", "bucket_shapes"]
+__all__ = ["TorchHook", "names", "is_baseline", "powersgd_counts", "bucket_shapes"]
 
 _NAMES = ("torch_fp16", "torch_powersgd")
 
@@ -52,7 +52,7 @@ def is_baseline(name: str) -> bool:
     return name in _NAMES
 
 
-def powersgd_plan(shapes: Sequence[Sequence[int]], rank: int, min_compression_rate: float = 2.0
+def powersgd_counts(shapes: Sequence[Sequence[int]], rank: int, min_compression_rate: float = 2.0
                   ) -> tuple[int, int, int]:
     """(uncompressed elements, total P elements, total Q elements) PowerSGD sends for a bucket.
 
@@ -196,8 +196,8 @@ class TorchHook:
         elif self._state.iter < self._state.start_powerSGD_iter:
             sizes = [element_size * sum(math.prod(s) for s in shapes)]
         else:
-            plan = powersgd_plan(shapes, self.powersgd_rank, self._state.min_compression_rate)
-            sizes = [element_size * count for count in plan]
+            counts = powersgd_counts(shapes, self.powersgd_rank, self._state.min_compression_rate)
+            sizes = [element_size * count for count in counts]
         costs = [ring_allreduce_cost(nbytes, world) for nbytes in sizes]
         return {"bytes_sent": sum(c[0] for c in costs), "rounds": sum(c[1] for c in costs)}
 

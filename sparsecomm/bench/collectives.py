@@ -69,7 +69,7 @@ from ..launch import describe_link
 from ..reducer import SparseAllreduce, k_for
 from ..testing import spawn
 from . import baselines
-from .baselines import TorchHook, bucket_shapes, is_baseline, powersgd_plan
+from .baselines import TorchHook, bucket_shapes, is_baseline, powersgd_counts
 from .common import bench_gradient
 from .plots import line_plot
 
@@ -200,7 +200,7 @@ def _check_baseline(name: str, n: int, comm) -> dict:
         offset = 0   # compressed: every matrix PowerSGD compresses comes back with rank <= its rank
         for shape in shapes:
             numel = math.prod(shape)
-            if powersgd_plan([shape], hook.powersgd_rank)[1]:
+            if powersgd_counts([shape], hook.powersgd_rank)[1]:
                 matrix = outs[0][offset:offset + numel].view(shape[0], -1)
                 tol = 1e-9 * max(float(matrix.abs().max()), 1e-300)
                 rank = int(torch.linalg.matrix_rank(matrix, atol=tol))
@@ -298,7 +298,7 @@ def _worker(rank: int, size: int, cfg: dict) -> dict | None:
     for di, d in enumerate(dens):
         reducers = [_BaselineRunner(a, n) if is_baseline(a) else _reducer(a, d, comm)
                     for a in algos]
-        for ai, red in enumerate(reducers):             # warm-up: handshake, plans, buffers
+        for ai, red in enumerate(reducers):             # warm-up: handshake, layouts, buffers
             for _ in range(getattr(red, "warmup_calls", 1)):
                 red(grads[0], out=out)
             while red.last_stats.get("auto_tuning"):     # auto: its trial calls are its warm-up too

@@ -60,7 +60,7 @@ def _rank_work(comm, algorithms: Sequence[str], n: int, density: float, repeats:
     grads = [bench_gradient(comm.rank, step, n) for step in range(2)]
     out = torch.empty(n)
     e, g = torch.zeros(n), grads[0].clone()
-    for a in algorithms:  # warm-up: handshake, plans, caches, the out buffer's pages
+    for a in algorithms:  # warm-up: handshake, layouts, caches, the out buffer's pages
         reducers[a](grads[0], out=out)
         reducers[a](grads[1])
     rows: List[Dict[str, Any]] = []
