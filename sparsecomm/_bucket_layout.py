@@ -42,7 +42,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from ._bucket_worker import fail_future
+from .bucket_worker import fail_future
 
 __all__ = ["ADOPT_STEP", "BucketLayout", "Entry", "LayoutBucket"]
 

@@ -59,7 +59,7 @@ bucket's Future, so it is raised by DDP's wait in ``loss.backward()``; every lat
 fails at once with an error naming the first failure, of the same type (never a hang on
 this rank; the Comm publishes the failure, so peers raise within about 0.05 s naming this
 rank). The Future carries the original exception: ``loss.backward()`` raises the
-ValueError, CommError or CommTimeoutError itself (``_bucket_worker.fail_future``). ``state_dict``, pickling and DDP's bucket rebuild first
+ValueError, CommError or CommTimeoutError itself (``bucket_worker.fail_future``). ``state_dict``, pickling and DDP's bucket rebuild first
 wait for the queue to drain. The worker thread is not pickled; a new one starts lazily.
 With ``async_comm=False`` the collectives run inside the hook (the Future is complete
 when returned); results are identical either way.
@@ -75,7 +75,7 @@ import torch.distributed as dist
 
 from . import algorithms
 from ._bucket_layout import BucketLayout, LayoutBucket
-from ._bucket_worker import BucketWorker
+from .bucket_worker import BucketWorker
 from .comm.base import Comm
 from ._checkpoint import (CHECKPOINT_VERSION, check_owner, check_version, fingerprint, loaded_fingerprint,
                           pack_rank_part, unpack_rank_part)

@@ -22,7 +22,10 @@ The rules:
   ``p._m.x``) is imported only from inside the package that holds it, ``p`` (its modules,
   its subpackages and its own ``__init__``): ``sparsecomm/reducer.py`` importing
   ``sparsecomm.ops._torch_impl`` breaks it, ``sparsecomm/ops/_sketch.py`` importing it does not;
-* (d) the kernels have one door: the compiled extension ``sparsecomm._C`` is imported only
+* (d) the tooling uses the library's public names only: a tooling module imports no private
+  module of the core (``sparsecomm.bench.baselines`` importing ``sparsecomm._checkpoint`` breaks
+  it), so the library may reshape its insides without breaking its own benchmarks;
+* (e) the kernels have one door: the compiled extension ``sparsecomm._C`` is imported only
   from inside ``sparsecomm.ops`` (rule (c) alone allows any module of ``sparsecomm``, which
   holds ``_C``); everything else calls ``sparsecomm.ops``' public ops.
 """
@@ -244,6 +247,15 @@ def kernel_imports(root: Path, package: str, extension: str, door: str) -> list[
                    for imp in imports if imp.target == extension and not _inside(imp.importer, door)})
 
 
+def tooling_private_imports(root: Path, package: str, tooling: tuple[str, ...]) -> list[str]:
+    modules, imports = collect_imports(root, package)
+    is_tooling = lambda m: any(_inside(m, t) for t in tooling)  # noqa: E731
+    private = lambda m: any(p.startswith("_") and not p.startswith("__") for p in m.split("."))  # noqa: E731
+    return sorted({f"{_file(modules, imp.importer, root)}:{imp.line} imports {imp.target}, a private module of the library"
+                   for imp in imports if is_tooling(imp.importer) and not is_tooling(imp.target)
+                   and private(imp.target)})
+
+
 # -- the package's own source ----------------------------------------------------------------------
 def test_core_does_not_import_tooling():
     found = tooling_imports(ROOT, PACKAGE, TOOLING)
@@ -261,6 +273,12 @@ def test_no_private_module_imported_across_packages():
     found = private_imports(ROOT, PACKAGE)
     assert not found, ("private modules imported from outside their package (import the package's public "
                        "names instead):\n  " + "\n  ".join(found))
+
+
+def test_tooling_uses_public_names_only():
+    found = tooling_private_imports(ROOT, PACKAGE, TOOLING)
+    assert not found, ("benchmark / launch / test tooling imports a private module of the library (make what it "
+                       "needs public, or keep it in the tooling):\n  " + "\n  ".join(found))
 
 
 def test_kernels_reached_only_through_ops():
@@ -319,3 +337,6 @@ def test_rules_on_a_planted_package(tmp_path):
     assert private_imports(root, "pkg") == ["pkg/core.py:7 imports pkg.sub._hidden, a private module of pkg.sub"]
     # the extension's one door is pkg.sub: core's function-level import of it is the one breach
     assert kernel_imports(root, "pkg", "pkg._ext", "pkg.sub") == ["pkg/core.py:6 imports pkg._ext"]
+    # pkg.tools.deep reaches pkg._version, a private module of the core
+    assert tooling_private_imports(root, "pkg", ("pkg.tools",)) == [
+        "pkg/tools/deep.py:2 imports pkg._version, a private module of the library"]
