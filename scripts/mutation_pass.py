@@ -156,8 +156,8 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("skcompress", "ps: last_nnz counts the local selection", "        self.last_nnz = idx.numel()", "        self.last_nnz = count"),
     # -- auto
     ("auto", "compute term halved in the predictions",
-     "preds[name] = sched.time(alpha, beta) + compute_ns(name, density, compute) * 1e-9 * N",
-     "preds[name] = sched.time(alpha, beta) + compute_ns(name, density, compute) * 0.5e-9 * N"),
+     "preds[name] = wire.time(alpha, beta) + compute_ns(name, density, compute) * 1e-9 * N",
+     "preds[name] = wire.time(alpha, beta) + compute_ns(name, density, compute) * 0.5e-9 * N"),
     ("auto", "the most expensive prediction chosen",
      "best = min(preds, key=lambda n: (preds[n], list(candidates).index(n)))",
      "best = max(preds, key=lambda n: (preds[n], list(candidates).index(n)))"),
@@ -184,8 +184,8 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("spardl", "off-by-one in an SRS bag's last offset", "hi = min(2 * dist, q) - 1 ", "hi = min(2 * dist, q) "),
     ("spardl", "skipped residual update: the result's entries keep their journalled values",
      "                ops.scatter_set_(acc, all_idx, xi)\n", ""),
-    ("spardl", "R-SAG merge order swapped between partners", "if plan.team & (1 << s):   # the lower",
-     "if not plan.team & (1 << s):   # the lower"),
+    ("spardl", "R-SAG merge order swapped between partners", "if layout.team & (1 << s):   # the lower",
+     "if not layout.team & (1 << s):   # the lower"),
     ("spardl", "default teams also at P = 2", "teams = 2 if (size >= 4 and size % 2 == 0) else 1",
      "teams = 2 if (size >= 2 and size % 2 == 0) else 1"),
 ]
