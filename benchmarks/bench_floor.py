@@ -7,7 +7,7 @@ Run under the launcher's MPI backend (gloo works there too), e.g.::
         python benchmarks/bench_floor.py --N 15000000 --density 0.01 --repeats 9
 
 Every rank draws the benchmark gradients (:func:`sparsecomm.bench.common.bench_gradient`),
-builds one reducer per (algorithm, comm), warms each up (handshake, plans, caches), then
+builds one reducer per (algorithm, comm), warms each up (handshake, layouts, caches), then
 times ``--repeats`` rounds interleaved over them: a barrier, one call with ``out=`` (the
 DDP hook's way; ``--no-out`` also times calls without it). Per call the slowest rank's wall
 time is taken; the table shows medians. bound = rounds * alpha + bytes_sent * beta with beta

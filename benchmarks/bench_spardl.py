@@ -79,7 +79,7 @@ def _rank(rank, size, n, density, repeats, check_n):
     reducers = {label: sc.SparseAllreduce(algorithm, density, comm=comm, **options)
                 for label, algorithm, options in variants(size)}
     out = torch.empty(n)
-    for label, reducer in reducers.items():     # warm-up: handshake, plans, buffers
+    for label, reducer in reducers.items():     # warm-up: handshake, layouts, buffers
         reducer(grads[0], out=out)
     rows = {label: [] for label in reducers}
     for rep in range(repeats):

@@ -2,7 +2,7 @@
 // registered for the CUDA dispatch key. Compiled only when the extension is built with
 // them (setup.py: torch with CUDA, nvcc, and SPARSECOMM_CUDA_KERNELS=1, which defines
 // SPARSECOMM_CUDA_KERNELS); otherwise CUDA tensors run the torch implementations of
-// sparsecomm/ops/_torch_impl.py. The bindings mirror the CPU ones (csrc/ops.cpp,
+// sparsecomm/ops/_torch_impl/. The bindings mirror the CPU ones (csrc/ops.cpp,
 // ops_stream.cpp, ops_sketch.cpp): the same checks and messages (csrc/op_checks.h), outputs
 // allocated on the input's device, one kernel call on the current stream (call_kernel).
 #ifdef SPARSECOMM_CUDA_KERNELS

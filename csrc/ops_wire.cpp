@@ -1,6 +1,6 @@
 // Wire-format validation ops: bindings of csrc/cpu/wire.c (C ABI in
 // csrc/include/sparsecomm/wire.h), called by the decoders of
-// sparsecomm/formats (through formats/_wire_ops.py) on every received message.
+// sparsecomm/formats (through sparsecomm.ops.wire_check, sparsecomm/ops/_wire.py) on every received message.
 //
 //   wire_check_header(Tensor payload, int[] expect, int nbytes) -> SymInt[]
 //   wire_check_coo   (Tensor payload, int[] expect, int nbytes) -> SymInt[]
@@ -15,7 +15,7 @@
 // index_dtype, sender, n, count, offset, bits, bucket), -1 = not checked.
 //
 // Returns kResultLen ints (layout below; SymInt[] so the fake kernels of
-// formats/_wire_ops.py can return unbacked symbols: an int[] result cannot
+// sparsecomm/ops/_wire.py can return unbacked symbols: an int[] result cannot
 // carry them back through the dispatcher). A malformed message is a result, not
 // an exception: result[0] is the sc_wire_field at fault, [1] its position,
 // [2] the value received, so the decoder can raise WireFormatError naming the
@@ -37,7 +37,7 @@ namespace {
 using at::Tensor;
 using namespace sparsecomm;
 
-// result layout (keep in sync with sparsecomm/formats/_wire_ops.py: FIELDS)
+// result layout (keep in sync with sparsecomm/ops/_wire.py: WIRE_FIELDS)
 constexpr int64_t kResultLen = 17;
 
 enum class Form { Header, Coo, Stream, Qsgd };

@@ -3,13 +3,14 @@
 ``traffic(name, P, N, k, sets=None, **options)`` replays an algorithm's message schedule with
 sizes only -- the same rounds, peers and wire sizes (:mod:`sparsecomm.formats` sizes) as the
 algorithm's ``reduce()`` -- and returns a :class:`~sparsecomm.traffic.Traffic`: bytes sent,
-bytes received and rounds of every rank, and the alpha-beta time of the call. Each schedule
+bytes received and rounds of every rank, and the alpha-beta time of the call. Each message schedule
 lives in its algorithm's module, as the classmethod ``traffic()`` beside ``reduce()`` and built
 from the same size and peer computations (:meth:`sparsecomm.algorithms.Algorithm.traffic`); the
 record, its time, the rounds they share and the index sets are :mod:`sparsecomm.traffic`. This
 module is their public face, with the papers' formulas (:func:`paper_formula`). Used by the
-scale study (:mod:`sparsecomm.bench_scale`, ``python -m sparsecomm.bench scale``) and by
-``auto`` (:mod:`sparsecomm.algorithms.auto`).
+scale study (:mod:`sparsecomm.bench.scale`, ``python -m sparsecomm.bench scale``) and by users;
+``auto`` (:mod:`sparsecomm.algorithms.auto`) calls its candidates' ``traffic()`` through the
+registry, below this module.
 
 Three kinds of algorithms (each class's ``traffic_model``):
 

@@ -5,12 +5,12 @@ dtype, **options)`` beside its ``reduce()`` (:mod:`sparsecomm.algorithms`); this
 what those share:
 
 * :class:`Traffic`, the record they fill round by round (bytes sent and received and rounds
-  per rank, the per-round cost) and its alpha-beta time, with the rounds every schedule reuses
+  per rank, the per-round cost) and its alpha-beta time, with the rounds every message schedule reuses
   (:meth:`Traffic.bruck_allgather`, :meth:`Traffic.allgather_int64`,
   :meth:`Traffic.allgather_sizes`);
 * :func:`fit_alpha_beta`, the inverse of :meth:`Traffic.time`: alpha and beta from measured
   message times;
-* the ranks' selected index sets (:class:`IndexSets`) the set-based schedules need, and a model
+* the ranks' selected index sets (:class:`IndexSets`) the set-based message schedules need, and a model
   of real gradients' sets (:func:`model_sets`, :func:`default_sets`) for when the real ones are
   not at hand.
 
@@ -53,7 +53,7 @@ class Traffic:
     @classmethod
     def spread(cls, size: int, nbytes: int, rounds: int) -> "Traffic":
         """Every rank sends ``nbytes`` in ``rounds`` rounds of one message each way, the bytes
-        spread evenly over the rounds: for a schedule known only by its slowest rank's totals.
+        spread evenly over the rounds: for a message schedule known only by its slowest rank's totals.
         What a rank receives is not known from them: ``recv`` stays 0."""
         t = cls(size)
         t.sent[:] = nbytes

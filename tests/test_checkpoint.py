@@ -210,7 +210,7 @@ def test_ranks_resumed_from_different_saves_raise_the_same_error(saved_run, plan
         assert outcome["phase"] == "train" and outcome["is_value_error"], outcome
         assert "checkpoint" in outcome["msg"] and "different checkpoints" in outcome["msg"], outcome["msg"]
     # the same fields and ranks on both (the first line names the rank and its own N: a fresh rank
-    # meets DDP's initial buckets, a resumed one the saved plan's)
+    # meets DDP's initial buckets, a resumed one the saved layout's)
     assert zero["msg"].splitlines()[1:] == one["msg"].splitlines()[1:], (zero["msg"], one["msg"])
 
 

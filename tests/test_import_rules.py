@@ -28,6 +28,9 @@ The rules:
 * (e) the kernels have one door: the compiled extension ``sparsecomm._C`` is imported only
   from inside ``sparsecomm.ops`` (rule (c) alone allows any module of ``sparsecomm``, which
   holds ``_C``); everything else calls ``sparsecomm.ops``' public ops.
+* (f) rule 1 of docs/architecture.md, arrows only downward: every core module belongs to a room
+  (:data:`ROOMS`) and imports only the rooms its row of the page's table allows
+  (:data:`MAY_IMPORT`, the table written again here as the test's reference).
 """
 from __future__ import annotations
 
@@ -340,3 +343,86 @@ def test_rules_on_a_planted_package(tmp_path):
     # pkg.tools.deep reaches pkg._version, a private module of the core
     assert tooling_private_imports(root, "pkg", ("pkg.tools",)) == [
         "pkg/tools/deep.py:2 imports pkg._version, a private module of the library"]
+
+
+# -- rule 1 of docs/architecture.md: each core room imports only the rooms its table row allows ------
+#: core module (longest dotted prefix wins; the root package names only its own __init__) -> its room
+ROOMS = {
+    "sparsecomm": "face",
+    "sparsecomm.hook": "hook", "sparsecomm._bucket_layout": "hook", "sparsecomm.bucket_worker": "hook",
+    "sparsecomm.reducer": "reducer", "sparsecomm._agreement": "reducer",
+    "sparsecomm._checkpoint": "values", "sparsecomm.density": "values",
+    "sparsecomm.costmodel": "costmodel",
+    "sparsecomm.algorithms": "algorithms",
+    "sparsecomm.traffic": "traffic",
+    "sparsecomm.comm": "comm",
+    "sparsecomm.formats": "formats",
+    "sparsecomm.ops": "ops",
+    "sparsecomm._C": "kernels",
+    "sparsecomm.errors": "leaves", "sparsecomm._version": "leaves", "sparsecomm.options": "leaves",
+}
+#: room -> the other rooms it may import (every room may import its own modules and the leaves)
+MAY_IMPORT = {
+    "face": {"hook", "reducer", "values", "costmodel", "algorithms", "comm", "formats", "ops"},
+    "hook": {"reducer", "values", "algorithms", "comm"},
+    "reducer": {"values", "algorithms", "comm", "formats", "ops"},
+    "values": set(),
+    "costmodel": {"algorithms", "traffic", "formats"},
+    "algorithms": {"traffic", "comm", "formats", "ops"},
+    "traffic": {"formats"},
+    "comm": {"formats"},
+    "formats": {"ops"},
+    "ops": {"kernels"},
+    "kernels": set(),
+    "leaves": set(),
+}
+
+
+def room_of(module: str, rooms: dict[str, str]) -> str | None:
+    root = min(rooms, key=len)
+    best = max((p for p in rooms if p != root and _inside(module, p)), key=len, default=None)
+    if best is None:
+        return rooms[root] if module == root else None
+    return rooms[best]
+
+
+def room_breaches(root: Path, package: str, rooms: dict[str, str], may: dict[str, set[str]]) -> list[str]:
+    modules, imports = collect_imports(root, package)
+    out = set()
+    for imp in imports:
+        src = room_of(imp.importer, rooms)
+        if src is None:
+            continue  # tooling (no room): rules (a) and (d) cover it
+        for to in arrows(imp):
+            dst = room_of(to, rooms)
+            if dst is None or dst in (src, "leaves") or to == package:
+                continue
+            if dst not in may[src]:
+                out.add(f"{_file(modules, imp.importer, root)}:{imp.line} ({src}) imports {to} ({dst})")
+    return sorted(out)
+
+
+def test_every_core_module_has_a_room():
+    modules, _ = collect_imports(ROOT, PACKAGE)
+    tooling = lambda m: any(_inside(m, t) for t in TOOLING)  # noqa: E731
+    homeless = sorted(m for m in modules if not tooling(m) and room_of(m, ROOMS) is None)
+    assert not homeless, f"modules in no room of docs/architecture.md (add them to ROOMS and the page): {homeless}"
+
+
+def test_each_room_imports_only_what_its_row_allows():
+    found = room_breaches(ROOT, PACKAGE, ROOMS, MAY_IMPORT)
+    assert not found, ("imports against the rooms table of docs/architecture.md (move the code to the room that "
+                       "may import it, or change the table here and on the page together):\n  " + "\n  ".join(found))
+
+
+def test_room_rule_on_a_planted_package(tmp_path):
+    root = _plant(tmp_path)
+    rooms = {"pkg": "face", "pkg.core": "upper", "pkg.sub": "lower", "pkg.other": "lower",
+             "pkg._version": "leaves", "pkg._ext": "lower"}
+    may = {"face": {"upper", "lower"}, "upper": {"lower"}, "lower": set(), "leaves": set()}
+    # core -> sub, _ext: allowed; tools is in no room (tooling: rules (a), (d)); sub.leaf <-> other: one room
+    assert room_breaches(root, "pkg", rooms, may) == []
+    may["upper"] = set()
+    assert room_breaches(root, "pkg", rooms, may) == [
+        "pkg/core.py:2 (upper) imports pkg.sub (lower)", "pkg/core.py:6 (upper) imports pkg._ext (lower)",
+        "pkg/core.py:7 (upper) imports pkg.sub (lower)", "pkg/core.py:7 (upper) imports pkg.sub._hidden (lower)"]

@@ -10,7 +10,7 @@ bit-identical to the uninterrupted run's.
 What makes this hard: a fresh DDP reduces its initial bucket layout in its first iteration
 and rebuilds its buckets after it, so the resumed run's first step arrives in other buckets
 than the uninterrupted run's step t+1. The hook reduces every step in the layout of the
-first iteration it saw (its plan, part of the state_dict), regrouping DDP's buckets when they
+first iteration it saw (its recorded layout, part of the state_dict), regrouping DDP's buckets when they
 differ (sparsecomm/hook.py, "Bucket rebuilds and exact resume").
 
 One group of processes runs every (configuration, algorithm) uninterrupted; a second, fresh
@@ -188,7 +188,7 @@ def _run_matrix(world_size: int, configs: list[str], warmup: int = 0,
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_resume_through_the_hook_is_bit_exact(world_size):
     diffs, regrouped = _run_matrix(world_size, list(CONFIGS))
-    assert regrouped > 0, "no resumed run met buckets other than its plan's: the test exercised nothing"
+    assert regrouped > 0, "no resumed run met buckets other than its recorded layout's: the test exercised nothing"
     inexact = {key: diff for key, diff in diffs.items() if diff != 0.0}
     assert not inexact, f"{len(inexact)} of {len(diffs)} resumes differ: {inexact}"
 
@@ -199,7 +199,7 @@ def test_resume_inside_and_after_warmup_is_bit_exact():
     it): the warm-up's dense allreduce also runs on the recorded layout's buckets (gloo's ring sums are
     position dependent for P >= 3), P = 3, small buckets, three algorithms."""
     diffs, regrouped = _run_matrix(3, ["bucket_cap_mb=0.01"], warmup=2, only=["topka", "spardl", "gssgd"])
-    assert regrouped > 0, "no resumed run met buckets other than its plan's: the test exercised nothing"
+    assert regrouped > 0, "no resumed run met buckets other than its recorded layout's: the test exercised nothing"
     inexact = {key: diff for key, diff in diffs.items() if diff != 0.0}
     assert not inexact, f"{len(inexact)} of {len(diffs)} resumes differ: {inexact}"
 
@@ -210,7 +210,7 @@ def test_resume_inside_and_after_a_density_schedule_is_bit_exact():
     1, 2 and 3: the resumed hook must use the density of the step it resumes at, P = 3, three
     algorithms (one with adaptive state: oktopk's thresholds)."""
     diffs, regrouped = _run_matrix(3, ["density_schedule"], only=["topka", "spardl", "oktopk"])
-    assert regrouped > 0, "no resumed run met buckets other than its plan's: the test exercised nothing"
+    assert regrouped > 0, "no resumed run met buckets other than its recorded layout's: the test exercised nothing"
     inexact = {key: diff for key, diff in diffs.items() if diff != 0.0}
     assert not inexact, f"{len(inexact)} of {len(diffs)} resumes differ: {inexact}"
 

@@ -79,7 +79,7 @@ CANDIDATES = ("dense", "topka", "spardl", "gtopk", "sparcml_recursive_double", "
 
 #: local compute per element of N (ns) at densities 0.1%, 1%, 5%: the measured wall time per
 #: call at P = 4, N = 15M on the emulated 1 Gbit/s cluster (docs/benchmarks.md, docs/densestream.md
-#: Table II; 4 ranks on 2 shared cores) less the modelled wire time of its schedule, divided by N
+#: Table II; 4 ranks on 2 shared cores) less the modelled wire time of its message schedule, divided by N
 #: (calibration in docs/scale.md). oktopk and densestream were not measured at 0.1%: their 1%
 #: value stands in. skcompress: simulated P = 4, N = 2M.
 COMPUTE_NS: dict[str, tuple[float, float, float]] = {
@@ -121,7 +121,7 @@ def compute_ns(name: str, density: float, table: dict | None = None) -> float:
 def choose_algorithm(P: int, N: int, k: int, alpha: float, beta: float, sets=None, observed_k=None,
                      candidates=CANDIDATES, compute: dict | None = None, dtype: torch.dtype = torch.float32,
                      model_n: int = 1 << 16) -> dict:
-    """The candidate with the least predicted time (schedule + compute); the same on every rank
+    """The candidate with the least predicted time (message schedule + compute); the same on every rank
     given the same arguments. Returns {"algorithm", "predicted_s", "predictions"}."""
     if P <= 1 or N == 0:
         return {"algorithm": "dense", "predicted_s": 0.0, "predictions": {"dense": 0.0}}
@@ -277,7 +277,7 @@ class AutoAlgorithm(Algorithm):
             return
         pending = self._pending
         if pending and pending.get("n") == n:
-            # a saved decision for this tensor; saved at another k (a schedule's step), it is
+            # a saved decision for this tensor; saved at another k (a density schedule's step), it is
             # then the decision a k change starts from, as in the run that saved it
             self._pending = None
             self._restore(pending)
@@ -311,7 +311,7 @@ class AutoAlgorithm(Algorithm):
         if self.options["tune"] and len(short) > 1:
             self.trials, self.choice, self.lossless = short, None, False
             self.inner = self._instance(short[0])
-            # while a schedule moves k every call, trials at different k would not compare:
+            # while a density schedule moves k every call, trials at different k would not compare:
             # the first call at a new k runs the model's pick untimed, trials start once k holds
             self.settling = same_n
         else:

@@ -91,7 +91,7 @@ def traffic(name: str, P: int, N: int, k: int, sets: IndexSets | None = None,
     """The :class:`~sparsecomm.traffic.Traffic` of one call of ``name`` on ``P`` ranks (``k``
     selected per rank, length ``N``): its :meth:`Algorithm.traffic`.
 
-    ``sets`` (the ranks' selected indices) is needed by the set-based schedules and some
+    ``sets`` (the ranks' selected indices) is needed by the set-based message schedules and some
     estimates; when missing, :func:`~sparsecomm.traffic.default_sets` draws them (at most 2^20
     long, scaled to N)."""
     cls = get(name)
@@ -202,8 +202,8 @@ class Algorithm(ABC):
         """The message schedule of one call, sizes only: every round's messages (peers and
         wire sizes, as :meth:`reduce` sends them on ``P`` ranks, length ``N``, ``k`` selected
         per rank, values of ``dtype``), recorded in a :class:`~sparsecomm.traffic.Traffic`.
-        ``sets`` are the ranks' selected indices, for schedules whose sizes depend on them;
-        ``options`` are the constructor's, plus any the schedule needs to know about the call.
+        ``sets`` are the ranks' selected indices, for message schedules whose sizes depend on them;
+        ``options`` are the constructor's, plus any the message schedule needs to know about the call.
         Written beside :meth:`reduce` in the algorithm's module, from the same size and peer
         computations; ``tests/test_costmodel.py`` compares it with what the Comm counts."""
         raise NotImplementedError(f"algorithm {cls.name!r} has no traffic model (its message schedule, sizes only)")

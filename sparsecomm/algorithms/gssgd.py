@@ -185,7 +185,7 @@ class GlobalSketchSGD(Algorithm):
     def rank_traffic(cls, P: int, N: int, k: int, value_size: int = 4, rank: int | None = None,
                      **options: Any) -> tuple[int, int]:
         """(bytes sent, rounds) of one call at P ranks, length N and k selected entries, from
-        the schedule (the simulated Comm counts exactly this; tests/test_gssgd.py checks it).
+        the message schedule (the simulated Comm counts exactly this; tests/test_gssgd.py checks it).
 
         ``value_size``: bytes per value of ``acc`` (4 for float32); ``rank``: that rank's
         figures, or None for the largest over the ranks (the slowest rank's bytes and

@@ -465,7 +465,7 @@ class OkTopk(Algorithm):
             b = min(list_start[src] + g[src], block_start[dst] + block[dst])
             return a, max(a, b)
 
-        sends, recvs, balance_sent = [], [], 0
+        sends, balance_sent = [], 0
         for dst in range(size):
             a, b = overlap(rank, dst)
             if dst != rank and b > a:

@@ -108,7 +108,7 @@ class SparcmlRecursiveDouble(Algorithm):
 
     def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor, grad: torch.Tensor | None = None) -> None:
         comm, n = self.comm, acc.numel()
-        rank, size = comm.rank, comm.size
+        size = comm.size
         indices, values = _select(self, acc, k, grad)
         stream = SparseStream.sparse(indices, values, n)
         if size > 1:

@@ -236,8 +236,6 @@ class SparDL(Algorithm):
         if teams == 1:
             mode = "none"
         elif sag == "recursive" or (sag == "auto" and _is_pow2(teams)):
-            if not _is_pow2(teams):  # only reachable with teams given and sag='recursive', which check_options rejects
-                raise ValueError(f"spardl: sag='recursive' needs teams to be a power of two, got {teams}")
             mode = "recursive"
         else:
             mode = "bruck"
@@ -345,7 +343,6 @@ class SparDL(Algorithm):
         layout = self._layout
         if layout is None or layout.n != n or layout.k != k:
             layout = self._layout = _rank_layout(comm.rank, comm.size, self._teams, n, k)
-        dtype, rank = acc.dtype, comm.rank
         idx_dtype = index_dtype_for(n)
         journal: list[tuple[torch.Tensor, torch.Tensor]] = []   # (indices, values before the change)
 

@@ -210,7 +210,7 @@ def bruck_reduce_scatter_(comm: PeerGroup, tensor: torch.Tensor, n: int) -> torc
     slice's contributions reach its owner along exactly one path, as each block reaches each
     rank exactly once in the all-gather. So every rank sends every other rank's slice exactly
     once: (P - 1)/P of the tensor in ceil(log2 P) rounds, the reduce-scatter optimum, with no
-    root and no folding step for P not a power of two. The additions follow the schedule, so
+    root and no folding step for P not a power of two. The additions follow the message schedule, so
     the summation order of a slice is fixed: the result does not depend on timing.
 
     Messages: ``[header: Kind.DENSE, value dtype, N = n, count][count values]`` (the round's
@@ -281,7 +281,7 @@ def reduce_scatter_allgather_(comm: PeerGroup, tensor: torch.Tensor, n: int) -> 
 def reduce_scatter_allgather_traffic(size: int, rank: int, count: int, itemsize: int) -> tuple[int, int]:
     """(bytes sent, rounds) of ``rank`` in :func:`reduce_scatter_allgather_` of ``count``
     values of ``itemsize`` bytes among ``size`` ranks, headers included; written from the
-    schedule, not measured."""
+    message schedule, not measured."""
     if size == 1:
         return 0, 0
     bounds = block_bounds(count, size)

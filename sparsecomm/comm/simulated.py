@@ -12,7 +12,7 @@ time is modelled instead of measured:
   (``t_start + alpha + beta * bytes sent``) and the arrival of every message it receives.
 
 Compute time is not modelled (it is measured elsewhere); the result is the
-communication time of the schedule, which is what the papers' alpha-beta tables describe.
+communication time of the message schedule, which is what the papers' alpha-beta tables describe.
 Threads release the GIL inside torch ops; sweeps up to P = 64 take seconds.
 """
 
@@ -139,7 +139,7 @@ class SimComm(Comm):
 
     def allreduce_dense(self, tensor: torch.Tensor) -> torch.Tensor:
         """Ring reduce-scatter + ring all-gather on simulated messages (so counters and
-        time come from the real schedule). Half types are summed in float32."""
+        time come from the real message schedule). Half types are summed in float32."""
         size, rank = self.size, self.rank
         if size == 1 or tensor.numel() == 0:
             return tensor
