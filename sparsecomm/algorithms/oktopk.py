@@ -90,7 +90,7 @@ k >= P(P+1)/(3P-4), e.g. k >= 3 at P = 2 or 4, k >= 12 at P = 33). For smaller k
 top-k alone can exceed it: with fewer than P entries to all-gather, some rank must send an
 entry to P-1 peers. ``last_volume`` reports each phase of the last call (entries; headers
 and the control all-gathers are not entries), c, G and the candidates. An early
-recomputation does not move the fixed schedule (steps that are multiples of ``tau``).
+recomputation does not move the fixed recomputation steps (the multiples of ``tau``).
 
 **Choices where the paper is open.** Defaults ``tau = 32`` (both thresholds) and
 ``tau_prime = 64``, the authors' settings in their released training code (LSTM trainer and
@@ -350,7 +350,7 @@ class OkTopk(Algorithm):
                 picked = _local_rung(acc, k, self.local_threshold)
                 if picked is not None:
                     selected, self.local_threshold = picked
-            if selected is None:                     # schedule, or no rung in [2k/3, k]
+            if selected is None:                     # a recomputation step, or no rung in [2k/3, k]
                 values, selected = ops.topk(acc, k)
                 self.local_threshold = float(values.abs().min()) if values.numel() else 0.0
                 events["local_exact"] = True
