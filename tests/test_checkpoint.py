@@ -147,14 +147,25 @@ def _load_and_train(rank, world_size, directory, plan, report):
     from sparsecomm.comm.torch_comm import TorchComm
 
     model, state, optimizer = _build(CONFIG, "topka", {}, TorchComm(timeout=30), world_size)
-    outcome = {"rank": rank}
     source = plan[rank]
-    try:
+
+    def load():
         if source is not None:
             saved = torch.load(os.path.join(directory, source))
             model.module.load_state_dict(saved["model"])
             optimizer.load_state_dict(saved["optimizer"])
             state.load_state_dict(saved["hook"])
+
+    return _load_then_train_two_steps(rank, model, optimizer, load, report)
+
+
+def _load_then_train_two_steps(rank, model, optimizer, load, report):
+    """Run ``load()``, then two training steps, as a user's script would, and write what
+    happened to ``report.<rank>``: a ValueError at load ends the process (exit 3) after the
+    report, an error in training is recorded with its type and message and the time it took."""
+    outcome = {"rank": rank}
+    try:
+        load()
     except ValueError as exc:
         outcome.update(phase="load", type=type(exc).__name__, msg=str(exc))
         torch.save(outcome, f"{report}.{rank}")
@@ -345,23 +356,11 @@ def _load_rank0_file_with_the_default_comm(rank, world_size, directory, report):
     """The README's quick start: DDPHookState without comm= (its Comm is built at the first
     bucket, a collective of every rank), rank 0's one file loaded on both ranks."""
     model, state, optimizer = _build(CONFIG, "topka", {}, None, world_size)
-    outcome = {"rank": rank}
-    try:
+
+    def load():
         state.load_state_dict(torch.load(os.path.join(directory, "ckpt3.pt"))["hook"])
-    except ValueError as exc:
-        outcome.update(phase="load", type=type(exc).__name__, msg=str(exc))
-        torch.save(outcome, f"{report}.{rank}")
-        os._exit(3)   # the user's script stops here
-    start = time.monotonic()
-    try:
-        for step in range(2):
-            _step(model, optimizer, CONFIG, rank, step)
-        outcome.update(phase="train", type=None)
-    except Exception as exc:  # noqa: BLE001 - the test inspects it
-        outcome.update(phase="train", type=type(exc).__name__, msg=str(exc))
-    outcome["s"] = time.monotonic() - start
-    torch.save(outcome, f"{report}.{rank}")
-    return outcome
+
+    return _load_then_train_two_steps(rank, model, optimizer, load, report)
 
 
 @pytest.mark.distributed
