@@ -29,12 +29,14 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-__all__ = ["DensitySchedule", "as_schedule"]
+__all__ = ["DensitySchedule", "as_schedule", "check_density"]
 
 _KINDS = ("per_step", "exponential")
 
 
-def _check_density(value: Any, what: str) -> float:
+def check_density(value: Any, what: str = "density") -> float:
+    """``value`` as a float; a ValueError unless it is a number in (0, 1] (the reducer's, the
+    hook's and every density of a schedule)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0.0 < float(value) <= 1.0) \
             or not math.isfinite(float(value)):
         raise ValueError(f"{what} must be a number in (0, 1], got {value!r}")
@@ -66,12 +68,12 @@ class DensitySchedule:
             if not isinstance(densities, (list, tuple)) or not densities:
                 raise ValueError(f"a per-epoch/per-step density schedule needs a non-empty list of densities, "
                                  f"got {densities!r}")
-            self.densities = tuple(_check_density(d, f"density schedule entry {i}") for i, d in enumerate(densities))
+            self.densities = tuple(check_density(d, f"density schedule entry {i}") for i, d in enumerate(densities))
             self.stage_steps = _check_steps(stage_steps, "steps_per_epoch (steps per schedule entry)")
             self.start, self.warmup_steps, self.stages = 0.0, len(self.densities) * self.stage_steps, len(self.densities)
         else:
             self.densities = ()
-            self.start = _check_density(start, "exponential schedule start")
+            self.start = check_density(start, "exponential schedule start")
             self.warmup_steps = _check_steps(warmup_steps, "exponential schedule warmup_steps")
             self.stages = _check_steps(stages if stages else warmup_steps, "exponential schedule stages")
             if self.stages > self.warmup_steps:

@@ -79,8 +79,8 @@ from .bucket_worker import BucketWorker
 from .comm.base import Comm
 from ._checkpoint import (CHECKPOINT_VERSION, check_owner, check_version, fingerprint, loaded_fingerprint,
                           pack_rank_part, unpack_rank_part)
-from .density import DensitySchedule, as_schedule
-from .reducer import SparseAllreduce, check_density, check_nonfinite
+from .density import DensitySchedule, as_schedule, check_density
+from .reducer import SparseAllreduce, check_nonfinite
 
 __all__ = ["DDPHookState", "ddp_hook"]
 

@@ -62,11 +62,11 @@ from . import algorithms, ops
 from ._agreement import Signature, agree, signature
 from .comm.base import Comm
 from ._checkpoint import CHECKPOINT_VERSION, check_owner, check_version, fingerprint, loaded_fingerprint
-from .density import DensitySchedule, as_schedule
+from .density import DensitySchedule, as_schedule, check_density
 from .errors import AgreedValueError
 from .formats.header import AgreementKind
 
-__all__ = ["SparseAllreduce", "k_for", "check_density", "check_nonfinite"]
+__all__ = ["SparseAllreduce", "k_for", "check_nonfinite"]
 
 _HALF_TYPES = (torch.float16, torch.bfloat16)
 #: the values of the ``nonfinite`` option
@@ -85,12 +85,6 @@ def k_for(density: float, n: int) -> int:
     if n == 0:
         return 0
     return min(n, max(1, math.ceil(Fraction(repr(float(density))) * n)))
-
-
-def check_density(density: Any) -> None:
-    """A ValueError unless ``density`` is a number in (0, 1] (the reducer's and the hook's)."""
-    if isinstance(density, bool) or not isinstance(density, (int, float)) or not (0.0 < density <= 1.0):
-        raise ValueError(f"density must be a number in (0, 1], got {density!r}")
 
 
 def check_nonfinite(nonfinite: Any) -> None:
