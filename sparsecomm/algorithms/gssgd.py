@@ -160,10 +160,6 @@ class GlobalSketchSGD(Algorithm):
 
     # -- sizes and traffic -------------------------------------------------------------------
 
-    @classmethod
-    def _resolved(cls, options: dict[str, Any]) -> dict[str, Any]:
-        return cls.resolve_options(options)
-
     @staticmethod
     def _shape(n: int, k: int, options: dict[str, Any]) -> tuple[int, int, int, int]:
         """(k, rows, columns, candidates wanted) of one call on a length-n tensor."""
@@ -201,7 +197,7 @@ class GlobalSketchSGD(Algorithm):
         The default sketch grows like k log(N / k) (:func:`sketch_columns`); p1 changes only the
         compute (what is sketched).
         """
-        options = cls._resolved(options)
+        options = cls.resolve_options(options)
         if N == 0 or k == 0 or P == 1:
             return 0, 0
         k, rows, cols, wanted = cls._shape(N, k, options)
