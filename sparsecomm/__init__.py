@@ -15,9 +15,10 @@ from . import algorithms, comm, formats, ops
 from .hook import DDPHookState, ddp_hook
 from .reducer import SparseAllreduce, k_for
 from .density import DensitySchedule
+from .comm.topology import NodeComms, Topology
 
 from ._version import __version__
 
 __all__ = ["algorithms", "comm", "formats", "ops", "SparseAllreduce", "k_for", "DDPHookState", "ddp_hook",
-           "DensitySchedule", "__version__"]
+           "DensitySchedule", "Topology", "NodeComms", "__version__"]
 

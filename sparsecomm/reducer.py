@@ -51,6 +51,7 @@ rank calls it, between the same calls.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from fractions import Fraction
 import time
@@ -61,16 +62,21 @@ import torch
 from . import algorithms, ops
 from ._agreement import Signature, agree, signature
 from .comm.base import Comm
+from .comm.collectives import allgather_slices_, block_bounds, bruck_reduce_scatter_
 from ._checkpoint import CHECKPOINT_VERSION, check_owner, check_version, fingerprint, loaded_fingerprint
 from .density import DensitySchedule, as_schedule, check_density
 from .errors import AgreedValueError
 from .formats.header import AgreementKind
+from .comm.topology import NodeComms, Topology
 
 __all__ = ["SparseAllreduce", "k_for", "check_nonfinite"]
 
 _HALF_TYPES = (torch.float16, torch.bfloat16)
 #: the values of the ``nonfinite`` option
 NONFINITE_POLICIES = ("propagate", "raise")
+#: the values of the ``hierarchy`` option: one level of equal peers, or dense inside a node
+#: and the algorithm between nodes
+HIERARCHIES = ("flat", "node")
 # this rank's non-finite flag (bits), all-gathered before the algorithm runs
 _NAN, _POS_INF, _NEG_INF = 1, 2, 4
 
@@ -85,6 +91,26 @@ def k_for(density: float, n: int) -> int:
     if n == 0:
         return 0
     return min(n, max(1, math.ceil(Fraction(repr(float(density))) * n)))
+
+
+def check_hierarchy(hierarchy: Any, topology: Any) -> None:
+    """A ValueError unless ``hierarchy`` is one of :data:`HIERARCHIES` and ``topology`` fits it."""
+    if hierarchy not in HIERARCHIES:
+        raise ValueError(f"hierarchy must be one of {', '.join(map(repr, HIERARCHIES))}, got {hierarchy!r}")
+    if topology is not None and not isinstance(topology, (Topology, NodeComms)):
+        raise ValueError(f"topology must be a sparsecomm.Topology, got {type(topology).__name__}")
+    if topology is not None and hierarchy == "flat":
+        raise ValueError("a topology is only used with hierarchy='node'; pass hierarchy='node' too, or no topology")
+
+
+def node_comms(comm: Comm, topology: "Topology | NodeComms | None") -> NodeComms:
+    """The two-level Comms over ``comm``: ``topology`` already split (checked to be over the same
+    Comm), or split here (collective), from torchrun's environment when None."""
+    if isinstance(topology, NodeComms):
+        if topology.world is not comm:
+            raise ValueError("the NodeComms given were split from another Comm than the one passed as comm")
+        return topology
+    return (Topology.from_env() if topology is None else topology).split(comm)
 
 
 def check_nonfinite(nonfinite: Any) -> None:
@@ -167,10 +193,14 @@ class SparseAllreduce:
     """
 
     def __init__(self, algorithm: str, density: float, comm: Comm | None = None, nonfinite: str = "propagate",
-                 density_schedule: DensitySchedule | None = None, **options: Any):
+                 density_schedule: DensitySchedule | None = None, hierarchy: str = "flat",
+                 topology: "Topology | NodeComms | None" = None, **options: Any):
         check_density(density)
         check_nonfinite(nonfinite)
+        check_hierarchy(hierarchy, topology)
         cls = algorithms.get(algorithm)
+        if comm is None and isinstance(topology, NodeComms):
+            comm = topology.world
         if comm is None:
             from .comm.torch_comm import TorchComm
             comm = TorchComm()
@@ -180,10 +210,18 @@ class SparseAllreduce:
         self.density = float(density)
         self.nonfinite = nonfinite
         self.density_schedule = as_schedule(density_schedule)
+        self.hierarchy = hierarchy
         self.calls = 0  # calls made: the step of the next call when the caller gives none
         self.comm = comm
-        self.algorithm = cls(comm, **options)
-        self._scope = comm.new_scope(f"SparseAllreduce({algorithm}, density {self.density:g})")
+        label = f"SparseAllreduce({algorithm}, density {self.density:g})"
+        #: the two-level Comms (hierarchy="node"), else None
+        self.nodes: NodeComms | None = node_comms(comm, topology) if hierarchy == "node" else None
+        self.algorithm = cls(comm if self.nodes is None else self.nodes.inter, **options)
+        self._scope = comm.new_scope(label)
+        self._level_scopes = [] if self.nodes is None else \
+            [(c, c.new_scope(f"{label}, {level}")) for c, level in ((self.nodes.intra, "inside the node"),
+                                                                    (self.nodes.inter, "between nodes"))
+             if c is not None]
         self._residual: torch.Tensor | None = None
         self._pending_residual: torch.Tensor | None = None
         self._agreed: tuple | None = None   # (n, dtype, device) the ranks agreed on
@@ -203,10 +241,19 @@ class SparseAllreduce:
         half gradients), or None before the first call."""
         if self._residual is None:
             return self._pending_residual
-        return self._residual.view(self._shape)
+        return self._residual if self.nodes is not None else self._residual.view(self._shape)
 
     def k_for(self, n: int) -> int:
         return k_for(self.density, n)
+
+    def shard_bounds(self, n: int) -> tuple[int, int]:
+        """[lo, hi) of the slice of an N-element gradient this rank owns between nodes: slice
+        ``local_rank`` of the node's reduce-scatter (contiguous, lengths differing by at most
+        one); the whole tensor when flat."""
+        if self.nodes is None or self.nodes.intra is None:
+            return 0, n
+        bounds = block_bounds(n, self.nodes.intra.size)
+        return bounds[self.nodes.intra.rank], bounds[self.nodes.intra.rank + 1]
 
     def density_at(self, step: int) -> float:
         """The density of call ``step`` (the schedule's, or ``density`` without one)."""
@@ -234,7 +281,9 @@ class SparseAllreduce:
         configuration, world size, calls made and N; sparsecomm/_checkpoint.py). Local: no
         communication, so any subset of ranks may call it. Save one per rank."""
         residual = None if self.residual is None else self.residual.detach().clone()
+        placed = {} if self.nodes is None else {"hierarchy": self._hierarchy_text()}
         return {
+            **placed,
             "checkpoint_version": CHECKPOINT_VERSION,
             "algorithm": self.algorithm_name,
             "density": self.density,
@@ -259,6 +308,11 @@ class SparseAllreduce:
                              f"this reducer runs {self.algorithm_name!r}")
         check_owner("SparseAllreduce", state.get("rank"), state.get("world_size"), self.comm.rank, self.comm.size,
                     per_rank=state.get("residual") is not None or bool(state.get("algorithm_state")))
+        saved, mine = state.get("hierarchy", "flat"), "flat" if self.nodes is None else self._hierarchy_text()
+        if saved != mine:
+            raise ValueError(f"state_dict was saved with hierarchy {saved!r}, this reducer runs {mine!r}: its "
+                             "residual is another part of the gradient; resume with the same hierarchy and "
+                             "topology")
         mark = loaded_fingerprint(state)
         self.reset()
         self._pending_residual = state.get("residual")
@@ -284,7 +338,8 @@ class SparseAllreduce:
     @torch.compiler.disable
     def __call__(self, grad: torch.Tensor, out: torch.Tensor | None = None, *, step: int | None = None) -> torch.Tensor:
         """Reduce ``grad``; ``step`` picks the density schedule's step (default: calls so far)."""
-        self.comm.check_usable()
+        for comm in self._comms():
+            comm.check_usable()
         # The caller's arguments are checked before the call scope, so nothing of this call
         # is in flight; but the peers are (or soon will be) in this call waiting for messages
         # that will not come: the Comm is aborted, so they raise CommAbortedError naming this
@@ -293,18 +348,28 @@ class SparseAllreduce:
         try:
             self._check_arguments(grad, out)
         except (ValueError, TypeError) as exc:
-            if self.comm.size > 1:
-                self.comm.abort(f"{type(exc).__name__}: {exc} (in {self._scope.label}, before it sent anything)")
+            for comm in self._comms():
+                if comm.size > 1:
+                    comm.abort(f"{type(exc).__name__}: {exc} (in {self._scope.label}, before it sent anything)")
             raise
         # The call's messages carry its own tag; an exception raised inside on this rank is
         # published to every peer, which then raises too, naming this rank (Comm.call_scope),
-        # except the errors every rank raises by agreement (AgreedValueError).
+        # except the errors every rank raises by agreement (AgreedValueError). Two-level: the
+        # call is a call of each of its Comms, so a failure aborts all three and a peer waiting
+        # on any of them raises.
         # No variable-size message of a call is larger than 16 bytes per element + headers.
-        with self.comm.call_scope(self._scope, max_message_bytes=16 * grad.numel() + 65536,
-                                  agreed=lambda exc: isinstance(exc, AgreedValueError)):
+        limit = 16 * grad.numel() + 65536
+        agreed = lambda exc: isinstance(exc, AgreedValueError)  # noqa: E731
+        with contextlib.ExitStack() as scopes:
+            scopes.enter_context(self.comm.call_scope(self._scope, max_message_bytes=limit, agreed=agreed))
+            for comm, scope in self._level_scopes:
+                scopes.enter_context(comm.call_scope(scope, max_message_bytes=limit, agreed=agreed))
             result = self._call(grad, out, self.calls if step is None else step)
         self.calls += 1
         return result
+
+    def _comms(self) -> list[Comm]:
+        return [self.comm] if self.nodes is None else self.nodes.comms
 
     def _check_arguments(self, grad: torch.Tensor, out: torch.Tensor | None) -> None:
         if not isinstance(grad, torch.Tensor) or not grad.is_floating_point():
@@ -324,8 +389,12 @@ class SparseAllreduce:
         flat = grad.detach().reshape(-1)
         n = flat.numel()
         handshake = self.comm.stats.snapshot()
-        # the schedule and the step are in the agreement record: the same k everywhere
+        levels = self._level_stats()
+        # the schedule and the step are in the agreement record: the same k everywhere (two-level:
+        # the record carries the whole tensor's k, the algorithm selects k of its shard)
         k = k_for(self.density_at(step), n)
+        lo, hi = self.shard_bounds(n)
+        shard_k = k if self.nodes is None else k_for(self.density_at(step), hi - lo)
         key = (n, work_dtype, grad.device)
         reused = self._agreed is not None and self._agreed != key
         acc = None if reused else self._prepare(n, work_dtype, grad, k, step)
@@ -339,10 +408,10 @@ class SparseAllreduce:
         after_check = self.comm.stats.snapshot()
         # acc = g + e, accumulated in the working dtype: here, or by the algorithm fused with
         # its first selection (one pass over e and g instead of two; CPU, full-precision grads)
-        fuse = (not nonfinite and n > 0 and flat.dtype == work_dtype and acc.device.type == "cpu"
-                and self.algorithm.takes_grad())
+        fuse = (self.nodes is None and not nonfinite and n > 0 and flat.dtype == work_dtype
+                and acc.device.type == "cpu" and self.algorithm.takes_grad())
         add_start = time.perf_counter()
-        if not nonfinite and not fuse:
+        if not nonfinite and not fuse and self.nodes is None:
             acc.add_(flat)
         add_s = time.perf_counter() - add_start
         if out is not None and out.dtype == work_dtype and out.is_contiguous():
@@ -359,6 +428,8 @@ class SparseAllreduce:
         if nonfinite:  # "propagate": the dense allreduce of the raw gradients, residuals untouched
             work_out.copy_(flat)
             self.comm.allreduce_dense(work_out)
+        elif self.nodes is not None:
+            add_s += self._reduce_two_level(flat, acc, shard_k, work_out, lo, hi)
         elif fuse:
             self.algorithm.reduce(acc, k, work_out, grad=flat)
         elif n:
@@ -371,7 +442,7 @@ class SparseAllreduce:
         check_spent = after_check - after_handshake
         times = self.algorithm.times
         self.last_stats = {
-            "algorithm": self.algorithm_name, "n": n, "k": k,
+            "algorithm": self.algorithm_name, "n": n, "k": shard_k,
             "bytes_sent": spent.bytes_sent, "bytes_recv": spent.bytes_recv, "rounds": spent.rounds,
             "nnz_out": self.algorithm.last_nnz if self.algorithm.last_nnz is not None
             else int(torch.count_nonzero(work_out)),
@@ -385,6 +456,8 @@ class SparseAllreduce:
             "check_bytes": check_spent.bytes_sent, "check_rounds": check_spent.rounds, "check_s": check_s,
             "nonfinite_ranks": nonfinite,
         }
+        if self.nodes is not None:
+            self.last_stats.update(self._two_level_stats(levels, n, k, hi - lo))
         extra = getattr(self.algorithm, "stats_extra", None)
         if extra is not None:   # e.g. auto: its choice, predicted and measured time
             self.last_stats.update(extra(self.last_stats["total_s"]))
@@ -410,7 +483,9 @@ class SparseAllreduce:
         if self.algorithm.propagates_nonfinite or any(flags):
             # the records proved every rank is in this call with the same N and dtype, and
             # will run the dense allreduce: the Comm's own size check before it adds nothing
-            self.comm.mark_dense_agreed()
+            # (two-level: the shards of one inter-node group have equal lengths, from N)
+            for comm in self._comms():
+                comm.mark_dense_agreed()
         if not any(flags):
             return []
         if self.nonfinite == "raise":
@@ -425,25 +500,81 @@ class SparseAllreduce:
         schedule changes k, and the candidate it will run answers."""
         key = (n, work_dtype, grad.device)
         prepare = getattr(self.algorithm, "prepare", None)
+        if self.nodes is not None and self.nodes.inter is None:
+            prepare = None      # one node: no algorithm runs
+        # the algorithm works on this rank's shard (two-level) with its own k
+        lo, hi = self.shard_bounds(n)
+        part, part_k = hi - lo, (k if self.nodes is None else k_for(self.density_at(step), hi - lo))
         if self._agreed is None:
             if prepare is not None:   # e.g. auto decides here, so the handshake covers its choice
                 # prepare may communicate (auto's ping-pong), and what it sends depends on the
                 # options and any loaded state: agree on those first, so ranks that differ raise
                 # the handshake's error instead of exchanging mismatched messages in prepare
                 self._handshake(n, grad.dtype, k, step)
-                prepare(n, k, work_dtype)
+                prepare(part, part_k, work_dtype)
             self._handshake(n, grad.dtype, k, step)
             self._agreed = key
             pending, self._pending_residual = self._pending_residual, None
-            self._residual = torch.zeros(n, dtype=work_dtype, device=grad.device)
+            self._residual = torch.zeros(part, dtype=work_dtype, device=grad.device)
             if pending is not None:
-                if pending.numel() != n:
-                    raise ValueError(f"the loaded residual has {pending.numel()} elements but the gradient "
-                                     f"has {n}: the state_dict belongs to another tensor")
+                if pending.numel() != part:
+                    raise ValueError(f"the loaded residual has {pending.numel()} elements but this rank's "
+                                     f"{'shard of the ' if self.nodes is not None else ''}gradient has {part}: "
+                                     "the state_dict belongs to another tensor")
                 self._residual.copy_(pending.reshape(-1))
         elif prepare is not None:   # agreed earlier: a new k only (no communication for the same n)
-            prepare(n, k, work_dtype)
+            prepare(part, part_k, work_dtype)
         return self._residual
+
+    # -- two levels ------------------------------------------------------------------------
+    def _reduce_two_level(self, flat: torch.Tensor, acc: torch.Tensor, k: int, work_out: torch.Tensor,
+                          lo: int, hi: int) -> float:
+        """Dense inside the node, the algorithm between nodes: the node's reduce-scatter of the
+        gradient (Bruck, in ``work_out``), ``acc = node sum of this rank's shard + its residual``,
+        the algorithm among the n owners of the shard (one per node) into the shard of
+        ``work_out``, and the node's all-gather of the reduced shards. Returns the seconds of the
+        residual add (the "add" phase)."""
+        n = flat.numel()
+        if work_out.data_ptr() != flat.data_ptr():
+            work_out.copy_(flat)
+        intra, inter = self.nodes.intra, self.nodes.inter
+        if intra is not None:
+            bruck_reduce_scatter_(intra, work_out, n)
+        shard = work_out[lo:hi]
+        start = time.perf_counter()
+        acc.add_(shard)
+        add_s = time.perf_counter() - start
+        if hi > lo:
+            if inter is None:       # one node: the node's sum is the result; nothing is held back
+                shard.copy_(acc)
+                acc.zero_()
+            else:
+                self.algorithm.reduce(acc, k, shard)
+        self.algorithm.last_nnz = None   # the shard's count: the whole result is counted instead
+        if intra is not None:
+            allgather_slices_(intra, work_out, n)
+        return add_s
+
+    def _level_stats(self) -> list:
+        """Snapshots of the intra- and inter-node Comms' counters (two-level), else []."""
+        if self.nodes is None:
+            return []
+        return [None if c is None else c.stats.snapshot() for c in (self.nodes.intra, self.nodes.inter)]
+
+    def _two_level_stats(self, before: list, n: int, k: int, shard_n: int) -> dict[str, Any]:
+        """The call's two-level figures: bytes and rounds inside the node and between nodes apart
+        (``intra_*``, ``inter_*``: what this rank sent on its node's links and on the network),
+        and the totals over all three Comms (``bytes_sent``, ``rounds``, ``comm_s``)."""
+        out: dict[str, Any] = {"hierarchy": "node", "topology": str(self.nodes.topology),
+                               "shard_n": shard_n, "k_total": k}
+        for level, comm, snap in zip(("intra", "inter"), (self.nodes.intra, self.nodes.inter), before):
+            spent = (comm.stats - snap) if comm is not None else None
+            for field in ("bytes_sent", "bytes_recv", "rounds"):
+                value = 0 if spent is None else getattr(spent, field)
+                out[f"{level}_{field}"] = value
+                out[field] = out.get(field, self.last_stats[field]) + value
+            out["comm_s"] = out.get("comm_s", self.last_stats["comm_s"]) + (0.0 if spent is None else spent.comm_s)
+        return out
 
     def _handshake(self, n: int, dtype: torch.dtype, k: int, step: int) -> None:
         """The first call's agreement record: this rank's signature taken afresh and kept for
@@ -461,10 +592,15 @@ class SparseAllreduce:
                      checkpoint=self._checkpoint_id, calls=self.calls, resets=self._resets,
                      algorithm=self.algorithm_name, density=self.density)
 
+    def _hierarchy_text(self) -> str:
+        return f"node, {self.nodes.topology}"
+
     def options_text(self) -> str:
         """The options as the handshake compares and the mismatch error shows them: the
         algorithm's options and ``nonfinite``, sorted ``key=value`` (values by ``repr``)."""
         merged = {**self.algorithm.options, "nonfinite": self.nonfinite}
+        if self.nodes is not None:  # flat leaves the text (and checkpoints' fingerprints) as they were
+            merged["hierarchy"] = self._hierarchy_text()
         if self.density_schedule is not None:  # a schedule is a value: its canonical text is compared
             merged["density_schedule"] = self.density_schedule.spec_text()
         return ", ".join(f"{key}={merged[key]!r}" for key in sorted(merged))

@@ -8,11 +8,12 @@
 from .base import Comm, CommError, CommStats, CommTimeoutError, ring_allreduce_cost
 from .collectives import bruck_allgather, bruck_allgather_var, halving_allreduce_, halving_tree
 from .simulated import GBIT_BETA, SimComm, SimulationResult, simulate
+from .topology import NodeComms, Topology
 
 __all__ = [
     "Comm", "CommError", "CommStats", "CommTimeoutError", "ring_allreduce_cost",
     "bruck_allgather", "bruck_allgather_var", "halving_allreduce_", "halving_tree",
-    "SimComm", "SimulationResult", "simulate", "GBIT_BETA",
+    "SimComm", "SimulationResult", "simulate", "GBIT_BETA", "Topology", "NodeComms",
     "TorchComm", "MPIComm",
 ]
 

@@ -46,7 +46,7 @@ import torch
 
 from .collectives import bruck_allgather
 
-__all__ = ["Comm", "CommStats", "CommTimeoutError", "CommError", "CommAbortedError", "CommPeerTimeoutError", "CallScope",
+__all__ = ["Comm", "CommStats", "check_groups", "CommTimeoutError", "CommError", "CommAbortedError", "CommPeerTimeoutError", "CallScope",
            "ring_allreduce_cost", "DEFAULT_TIMEOUT"]
 
 #: Default seconds a round may wait for its peers (every backend): long enough for a slow
@@ -163,6 +163,20 @@ def ring_allreduce_cost(nbytes: int, size: int) -> tuple[int, int]:
 Message = tuple[int, torch.Tensor]  # (peer rank, contiguous uint8 payload)
 
 
+def check_groups(groups: Sequence[Sequence[int]], size: int, rank: int) -> int:
+    """The index of the group that holds ``rank``; a ValueError unless ``groups`` cut
+    ``range(size)`` into disjoint non-empty groups."""
+    seen: list[int] = []
+    for group in groups:
+        if len(group) == 0:
+            raise ValueError(f"split: empty group in {[list(g) for g in groups]}")
+        seen.extend(int(r) for r in group)
+    if sorted(seen) != list(range(size)):
+        raise ValueError(f"split: the groups {[list(g) for g in groups]} must hold each rank 0..{size - 1} "
+                         "exactly once")
+    return next(i for i, group in enumerate(groups) if rank in [int(r) for r in group])
+
+
 def _check_payload(t: torch.Tensor, what: str) -> None:
     if t.dtype != torch.uint8 or t.dim() != 1 or not t.is_contiguous():
         raise TypeError(f"{what} must be a contiguous 1-D torch.uint8 tensor, got dtype={t.dtype} "
@@ -277,6 +291,23 @@ class Comm(ABC):
             raise WireFormatError(f"rank {self.rank}: rank {peer} announced a message of {n} bytes, more than "
                                   f"the {limit} bytes this call can legitimately send (corrupted size header?)")
         return n
+
+    # -- sub-groups -----------------------------------------------------------------------
+    def split(self, groups: Sequence[Sequence[int]], *, local: bool = False) -> "Comm":
+        """The Comm of the group in ``groups`` that holds this rank (ranks numbered by their
+        position in the group). ``groups`` must cut ``range(size)`` into disjoint non-empty
+        groups. Collective: every rank calls it with the same groups, in the same order, at
+        the same point (SPMD code does). ``local=True`` says the groups' ranks share a machine
+        (a node's fast links): a simulated backend then models them with its intra-node link.
+        The new Comm has its own side channel: a caller that spans several Comms aborts
+        every one of them when it fails (the two-level reducer does)."""
+        index = check_groups(groups, self.size, self.rank)
+        self.check_usable()
+        return self._split([list(map(int, g)) for g in groups], index, local)
+
+    def _split(self, groups: list[list[int]], index: int, local: bool) -> "Comm":
+        raise NotImplementedError(f"{type(self).__name__} cannot be split into groups; use a TorchComm, "
+                                  "an MPIComm or a simulated world")
 
     # -- identity -------------------------------------------------------------------------
     @property

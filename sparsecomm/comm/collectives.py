@@ -21,7 +21,8 @@ import torch
 from ..formats.header import HEADER_NBYTES, Kind, check_header, pack_header
 
 __all__ = ["bruck_allgather", "bruck_allgather_var", "allgather_int64", "halving_tree", "halving_allreduce_",
-           "block_bounds", "bruck_reduce_scatter_", "reduce_scatter_allgather_", "reduce_scatter_allgather_traffic",
+           "block_bounds", "bruck_reduce_scatter_", "reduce_scatter_allgather_", "allgather_slices_",
+           "reduce_scatter_allgather_traffic",
            "halving_allreduce_traffic", "bruck_allgather_traffic"]
 
 
@@ -258,11 +259,23 @@ def reduce_scatter_allgather_(comm: PeerGroup, tensor: torch.Tensor, n: int) -> 
     2 (P - 1)/P of the tensor (exactly: :func:`reduce_scatter_allgather_traffic`). Every rank
     ends with the owners' bytes, so the result is bit-identical everywhere.
     """
+    if comm.size == 1:
+        return tensor
+    bruck_reduce_scatter_(comm, tensor, n)
+    return allgather_slices_(comm, tensor, n)
+
+
+def allgather_slices_(comm: PeerGroup, tensor: torch.Tensor, n: int) -> torch.Tensor:
+    """In place, every rank's slice of a 1-D tensor (:func:`block_bounds`: rank q holds slice
+    q) to every rank, by :func:`bruck_allgather`: each slice as its own headed message,
+    ``[header: Kind.DENSE, value dtype, N = n, count = slice length][values]``, checked on
+    receipt (sender = the slice's owner). The second half of
+    :func:`reduce_scatter_allgather_`; every rank ends with the owners' bytes."""
     rank, size = comm.rank, comm.size
     if size == 1:
         return tensor
-    mine = bruck_reduce_scatter_(comm, tensor, n)
     bounds = block_bounds(tensor.numel(), size)
+    mine = tensor[bounds[rank]:bounds[rank + 1]]
     isize = tensor.element_size()
     block_nbytes = [HEADER_NBYTES + (bounds[q + 1] - bounds[q]) * isize for q in range(size)]
     block = torch.empty(block_nbytes[rank], dtype=torch.uint8, device=tensor.device)

@@ -105,6 +105,15 @@ class MPIComm(Comm):
             self.ctl_comm.Free()
         self.mpi_comm = None
 
+    def _split(self, groups: list[list[int]], index: int, local: bool) -> "MPIComm":
+        """``MPI_Comm_split`` with this rank's group as its colour and its position in the group
+        as its key; the MPIComm duplicates the result, which is freed at once."""
+        part = self.user_comm.Split(index, groups[index].index(self.rank))
+        try:
+            return MPIComm(part, self.timeout, device=self.device, cuda_aware=self.cuda_aware)
+        finally:
+            part.Free()
+
     @property
     def _tag(self) -> int:
         tag = self.tag

@@ -34,6 +34,9 @@ __all__ = ["SimComm", "SimulationResult", "simulate", "GBIT_BETA"]
 
 #: seconds per byte of a 1 Gbit/s link
 GBIT_BETA = 8.0 / 1e9
+#: latency and seconds per byte of the links inside a simulated node (NVLink / shared memory class)
+INTRA_ALPHA = 5e-6
+INTRA_BETA = 1.0 / 50e9
 
 
 @dataclass
@@ -51,10 +54,13 @@ class _Aborted(CommAbortedError):
 
 
 class _World:
-    def __init__(self, size: int, alpha: float, beta: float, timeout: float):
+    def __init__(self, size: int, alpha: float, beta: float, timeout: float,
+                 intra_alpha: float = 0.0, intra_beta: float = 0.0):
         self.size = size
         self.alpha = alpha
         self.beta = beta
+        self.intra_alpha = intra_alpha
+        self.intra_beta = intra_beta
         self.timeout = timeout
         self.cond = threading.Condition()
         # mailbox[(src, dst, tag)] holds (payload, arrival time) in posting order
@@ -71,12 +77,45 @@ class _World:
 
 
 class SimComm(Comm):
-    """One rank of a simulated world; created by :func:`simulate`."""
+    """One rank of a simulated world; created by :func:`simulate`, or by :meth:`split` of one
+    (a group of the world's ranks on the same mailboxes under a key of its own, sharing the
+    rank's clock and the world's failure state: an abort on any group stops every rank)."""
 
-    def __init__(self, world: _World, rank: int, device: torch.device | str = "cpu"):
-        super().__init__(rank, world.size, device, world.timeout)
+    def __init__(self, world: _World, rank: int, device: torch.device | str = "cpu", *,
+                 members: Sequence[int] | None = None, key: tuple = (), link: tuple[float, float] | None = None,
+                 clock_of: "SimComm | None" = None):
+        members = list(range(world.size)) if members is None else list(members)
+        super().__init__(rank, len(members), device, world.timeout)
         self._world = world
-        self.clock = 0.0
+        self._members = members          # world rank of each rank of this Comm
+        self._key = key                  # () for the world; the split path for a group
+        self._alpha, self._beta = (world.alpha, world.beta) if link is None else link
+        self._clock_of = clock_of        # the world-level SimComm whose clock this rank shares
+        self._splits = 0
+        self._clock = 0.0
+
+    @property
+    def clock(self) -> float:
+        """This rank's modelled time (shared by every group the rank is in)."""
+        return self._clock if self._clock_of is None else self._clock_of._clock
+
+    @clock.setter
+    def clock(self, value: float) -> None:
+        if self._clock_of is None:
+            self._clock = value
+        else:
+            self._clock_of._clock = value
+
+    def _split(self, groups: list[list[int]], index: int, local: bool) -> "SimComm":
+        """The group's SimComm; ``local=True`` groups use the world's intra-node link
+        (``simulate(intra_alpha=, intra_beta=)``), others this Comm's link."""
+        self._splits += 1
+        group = groups[index]
+        world = self._world
+        link = (world.intra_alpha, world.intra_beta) if local else (self._alpha, self._beta)
+        return SimComm(world, group.index(self.rank), self.device, members=[self._members[r] for r in group],
+                       key=self._key + ((self._splits, index),), link=link,
+                       clock_of=self._clock_of or self)
 
     def _publish_abort(self, message: str) -> None:
         self._world.fail(message)
@@ -85,13 +124,15 @@ class SimComm(Comm):
         world = self._world
         start = self.clock
         sent = 0
+        me = self._members[self.rank]
         with world.cond:
             for peer, payload in sends:
                 sent += payload.numel()
-                arrival = start + world.alpha + world.beta * sent
-                world.mailbox.setdefault((self.rank, peer, self.tag), deque()).append((payload.clone(), arrival))
+                arrival = start + self._alpha + self._beta * sent
+                world.mailbox.setdefault((self._key, me, self._members[peer], self.tag),
+                                         deque()).append((payload.clone(), arrival))
             world.cond.notify_all()
-        finish = start + world.alpha + world.beta * sent if sends else start
+        finish = start + self._alpha + self._beta * sent if sends else start
         for peer, buffer in recvs:
             payload, arrival = self._take(peer)
             if payload.numel() != buffer.numel():
@@ -104,7 +145,8 @@ class SimComm(Comm):
 
     def _take(self, peer: int) -> tuple[torch.Tensor, float]:
         world = self._world
-        key = (peer, self.rank, self.tag)
+        me, them = self._members[self.rank], self._members[peer]
+        key = (self._key, them, me, self.tag)
         start = time.monotonic()
         label = self.waiting_in()
         with world.cond:
@@ -122,17 +164,17 @@ class SimComm(Comm):
                     if waited >= world.timeout:
                         raise CommTimeoutError(f"simulated rank {self.rank}: no message from rank {peer} "
                                                f"within {world.timeout} s")
-                    world.waiting[self.rank] = (peer, label)
-                    theirs = world.waiting.get(peer)
-                    if waited >= REORDER_AFTER_S and theirs is not None and theirs[0] == self.rank \
+                    world.waiting[me] = (them, label)
+                    theirs = world.waiting.get(them)
+                    if waited >= REORDER_AFTER_S and theirs is not None and theirs[0] == me \
                             and theirs[1] != label:
-                        message = reorder_message((self.rank, label), (peer, theirs[1]))
+                        message = reorder_message((me, label), (them, theirs[1]))
                         world.failed = world.failed or message
                         world.cond.notify_all()
                         self._broken = self._broken or message
                         raise CommAbortedError(f"simulated rank {self.rank}: {message}")
             finally:
-                world.waiting.pop(self.rank, None)
+                world.waiting.pop(me, None)
 
     def _allreduce_dense(self, tensor: torch.Tensor) -> tuple[int, int]:  # pragma: no cover - see below
         raise NotImplementedError  # allreduce_dense is overridden with a real ring
@@ -163,9 +205,14 @@ class SimComm(Comm):
 
 
 def simulate(size: int, fn: Callable[[SimComm], Any], alpha: float = 50e-6, beta: float = GBIT_BETA,
-             timeout: float = 60.0, device: torch.device | str = "cpu") -> SimulationResult:
+             timeout: float = 60.0, device: torch.device | str = "cpu", *,
+             intra_alpha: float = INTRA_ALPHA, intra_beta: float = INTRA_BETA) -> SimulationResult:
     """Run ``fn(comm)`` on ``size`` simulated ranks and return their results and the
     alpha-beta modelled time (default: 50 us latency, 1 Gbit/s links).
+
+    ``intra_alpha`` / ``intra_beta``: the link of groups split with ``local=True`` (the ranks
+    of one node; default 5 us and 50 GB/s). Each rank's link is its own: L ranks of a node
+    sharing one NIC is not modelled here (the cost model's two-level schedule does that).
 
     ``device``: where the ranks' messages live (``comm.device``; e.g. ``"cuda"``: P ranks
     sharing one GPU, every payload and receive buffer on it, copied device to device).
@@ -177,7 +224,9 @@ def simulate(size: int, fn: Callable[[SimComm], Any], alpha: float = 50e-6, beta
         raise ValueError(f"simulate: size must be >= 1, got {size}")
     if alpha < 0 or beta < 0:
         raise ValueError(f"simulate: alpha and beta must be >= 0, got {alpha}, {beta}")
-    world = _World(size, alpha, beta, timeout)
+    if intra_alpha < 0 or intra_beta < 0:
+        raise ValueError(f"simulate: intra_alpha and intra_beta must be >= 0, got {intra_alpha}, {intra_beta}")
+    world = _World(size, alpha, beta, timeout, intra_alpha, intra_beta)
     comms = [SimComm(world, r, device) for r in range(size)]
     results: list[Any] = [None] * size
     errors: list[tuple[int, BaseException, str] | None] = [None] * size

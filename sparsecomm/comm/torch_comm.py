@@ -154,6 +154,7 @@ class TorchComm(Comm):
                                    use_local_synchronization=ranks is not None,
                                    group_desc="sparsecomm")
         self.group = group
+        self._owns_group = group is not self.user_group   # close() destroys it
         self._gloo = "gloo" in self.backend.lower()
         name = getattr(group, "group_name", None) or str(id(group))
         count = _COMMS_PER_GROUP[name] = _COMMS_PER_GROUP.get(name, 0) + 1
@@ -195,12 +196,31 @@ class TorchComm(Comm):
             except Exception:  # noqa: BLE001 - best effort
                 pass
             self._chan.close()
-        if self.group is not self.user_group:
+        if self._owns_group:
             try:
                 dist.destroy_process_group(self.group)
             except Exception:  # noqa: BLE001 - already gone (the default group was destroyed)
                 pass
         self._keep.clear()
+
+    def _split(self, groups: list[list[int]], index: int, local: bool) -> "TorchComm":
+        """A process group per group, made with :func:`torch.distributed.new_group` (over the
+        default group every process creates every group, in order, as c10d requires; over a
+        smaller group only the members of each, with local synchronization), and a TorchComm
+        on this rank's, which owns it (``close()`` destroys it)."""
+        members = dist.get_process_group_ranks(self.user_group)
+        spans_world = self.user_group is dist.group.WORLD or len(members) == dist.get_world_size()
+        mine = None
+        for i, group in enumerate(groups):
+            if not spans_world and i != index:
+                continue
+            made = dist.new_group(ranks=[members[r] for r in group], backend=self.backend,
+                                  use_local_synchronization=not spans_world, group_desc="sparsecomm-split")
+            if i == index:
+                mine = made
+        sub = TorchComm(mine, timeout=self.timeout, isolate=False)
+        sub._owns_group = True
+        return sub
 
     def __del__(self) -> None:
         try:
