@@ -80,7 +80,8 @@ from .comm.base import Comm
 from ._checkpoint import (CHECKPOINT_VERSION, check_owner, check_version, fingerprint, loaded_fingerprint,
                           pack_rank_part, unpack_rank_part)
 from .density import DensitySchedule, as_schedule, check_density
-from .reducer import SparseAllreduce, check_nonfinite
+from .comm.topology import NodeComms, Topology
+from .reducer import SparseAllreduce, check_hierarchy, check_nonfinite
 
 __all__ = ["DDPHookState", "ddp_hook"]
 
@@ -121,13 +122,27 @@ class DDPHookState:
             handshake and kept in ``state_dict()``. Default None: ``density`` from step 0 --
             measured, a warm-up cost spardl and gtopk at 1% time to accuracy on the demo's
             MLP and gave no consistent gain on digits (docs/benchmarks.md, "Density warm-up").
+        hierarchy: ``"flat"`` (default: every rank a peer of every other) or ``"node"``: each
+            bucket is reduce-scattered densely inside the node, each rank's shard goes through
+            the algorithm among the ranks of the same local rank on the other nodes (density is
+            per shard: a node sends about ``density * N`` elements' worth, not L times that),
+            and the node all-gathers the reduced shards (:class:`~sparsecomm.SparseAllreduce`).
+        topology: a :class:`~sparsecomm.Topology` for ``hierarchy="node"``; default: torchrun's
+            variables (:meth:`Topology.from_env`), read here.
         **options: options of the algorithm, validated here.
     """
 
     def __init__(self, algorithm: str, density: float, process_group: Any = None, warmup_steps: int = 0,
                  comm: Comm | None = None, async_comm: bool = True, nonfinite: str = "propagate",
-                 density_schedule: DensitySchedule | None = None, **options: Any):
+                 density_schedule: DensitySchedule | None = None, hierarchy: str = "flat",
+                 topology: Topology | None = None, **options: Any):
         check_density(density)
+        check_hierarchy(hierarchy, topology)
+        if isinstance(topology, NodeComms):
+            raise ValueError("DDPHookState takes a Topology (it splits its own Comm), not NodeComms")
+        self.hierarchy = hierarchy
+        self.topology = (topology or Topology.from_env()) if hierarchy == "node" else None
+        self._nodes: NodeComms | None = None   # the two-level Comms, split with the Comm
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
         if not isinstance(async_comm, bool):
@@ -203,6 +218,9 @@ class DDPHookState:
             if size is not None:  # options that need P fail here, on every rank, before any message
                 self._options_checked.check_size(size)
             self._comm = TorchComm(self.process_group)
+        if self.hierarchy == "node" and self._nodes is None:
+            # collective, like the Comm's construction: at the first bucket, on every rank
+            self._nodes = self.topology.split(self._comm)
         if self._unchecked_owner is not None:
             saved_rank, saved_size, per_rank = self._unchecked_owner
             self._unchecked_owner = None
@@ -272,8 +290,10 @@ class DDPHookState:
         if reducer is not None:
             return reducer
         bucket = self._layout.buckets[j]
-        reducer = SparseAllreduce(self.algorithm, self.density, comm=self.comm, nonfinite=self.nonfinite,
-                                  density_schedule=self.density_schedule, **self.options)
+        comm = self.comm
+        reducer = SparseAllreduce(self.algorithm, self.density, comm=comm, nonfinite=self.nonfinite,
+                                  density_schedule=self.density_schedule, hierarchy=self.hierarchy,
+                                  topology=self._nodes, **self.options)
         algorithm_state = self._loose_algorithm_states.pop(j, {})
         pieces = [(entry, self._loose_residuals.pop(entry[0], None)) for entry in bucket.entries]
         if algorithm_state or any(piece is not None for _, piece in pieces):
@@ -292,6 +312,7 @@ class DDPHookState:
                 reducer.load_state_dict({"checkpoint_version": CHECKPOINT_VERSION, "algorithm": self.algorithm,
                                          "density": self.density, "rank": self.comm.rank,
                                          "world_size": self.comm.size, "fingerprint": self._checkpoint_id,
+                                         **({} if self.hierarchy == "flat" else {"hierarchy": self._hierarchy_text()}),
                                          "residual": residual, "algorithm_state": algorithm_state})
             except (ValueError, TypeError) as exc:
                 # a state only this rank loaded: its peers are about to wait for this bucket's
@@ -371,6 +392,8 @@ class DDPHookState:
                  "options": dict(self.options), "nonfinite": self.nonfinite, "warmup_steps": self.warmup_steps,
                  "density_schedule": None if self.density_schedule is None else self.density_schedule.to_state(),
                  "step": self.step, **self._layout.state()}   # key names: see _STATE_KEYS
+        if self.hierarchy != "flat":   # a flat state keeps the keys (and fingerprint) it always had
+            state["hierarchy"] = self._hierarchy_text()
         state["rank"], state["world_size"] = rank, size
         algorithm_states = {j: s for j, s in algorithm_states.items() if s}
         pristine = not (self.step or self._layout.complete or residuals or algorithm_states)
@@ -414,6 +437,10 @@ class DDPHookState:
             if state.get(key) != getattr(self, key):
                 raise ValueError(f"state_dict has {key}={state.get(key)!r}, this hook state has "
                                  f"{getattr(self, key)!r}")
+        if state.get("hierarchy", "flat") != self._hierarchy_text():
+            raise ValueError(f"state_dict was saved with hierarchy {state.get('hierarchy', 'flat')!r}, this hook "
+                             f"state runs {self._hierarchy_text()!r}: residuals are kept per shard owner in "
+                             "two-level mode; resume with the same hierarchy and topology")
         saved_schedule = as_schedule(state.get("density_schedule"))
         if saved_schedule != self.density_schedule:
             raise ValueError(f"state_dict has density_schedule={saved_schedule!r}, this hook state has "
@@ -445,15 +472,21 @@ class DDPHookState:
         self._loose_residuals = {int(k): v for k, v in state["residuals"].items()}
         self._loose_algorithm_states = {int(j): dict(s) for j, s in raw.items()}
 
+    def _hierarchy_text(self) -> str:
+        return "flat" if self.hierarchy == "flat" else f"node, {self.topology}"
+
     def __getstate__(self) -> dict[str, Any]:
         # process groups, communicators and the worker thread cannot be pickled;
         # configuration and residuals can
-        return {**self.local_state_dict(), "async_comm": self.async_comm}
+        return {**self.local_state_dict(), "async_comm": self.async_comm,
+                "placement": (self.hierarchy, self.topology)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        hierarchy, topology = state.get("placement", ("flat", None))
         self.__init__(state["algorithm"], state["density"], process_group=None,
                       warmup_steps=state["warmup_steps"], async_comm=state["async_comm"],
-                      nonfinite=state["nonfinite"], density_schedule=state["density_schedule"], **state["options"])
+                      nonfinite=state["nonfinite"], density_schedule=state["density_schedule"],
+                      hierarchy=hierarchy, topology=topology, **state["options"])
         self.load_state_dict(state)
 
     def close(self) -> None:
@@ -466,6 +499,8 @@ class DDPHookState:
             self._worker.stop()
             self._worker = None
         self._closed = True
+        if self._nodes is not None:
+            self._nodes.close()
         if self._owns_comm and self._comm is not None and hasattr(self._comm, "close"):
             self._comm.close()
 

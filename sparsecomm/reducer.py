@@ -224,6 +224,10 @@ class SparseAllreduce:
              if c is not None]
         self._residual: torch.Tensor | None = None
         self._pending_residual: torch.Tensor | None = None
+        #: two-level: a loaded residual's values outside this rank's shard (the shard moved: another
+        #: bucket layout), added to the next gradient so the node's reduce-scatter takes them to
+        #: their owner; None when there are none
+        self._carry: torch.Tensor | None = None
         self._agreed: tuple | None = None   # (n, dtype, device) the ranks agreed on
         self._shape: torch.Size | None = None
         #: 0 on a fresh reducer; load_state_dict (or set_checkpoint_fingerprint) sets a 63-bit
@@ -241,7 +245,16 @@ class SparseAllreduce:
         half gradients), or None before the first call."""
         if self._residual is None:
             return self._pending_residual
-        return self._residual if self.nodes is not None else self._residual.view(self._shape)
+        if self.nodes is None:
+            return self._residual.view(self._shape)
+        # two-level: a new tensor of the gradient's shape, this rank's shard in place, zeros (or
+        # values still to be carried to their owner) elsewhere
+        n = math.prod(self._shape)
+        lo, hi = self.shard_bounds(n)
+        full = torch.zeros(n, dtype=self._residual.dtype, device=self._residual.device) if self._carry is None \
+            else self._carry.clone()
+        full[lo:hi] += self._residual
+        return full.view(self._shape)
 
     def k_for(self, n: int) -> int:
         return k_for(self.density, n)
@@ -272,6 +285,7 @@ class SparseAllreduce:
         self._resets += 1
         self._residual = None
         self._pending_residual = None
+        self._carry = None
         self._agreed = None
         self._shape = None
 
@@ -517,11 +531,15 @@ class SparseAllreduce:
             pending, self._pending_residual = self._pending_residual, None
             self._residual = torch.zeros(part, dtype=work_dtype, device=grad.device)
             if pending is not None:
-                if pending.numel() != part:
-                    raise ValueError(f"the loaded residual has {pending.numel()} elements but this rank's "
-                                     f"{'shard of the ' if self.nodes is not None else ''}gradient has {part}: "
-                                     "the state_dict belongs to another tensor")
-                self._residual.copy_(pending.reshape(-1))
+                if pending.numel() != n:
+                    raise ValueError(f"the loaded residual has {pending.numel()} elements but the gradient "
+                                     f"has {n}: the state_dict belongs to another tensor")
+                pending = pending.reshape(-1).to(device=grad.device, dtype=work_dtype)
+                self._residual.copy_(pending[lo:hi])
+                if part != n:   # two-level: what lies outside the shard goes to its owner
+                    carry = pending.clone()
+                    carry[lo:hi] = 0
+                    self._carry = carry if bool(carry.any()) else None
         elif prepare is not None:   # agreed earlier: a new k only (no communication for the same n)
             prepare(part, part_k, work_dtype)
         return self._residual
@@ -537,6 +555,9 @@ class SparseAllreduce:
         n = flat.numel()
         if work_out.data_ptr() != flat.data_ptr():
             work_out.copy_(flat)
+        if self._carry is not None:
+            work_out.add_(self._carry)
+            self._carry = None
         intra, inter = self.nodes.intra, self.nodes.inter
         if intra is not None:
             bruck_reduce_scatter_(intra, work_out, n)
