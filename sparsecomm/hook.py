@@ -154,6 +154,8 @@ class DDPHookState:
         # of ranks (spardl's teams) too when it is known already, else in `comm` below
         self._options_checked = algorithms.get(algorithm)(None, **options)  # comm-less: checks only
         size = comm.size if comm is not None else _group_size(process_group)
+        if self.topology is not None:   # two levels: the algorithm runs among one rank per node
+            size = self.topology.nodes
         if size is not None:
             self._options_checked.check_size(size)
         self.async_comm = async_comm
@@ -215,8 +217,8 @@ class DDPHookState:
         if self._comm is None:
             from .comm.torch_comm import TorchComm
             size = _group_size(self.process_group)
-            if size is not None:  # options that need P fail here, on every rank, before any message
-                self._options_checked.check_size(size)
+            if size is not None and self.topology is None:  # options that need P fail here, on every
+                self._options_checked.check_size(size)      # rank, before any message
             self._comm = TorchComm(self.process_group)
         if self.hierarchy == "node" and self._nodes is None:
             # collective, like the Comm's construction: at the first bucket, on every rank

@@ -181,6 +181,14 @@ class SparseAllreduce:
         density_schedule: a :class:`~sparsecomm.DensitySchedule` (warm-up densities of the
             first steps; ``density`` after it), part of the handshake. A call's step is its
             ``step=`` argument, else the number of calls before it (in ``state_dict()``).
+        hierarchy: ``"flat"`` (default: the algorithm among all ranks) or ``"node"``: the node's
+            dense reduce-scatter, the algorithm on each rank's shard among the ranks of its
+            local rank on the other nodes (k per shard: ``density`` of the shard), the node's
+            all-gather (docs/architecture.md, "Two levels").
+        topology: for ``"node"``: a :class:`~sparsecomm.Topology` (split here: collective), or the
+            :class:`~sparsecomm.NodeComms` of one ``Topology.split(comm)`` shared by every
+            reducer of the job (one set of process groups instead of one per reducer); default:
+            torchrun's variables (:meth:`Topology.from_env`).
         **options: the algorithm's own options (validated by it).
 
     ``reducer(grad, out=buf)`` writes the result into ``buf`` (same shape, ``grad``'s dtype or

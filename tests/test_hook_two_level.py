@@ -187,3 +187,10 @@ def test_a_residual_outside_the_shard_reaches_its_owner(nodes, per_node):
     after = results[0][2] + sum(r for _, _, _, r in results)
     assert torch.equal(before, after)
     assert all(torch.equal(results[0][2], out) for _, _, out, _ in results)
+
+
+def test_options_that_depend_on_the_ranks_are_checked_against_the_nodes():
+    """Two-level spardl runs among one rank per node: its teams must divide the nodes, not P."""
+    sc.DDPHookState("spardl", 0.05, hierarchy="node", topology=sc.Topology(2, 3), teams=2)
+    with pytest.raises(ValueError, match="teams"):
+        sc.DDPHookState("spardl", 0.05, hierarchy="node", topology=sc.Topology(2, 3), teams=3)
