@@ -230,9 +230,9 @@ class EmulatedNetwork:
 
     ``size`` ranks, ``per_node`` in each node (``size // per_node`` nodes). The ranks of a node
     share its namespace, its one shaped link and its address; traffic between them stays
-    inside the namespace (over its loopback: see the module docstring). With ``host_link=True`` (the mpi backend) an
-    unshaped veth also joins the root namespace to the bridge, at ``host_address``, in a /24
-    the root namespace does not use yet.
+    inside the namespace (over its loopback: see the module docstring). With
+    ``host_link=True`` (the mpi backend) an unshaped veth also joins the root namespace to the
+    bridge, at ``host_address``, in a /24 the root namespace does not use yet.
     """
 
     size: int
