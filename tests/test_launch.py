@@ -469,9 +469,12 @@ def test_every_rank_gets_torchruns_variables_of_its_node(tmp_path, shape, bandwi
 # Over 100mbit: rank 0 -> 1 stays inside node 0; rank 0 -> 2 crosses the link; then ranks 0 and 1
 # both send to node 1 at once through node 0's one link. Each receiver prints Mbit/s.
 RATES_SCRIPT = textwrap.dedent("""
-    import time, torch, torch.distributed as dist
+    import os, time, torch, torch.distributed as dist
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    if rank == 0:
+        print("exported " + os.environ["SPARSECOMM_MEASURED_BANDWIDTH"] + " "
+              + os.environ["SPARSECOMM_MEASURED_INTRA_BANDWIDTH"], flush=True)
     payload = torch.zeros(5_000_000, dtype=torch.uint8)  # 40 Mbit
     for label, pairs in (("intra", [(0, 1)]), ("inter", [(0, 2)]), ("shared", [(0, 2), (1, 3)])):
         dist.barrier()
@@ -487,7 +490,7 @@ RATES_SCRIPT = textwrap.dedent("""
 """)
 
 TWO_LEVEL_LINK = re.compile(r"sparsecomm\.launch: link: 2 nodes x 2 ranks; between nodes 100 Mbit/s configured, "
-                            r"(\S+) Mbit/s measured node 0 -> node 1; inside a node loopback, (\S+) (\S)bit/s "
+                            r"(\S+) Mbit/s measured node 0 -> node 1; inside a node loopback, (\S+) Gbit/s "
                             r"measured rank 0 -> rank 1")
 
 
@@ -509,7 +512,12 @@ def test_ranks_of_a_node_talk_over_loopback_and_share_its_link(tmp_path):
     assert 70 < 2 * min(shared) < 110, rates  # together about the link's rate (the slower flow ends last)
     found = TWO_LEVEL_LINK.search(stdout)
     assert found, stdout
-    assert 80 < float(found.group(1)) < 105 and found.group(3) in "GM", stdout
+    inter, intra = float(found.group(1)), float(found.group(2))
+    assert 80 < inter < 105, stdout
+    exported = re.search(r"\[rank 0\] exported (\d+) (\d+)", stdout)
+    assert exported, stdout
+    assert abs(int(exported.group(1)) / 1e6 - inter) < 0.1 and abs(int(exported.group(2)) / 1e9 - intra) < 0.1, \
+        "the ranks get the rates the launcher printed"
     assert _leftovers(popen.pid) == []
 
 
