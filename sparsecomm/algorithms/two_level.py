@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from ..comm.collectives import allgather_slices_rounds, block_bounds, bruck_reduce_scatter_rounds
@@ -33,13 +34,11 @@ from .base import traffic
 __all__ = ["two_level_traffic"]
 
 
-def _node_rounds(traffic_record: Traffic, nodes: int, per: int, rounds: list[list[tuple[int, int, int]]]) -> None:
+def _node_rounds(traffic_record: Traffic, nodes: int, per: int, rounds) -> None:
     """Append one collective's rounds (ranks 0 .. per - 1 of a node) run in every node at once."""
-    for messages in rounds:
-        src = [node * per + s for node in range(nodes) for s, _, _ in messages]
-        dst = [node * per + d for node in range(nodes) for _, d, _ in messages]
-        nbytes = [b for _ in range(nodes) for _, _, b in messages]
-        traffic_record.round(src, dst, nbytes)
+    first = np.arange(nodes, dtype=np.int64)[:, None] * per
+    for src, dst, nbytes in rounds:
+        traffic_record.round(first + src, first + dst, np.broadcast_to(nbytes, (nodes, per)))
 
 
 def two_level_traffic(name: str, nodes: int, ranks_per_node: int, N: int, shard_k: Sequence[int],

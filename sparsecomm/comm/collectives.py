@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence
 
+import numpy as np
 import torch
 
 from ..formats.header import HEADER_NBYTES, Kind, check_header, pack_header
@@ -291,27 +292,39 @@ def allgather_slices_(comm: PeerGroup, tensor: torch.Tensor, n: int) -> torch.Te
     return tensor
 
 
-def bruck_reduce_scatter_rounds(size: int, count: int, itemsize: int) -> list[list[tuple[int, int, int]]]:
+def bruck_reduce_scatter_rounds(size: int, count: int, itemsize: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """The messages of :func:`bruck_reduce_scatter_` of ``count`` values of ``itemsize`` bytes
-    among ``size`` ranks, sizes only: per round, (sender, receiver, bytes) of every rank,
+    among ``size`` ranks, sizes only: per round, (senders, receivers, bytes) of every rank,
     headers included. At distance d (largest first) rank r sends one headed message of slices
     r + d .. r + d + min(d, P - d) - 1 to rank r + d."""
-    bounds = block_bounds(count, size)
-    length = [bounds[q + 1] - bounds[q] for q in range(size)]
-    return [[(r, (r + d) % size, HEADER_NBYTES + itemsize * sum(length[(r + d + i) % size] for i in range(min(d, size - d))))
-             for r in range(size)] for d in reversed(_bruck_distances(size))]
+    ranks, prefix = _slice_prefix(size, count)
+    rounds = []
+    for d in reversed(_bruck_distances(size)):
+        c = min(d, size - d)
+        body = prefix[ranks + d + c] - prefix[ranks + d]
+        rounds.append((ranks, (ranks + d) % size, HEADER_NBYTES + itemsize * body))
+    return rounds
 
 
-def allgather_slices_rounds(size: int, count: int, itemsize: int) -> list[list[tuple[int, int, int]]]:
+def allgather_slices_rounds(size: int, count: int, itemsize: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """The messages of :func:`allgather_slices_` of ``count`` values, sizes only: per round,
-    (sender, receiver, bytes) of every rank: :func:`bruck_allgather` of the headed slices (at
+    (senders, receivers, bytes) of every rank: :func:`bruck_allgather` of the headed slices (at
     distance d rank r sends the blocks of ranks r .. r + min(d, P - d) - 1 to rank r - d)."""
     if size == 1:
         return []
-    bounds = block_bounds(count, size)
-    block = [HEADER_NBYTES + itemsize * (bounds[q + 1] - bounds[q]) for q in range(size)]
-    return [[(r, (r - d) % size, sum(block[(r + i) % size] for i in range(min(d, size - d)))) for r in range(size)]
-            for d in _bruck_distances(size)]
+    ranks, prefix = _slice_prefix(size, count)
+    rounds = []
+    for d in _bruck_distances(size):
+        c = min(d, size - d)
+        rounds.append((ranks, (ranks - d) % size, c * HEADER_NBYTES + itemsize * (prefix[ranks + c] - prefix[ranks])))
+    return rounds
+
+
+def _slice_prefix(size: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """(0 .. size - 1, prefix sums of the :func:`block_bounds` slice lengths taken twice round)."""
+    bounds = np.asarray(block_bounds(count, size), dtype=np.int64)
+    length = np.diff(bounds)
+    return np.arange(size, dtype=np.int64), np.concatenate([[0], np.cumsum(np.concatenate([length, length]))])
 
 
 def reduce_scatter_allgather_traffic(size: int, rank: int, count: int, itemsize: int) -> tuple[int, int]:
@@ -322,7 +335,7 @@ def reduce_scatter_allgather_traffic(size: int, rank: int, count: int, itemsize:
     if size == 1:
         return 0, 0
     rounds = bruck_reduce_scatter_rounds(size, count, itemsize) + allgather_slices_rounds(size, count, itemsize)
-    return sum(nbytes for messages in rounds for sender, _, nbytes in messages if sender == rank), len(rounds)
+    return int(sum(nbytes[rank] for _, _, nbytes in rounds)), len(rounds)
 
 
 def bruck_allgather_traffic(rank: int, block_nbytes: Sequence[int]) -> tuple[int, int]:
