@@ -216,3 +216,26 @@ def test_time_on_nodes_shares_the_nic():
     second = ia + 10_000 * ib
     assert t.time_on_nodes(2, links) == pytest.approx(first + second, rel=1e-12)
     assert t.time_on_nodes(1, links) == pytest.approx(t.time(a, b), rel=1e-12)
+
+
+def test_scale_cli_clusters(tmp_path):
+    """``scale --ranks-per-node``: a flat and a two-level row per algorithm and node count, and
+    auto's row is the (hierarchy, algorithm) of least predicted time plus compute."""
+    import json
+
+    from sparsecomm.algorithms.auto import compute_ns
+    from sparsecomm.bench.cli import main
+    assert main(["scale", "--ranks-per-node", "2", "--nodes", "2", "3", "--N", "100000", "--density", "0.01",
+                 "--bandwidth", "1gbit", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "cluster.json").read_text())["rows"]
+    for nodes in (2, 3):
+        here = [r for r in rows if r["nodes"] == nodes]
+        auto = next(r for r in here if r["algorithm"] == "auto@1gbit")
+        plain = {(r["hierarchy"], r["algorithm"]): r for r in here if r is not auto}
+        assert {h for h, _ in plain} == {"flat", "node"} and len(plain) == 2 * 10
+        total = {key: r["time_s@1gbit"] + compute_ns(key[1], 0.01) * 1e-9 * (100000 if key[0] == "flat" else 50000)
+                 for key, r in plain.items() if key[1] in ("dense", "topka", "spardl", "gtopk", "oktopk",
+                                                            "sparcml_recursive_double", "sparcml_split_allgather",
+                                                            "topkdsa", "densestream")}
+        best = min(total, key=total.get)
+        assert auto["chose"] == f"{best[1]} ({best[0]})" and auto["time_s@1gbit"] == plain[best]["time_s@1gbit"]
