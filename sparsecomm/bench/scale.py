@@ -144,7 +144,8 @@ def run_cluster(nodes: list[int], per: int, N: int, densities: list[float], band
                 pick = choose_layout(n, per, N, k, shard_k, costmodel.Links(alpha, beta, intra_alpha, intra_beta),
                                      records=records)
                 src = found[(pick["hierarchy"], pick["algorithm"])]
-                rows.append({**src, "algorithm": f"auto@{bw}", "chose": f"{pick['algorithm']} ({pick['hierarchy']})"})
+                rows.append({**src, "algorithm": f"auto@{bw}", "hierarchy": "auto",
+                             "chose": f"{pick['algorithm']} ({pick['hierarchy']})"})
             say(f"density {d:g} {n:4d} nodes x {per}: {time.perf_counter() - start:.1f} s", flush=True)
     return {"N": N, "densities": densities, "nodes": nodes, "ranks_per_node": per, "alpha_s": alpha,
             "intra_alpha_s": intra_alpha, "intra_bytes_per_s": 1 / intra_beta,
