@@ -199,6 +199,10 @@ class SparseAllreduce:
         density_schedule: a :class:`~sparsecomm.DensitySchedule` (warm-up densities of the
             first steps; ``density`` after it), part of the handshake. A call's step is its
             ``step=`` argument, else the number of calls before it (in ``state_dict()``).
+        hierarchy: ``"flat"`` (default), ``"node"`` (dense inside the node, the algorithm
+            between nodes, on ``topology`` or torchrun's environment) or ``"auto"`` (the one the
+            cost model predicts faster on the measured links, decided before the first call,
+            the same on every rank, kept in ``state_dict()``; flat without a topology).
         **options: the algorithm's own options (validated by it).
 
     ``reducer(grad, out=buf)`` writes the result into ``buf`` (same shape, ``grad``'s dtype or

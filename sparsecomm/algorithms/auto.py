@@ -47,6 +47,11 @@ seconds, slowest rank), ``auto_alpha`` and ``auto_beta``. The choice and
 the chosen algorithm's state are in ``state_dict()``: a resumed reducer keeps the choice (no
 new ping-pong, no new decision for the same N and k).
 
+On a cluster of nodes, :func:`choose_layout` predicts every candidate flat and two-level (the
+reducer's ``hierarchy="node"``) over the node's shared NIC, and :func:`measure_links` measures
+both links, the same on every rank: what ``SparseAllreduce(..., hierarchy="auto")`` decides
+flat against two-level with (docs/scale.md, "Two-level clusters").
+
 Options: ``alpha``, ``beta`` (None: ping-pong), ``candidates`` (a tuple of algorithm names;
 default :data:`CANDIDATES`), ``compute`` (None or a dict name -> ns per element), ``tune``
 (calls per shortlisted candidate, default 2: the first of a candidate's calls also pays its
