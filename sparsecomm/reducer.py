@@ -446,7 +446,8 @@ class SparseAllreduce:
                 self.algorithm.load_state_dict(state)
             elif self.algorithm_name == "auto" and self._resumed_choice is None:
                 links = self.hierarchy_decision["links"]
-                self.algorithm.load_state_dict({"alpha": links.alpha, "beta": links.beta * nodes.topology.ranks_per_node})
+                share = links.beta * nodes.topology.ranks_per_node
+                self.algorithm.load_state_dict({"alpha": links.alpha, "beta": share})
         else:
             self._level_scopes = []
         self._resumed_choice = None

@@ -203,8 +203,8 @@ class Traffic:
             cost = 0.0
             if inside.any():
                 s, d, b = src[inside], dst[inside], nb[inside]
-                send = np.bincount(s, minlength=p) * links.intra_alpha + np.bincount(s, weights=b, minlength=p) * links.intra_beta
-                recv = np.bincount(d, minlength=p) * links.intra_alpha + np.bincount(d, weights=b, minlength=p) * links.intra_beta
+                send, recv = (np.bincount(ends, minlength=p) * links.intra_alpha
+                              + np.bincount(ends, weights=b, minlength=p) * links.intra_beta for ends in (s, d))
                 cost = float(np.maximum(send, recv).max())
             out = ~inside
             if out.any():

@@ -127,7 +127,8 @@ def run_cluster(nodes: list[int], per: int, N: int, densities: list[float], band
             found, records = {}, {}
             for name in CLUSTER_ROWS:
                 for hierarchy in ("flat", "node"):
-                    links = {bw: costmodel.Links(alpha, beta, intra_alpha, intra_beta) for bw, beta in bandwidths.items()}
+                    links = {bw: costmodel.Links(alpha, beta, intra_alpha, intra_beta)
+                             for bw, beta in bandwidths.items()}
                     first = next(iter(links.values()))
                     pred = costmodel.predict(name, N, k, n, per, first, hierarchy=hierarchy, shard_k=shard_k,
                                              sets=sets)
@@ -191,14 +192,16 @@ def _cluster_main(args, bws: dict[str, float]) -> int:
                 print(f"wrote {p}")
     for d in args.density:
         for bw in bws:
-            print(f"\nms per call at {bw} between nodes, density {d}, N = {args.N}, {args.ranks_per_node} ranks per node")
+            print(f"\nms per call at {bw} between nodes, density {d}, N = {args.N}, "
+                  f"{args.ranks_per_node} ranks per node")
             print(f"{'algorithm':<26}{'hierarchy':>10}" + "".join(f"{n:>9}" for n in report["nodes"]))
             seen = dict.fromkeys((r["algorithm"], r["hierarchy"]) for r in report["rows"] if r["density"] == d
                                  and (not r["algorithm"].startswith("auto@") or r["algorithm"] == f"auto@{bw}"))
             for name, hierarchy in seen:
                 t = {r["nodes"]: r for r in report["rows"] if r["algorithm"] == name and r["hierarchy"] == hierarchy
                      and r["density"] == d}
-                line = f"{name:<26}{hierarchy:>10}" + "".join(f"{t[n][f'time_s@{bw}'] * 1e3:>9.1f}" for n in report["nodes"])
+                line = f"{name:<26}{hierarchy:>10}" + "".join(f"{t[n][f'time_s@{bw}'] * 1e3:>9.1f}"
+                                                              for n in report["nodes"])
                 if name.startswith("auto@"):
                     line += "   " + ", ".join(f"{n}: {t[n]['chose']}" for n in report["nodes"])
                 print(line)

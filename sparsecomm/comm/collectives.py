@@ -292,7 +292,8 @@ def allgather_slices_(comm: PeerGroup, tensor: torch.Tensor, n: int) -> torch.Te
     return tensor
 
 
-def bruck_reduce_scatter_rounds(size: int, count: int, itemsize: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def bruck_reduce_scatter_rounds(size: int, count: int,
+                                itemsize: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """The messages of :func:`bruck_reduce_scatter_` of ``count`` values of ``itemsize`` bytes
     among ``size`` ranks, sizes only: per round, (senders, receivers, bytes) of every rank,
     headers included. At distance d (largest first) rank r sends one headed message of slices
