@@ -32,17 +32,34 @@ round is ``messages * alpha + bytes * beta`` on its sending side and on its rece
 (full-duplex links), the round costs what its slowest rank pays. Variable-size rounds
 (``exchange_var``) count the size round the Comm sends (8 bytes per message), as TorchComm and
 the simulated Comm do. Local compute is not in it (``auto`` adds a per-element coefficient).
+
+Clusters of nodes (:func:`predict`): ``nodes`` nodes of ``ranks_per_node`` ranks on two kinds of
+link (:class:`Links`: the network between nodes, one NIC per node shared by its ranks, and the
+ranks' own links inside a node). ``hierarchy="flat"`` is the algorithm's own schedule on all
+ranks, each message on the link it takes (:meth:`Traffic.time_on_nodes`);
+``hierarchy="node"`` is the reducer's two-level call (:mod:`sparsecomm.algorithms.two_level`:
+the node's reduce-scatter, the algorithm on the L shards at once over the shared NIC, the
+node's all-gather). ``tests/test_costmodel.py`` checks the two-level schedule's bytes and rounds
+per rank and level against the simulated two-level reducer.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
 
 from .algorithms import modelled, traffic
-from .traffic import IndexSets, Traffic, default_sets, fit_alpha_beta, model_sets
+from .algorithms.two_level import two_level_traffic
+from .traffic import IndexSets, Links, Traffic, default_sets, fit_alpha_beta, model_sets
 
-__all__ = ["Traffic", "IndexSets", "model_sets", "default_sets", "traffic", "modelled", "EXACT", "SET_BASED",
-           "ESTIMATED", "paper_formula", "fit_alpha_beta"]
+__all__ = ["Traffic", "IndexSets", "Links", "model_sets", "default_sets", "traffic", "modelled", "EXACT", "SET_BASED",
+           "ESTIMATED", "paper_formula", "fit_alpha_beta", "predict", "Prediction", "HIERARCHIES"]
+
+#: the schedules :func:`predict` models on a cluster of nodes (the reducer's ``hierarchy``)
+HIERARCHIES = ("flat", "node")
 
 #: algorithms whose sizes do not depend on the data (exact for any input)
 EXACT = tuple(modelled("exact"))
@@ -84,3 +101,56 @@ def paper_formula(name: str, P: int, N: int, k: int, d: int = 2, log_d_words: fl
         words = log_d_words if log_d_words is not None else math.log2(max(N, 2))
         return 2 * math.ceil(lg), 2 * math.ceil(lg) * words * w
     return None
+
+
+# -- clusters of nodes ----------------------------------------------------------------------------
+@dataclass
+class Prediction:
+    """One call on a cluster, predicted: ``time_s`` (alpha-beta, compute aside), the most
+    bytes a rank sends inside its node (``intra_bytes``) and to other nodes (``inter_bytes``),
+    the most bytes one node's NIC sends (``nic_bytes``), the most rounds of a rank, and the
+    :class:`Traffic` record (global ranks, torchrun's layout)."""
+
+    algorithm: str
+    hierarchy: str
+    nodes: int
+    ranks_per_node: int
+    time_s: float
+    intra_bytes: int
+    inter_bytes: int
+    nic_bytes: int
+    rounds: int
+    exact: bool
+    traffic: Traffic
+
+
+def predict(algorithm: str, N: int, k: int, nodes: int, ranks_per_node: int, links: Links,
+            hierarchy: str = "flat", shard_k: Sequence[int] | None = None, sets: IndexSets | None = None,
+            shard_sets: Sequence[IndexSets | None] | None = None, dtype: torch.dtype = torch.float32,
+            **options: Any) -> Prediction:
+    """Time and bytes of one call of ``algorithm`` on ``nodes`` x ``ranks_per_node`` ranks.
+
+    ``hierarchy="flat"``: every rank selects ``k`` of N (``sets``: their index sets, for the
+    set-based schedules). ``hierarchy="node"``: the two-level call; ``shard_k[l]`` is what the
+    ranks of local rank l select of their shard -- the reducer's ``k_for(density, shard
+    length)`` over :func:`~sparsecomm.comm.collectives.block_bounds` (N, ranks_per_node), which
+    the caller computes (``sparsecomm.k_for``) -- and ``shard_sets`` their index sets.
+    ``dtype`` is the values' dtype (float32 for half gradients, as the reducer works)."""
+    if hierarchy not in HIERARCHIES:
+        raise ValueError(f"predict: hierarchy must be one of {', '.join(map(repr, HIERARCHIES))}, got {hierarchy!r}")
+    if not isinstance(links, Links):
+        raise ValueError(f"predict: links must be a sparsecomm.costmodel.Links, got {type(links).__name__}")
+    P = nodes * ranks_per_node
+    if hierarchy == "flat":
+        record = traffic(algorithm, P, N, k, sets=sets, dtype=dtype, **options)
+    else:
+        if shard_k is None:
+            raise ValueError("predict: hierarchy='node' needs shard_k, the k of each of the ranks_per_node shards "
+                             "(k_for(density, shard length) over block_bounds(N, ranks_per_node))")
+        record = two_level_traffic(algorithm, nodes, ranks_per_node, N, shard_k, sets=shard_sets, dtype=dtype,
+                                   **options)
+    inside, outside = record.sent_by_level(ranks_per_node)
+    nic = outside.reshape(nodes, ranks_per_node).sum(1) if P else outside
+    return Prediction(algorithm, hierarchy, nodes, ranks_per_node, record.time_on_nodes(ranks_per_node, links),
+                      int(inside.max(initial=0)), int(outside.max(initial=0)), int(nic.max(initial=0)),
+                      record.max_rounds, record.exact, record)

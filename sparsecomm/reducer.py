@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from fractions import Fraction
 import time
 from typing import Any
@@ -60,6 +61,7 @@ from typing import Any
 import torch
 
 from . import algorithms, ops
+from .algorithms.auto import CANDIDATES, choose_layout, measure_links
 from ._agreement import Signature, agree, signature
 from .comm.base import Comm
 from .comm.collectives import allgather_slices_, block_bounds, bruck_reduce_scatter_
@@ -74,9 +76,10 @@ __all__ = ["SparseAllreduce", "k_for", "check_nonfinite"]
 _HALF_TYPES = (torch.float16, torch.bfloat16)
 #: the values of the ``nonfinite`` option
 NONFINITE_POLICIES = ("propagate", "raise")
-#: the values of the ``hierarchy`` option: one level of equal peers, or dense inside a node
-#: and the algorithm between nodes
-HIERARCHIES = ("flat", "node")
+#: the values of the ``hierarchy`` option: one level of equal peers, dense inside a node and
+#: the algorithm between nodes, or the one of the two the cost model predicts faster
+#: (:meth:`SparseAllreduce._choose_hierarchy`)
+HIERARCHIES = ("flat", "node", "auto")
 # this rank's non-finite flag (bits), all-gathered before the algorithm runs
 _NAN, _POS_INF, _NEG_INF = 1, 2, 4
 
@@ -100,7 +103,8 @@ def check_hierarchy(hierarchy: Any, topology: Any) -> None:
     if topology is not None and not isinstance(topology, (Topology, NodeComms)):
         raise ValueError(f"topology must be a sparsecomm.Topology, got {type(topology).__name__}")
     if topology is not None and hierarchy == "flat":
-        raise ValueError("a topology is only used with hierarchy='node'; pass hierarchy='node' too, or no topology")
+        raise ValueError("a topology is only used with hierarchy='node' or 'auto'; pass one of them too, or no "
+                         "topology")
 
 
 def node_comms(comm: Comm, topology: "Topology | NodeComms | None") -> NodeComms:
@@ -111,6 +115,20 @@ def node_comms(comm: Comm, topology: "Topology | NodeComms | None") -> NodeComms
             raise ValueError("the NodeComms given were split from another Comm than the one passed as comm")
         return topology
     return (Topology.from_env() if topology is None else topology).split(comm)
+
+
+def candidate_node_comms(comm: Comm, topology: "Topology | NodeComms | None") -> NodeComms | None:
+    """hierarchy="auto": the two-level Comms it may choose, or None when only flat is possible
+    (no topology given and no ``LOCAL_WORLD_SIZE`` in the environment, one node, or one rank
+    per node). Collective (the split) when a topology is found."""
+    if topology is None:
+        if os.environ.get("LOCAL_WORLD_SIZE") in (None, ""):
+            return None
+        topology = Topology.from_env()
+    shape = topology.topology if isinstance(topology, NodeComms) else topology
+    if shape.nodes == 1 or shape.ranks_per_node == 1:
+        return None
+    return node_comms(comm, topology)
 
 
 def check_nonfinite(nonfinite: Any) -> None:
@@ -181,14 +199,16 @@ class SparseAllreduce:
         density_schedule: a :class:`~sparsecomm.DensitySchedule` (warm-up densities of the
             first steps; ``density`` after it), part of the handshake. A call's step is its
             ``step=`` argument, else the number of calls before it (in ``state_dict()``).
-        hierarchy: ``"flat"`` (default: the algorithm among all ranks) or ``"node"``: the node's
+        hierarchy: ``"flat"`` (default: the algorithm among all ranks), ``"node"``: the node's
             dense reduce-scatter, the algorithm on each rank's shard among the ranks of its
             local rank on the other nodes (k per shard: ``density`` of the shard), the node's
-            all-gather (docs/architecture.md, "Two levels").
-        topology: for ``"node"``: a :class:`~sparsecomm.Topology` (split here: collective), or the
-            :class:`~sparsecomm.NodeComms` of one ``Topology.split(comm)`` shared by every
-            reducer of the job (one set of process groups instead of one per reducer); default:
-            torchrun's variables (:meth:`Topology.from_env`).
+            all-gather (docs/architecture.md, "Two levels"), or ``"auto"``: the one the cost
+            model predicts faster on the measured links, decided before the first call, the
+            same on every rank, kept in ``state_dict()`` (flat without a topology).
+        topology: for ``"node"`` / ``"auto"``: a :class:`~sparsecomm.Topology` (split here:
+            collective), or the :class:`~sparsecomm.NodeComms` of one ``Topology.split(comm)``
+            shared by every reducer of the job (one set of process groups, links measured once);
+            default: torchrun's variables (:meth:`Topology.from_env`).
         **options: the algorithm's own options (validated by it).
 
     ``reducer(grad, out=buf)`` writes the result into ``buf`` (same shape, ``grad``'s dtype or
@@ -221,15 +241,21 @@ class SparseAllreduce:
         self.hierarchy = hierarchy
         self.calls = 0  # calls made: the step of the next call when the caller gives none
         self.comm = comm
-        label = f"SparseAllreduce({algorithm}, density {self.density:g})"
-        #: the two-level Comms (hierarchy="node"), else None
+        self._label = label = f"SparseAllreduce({algorithm}, density {self.density:g})"
+        #: the two-level Comms (hierarchy="node", or "auto" once it chose them), else None
         self.nodes: NodeComms | None = node_comms(comm, topology) if hierarchy == "node" else None
+        #: hierarchy="auto": the two-level Comms it may choose (None: flat) and its choice
+        #: ("flat", "node", or None until the first call decides), a resumed choice first
+        self._candidate_nodes = candidate_node_comms(comm, topology) if hierarchy == "auto" else None
+        self.hierarchy_choice: str | None = None if self._candidate_nodes is not None else \
+            ("flat" if hierarchy == "auto" else hierarchy)
+        self._resumed_choice: str | None = None
+        #: hierarchy="auto": what the cost model predicted ({} when nothing was predicted)
+        self.hierarchy_decision: dict[str, Any] = {}
+        self._options = options
         self.algorithm = cls(comm if self.nodes is None else self.nodes.inter, **options)
         self._scope = comm.new_scope(label)
-        self._level_scopes = [] if self.nodes is None else \
-            [(c, c.new_scope(f"{label}, {level}")) for c, level in ((self.nodes.intra, "inside the node"),
-                                                                    (self.nodes.inter, "between nodes"))
-             if c is not None]
+        self._level_scopes = self._scopes_of(self.nodes or self._candidate_nodes)
         self._residual: torch.Tensor | None = None
         self._pending_residual: torch.Tensor | None = None
         #: two-level: a loaded residual's values outside this rank's shard (the shard moved: another
@@ -303,7 +329,7 @@ class SparseAllreduce:
         configuration, world size, calls made and N; sparsecomm/_checkpoint.py). Local: no
         communication, so any subset of ranks may call it. Save one per rank."""
         residual = None if self.residual is None else self.residual.detach().clone()
-        placed = {} if self.nodes is None else {"hierarchy": self._hierarchy_text()}
+        placed = {} if self._placement() == "flat" else {"hierarchy": self._placement()}
         return {
             **placed,
             "checkpoint_version": CHECKPOINT_VERSION,
@@ -330,7 +356,10 @@ class SparseAllreduce:
                              f"this reducer runs {self.algorithm_name!r}")
         check_owner("SparseAllreduce", state.get("rank"), state.get("world_size"), self.comm.rank, self.comm.size,
                     per_rank=state.get("residual") is not None or bool(state.get("algorithm_state")))
-        saved, mine = state.get("hierarchy", "flat"), "flat" if self.nodes is None else self._hierarchy_text()
+        saved, mine = state.get("hierarchy", "flat"), self._placement()
+        if self.hierarchy_choice is None and saved in ("flat", "auto", self._node_text(self._candidate_nodes)):
+            mine = saved   # not decided yet: the saved choice stands (its residual is that part)
+            self._resumed_choice = None if saved == "auto" else saved.split(",")[0]
         if saved != mine:
             raise ValueError(f"state_dict was saved with hierarchy {saved!r}, this reducer runs {mine!r}: its "
                              "residual is another part of the gradient; resume with the same hierarchy and "
@@ -391,7 +420,57 @@ class SparseAllreduce:
         return result
 
     def _comms(self) -> list[Comm]:
-        return [self.comm] if self.nodes is None else self.nodes.comms
+        nodes = self.nodes if self.hierarchy_choice else self._candidate_nodes
+        return [self.comm] if nodes is None else nodes.comms
+
+    def _scopes_of(self, nodes: NodeComms | None) -> list:
+        if nodes is None:
+            return []
+        return [(c, c.new_scope(f"{self._label}, {level}"))
+                for c, level in ((nodes.intra, "inside the node"), (nodes.inter, "between nodes")) if c is not None]
+
+    def _choose_hierarchy(self, n: int, dtype: torch.dtype, work_dtype: torch.dtype, step: int) -> None:
+        """hierarchy="auto", before the first call's residual exists: flat or two-level, the
+        same on every rank. A resumed choice stands; otherwise a ping-pong on each level
+        (:func:`~sparsecomm.algorithms.auto.measure_links`, world rank 0's fits on every rank)
+        and the cost model's prediction of this bucket on the cluster
+        (:func:`~sparsecomm.algorithms.auto.choose_layout`: every candidate -- this
+        algorithm, or auto's candidates -- flat and two-level, over the node's shared NIC).
+        A handshake first, so ranks that would decide from different inputs (a resumed choice
+        on some ranks only) raise instead of exchanging mismatched ping-pongs. Two-level runs
+        the algorithm on the inter-node Comm; auto there starts from the measured network link
+        with each rank's share of the node's NIC (beta times ranks per node)."""
+        nodes = self._candidate_nodes
+        k = k_for(self.density_at(step), n)
+        self._handshake(n, dtype, k, step)
+        choice = self._resumed_choice
+        if choice is None:
+            links = measure_links(self.comm, nodes.intra, nodes.inter)
+            per = nodes.topology.ranks_per_node
+            bounds = block_bounds(n, per)
+            shard_k = [k_for(self.density_at(step), bounds[q + 1] - bounds[q]) for q in range(per)]
+            auto = self.algorithm_name == "auto"
+            candidates = (self.algorithm.options["candidates"] or CANDIDATES) if auto \
+                else (self.algorithm_name,)
+            compute = self.algorithm.options["compute"] if auto else None
+            self.hierarchy_decision = choose_layout(nodes.topology.nodes, per, n, k, shard_k, links,
+                                                    candidates=candidates, compute=compute, dtype=work_dtype)
+            self.hierarchy_decision["links"] = links
+            choice = self.hierarchy_decision["hierarchy"]
+        self.hierarchy_choice = choice
+        if choice == "node":
+            self.nodes = nodes
+            state = self.algorithm.state_dict()
+            self.algorithm = algorithms.get(self.algorithm_name)(nodes.inter, **self._options)
+            if state:
+                self.algorithm.load_state_dict(state)
+            elif self.algorithm_name == "auto" and self._resumed_choice is None:
+                links = self.hierarchy_decision["links"]
+                share = links.beta * nodes.topology.ranks_per_node
+                self.algorithm.load_state_dict({"alpha": links.alpha, "beta": share})
+        else:
+            self._level_scopes = []
+        self._resumed_choice = None
 
     def _check_arguments(self, grad: torch.Tensor, out: torch.Tensor | None) -> None:
         if not isinstance(grad, torch.Tensor) or not grad.is_floating_point():
@@ -415,6 +494,8 @@ class SparseAllreduce:
         # the schedule and the step are in the agreement record: the same k everywhere (two-level:
         # the record carries the whole tensor's k, the algorithm selects k of its shard)
         k = k_for(self.density_at(step), n)
+        if self.hierarchy_choice is None:
+            self._choose_hierarchy(n, grad.dtype, work_dtype, step)
         lo, hi = self.shard_bounds(n)
         shard_k = k if self.nodes is None else k_for(self.density_at(step), hi - lo)
         key = (n, work_dtype, grad.device)
@@ -622,13 +703,28 @@ class SparseAllreduce:
                      algorithm=self.algorithm_name, density=self.density)
 
     def _hierarchy_text(self) -> str:
-        return f"node, {self.nodes.topology}"
+        text = self._node_text(self.nodes)
+        if self.hierarchy != "auto":
+            return text
+        resumed = f"resumed {self._resumed_choice}" if self._resumed_choice else "undecided"
+        return "auto: " + (resumed if self.hierarchy_choice is None else text or "flat")
+
+    @staticmethod
+    def _node_text(nodes: NodeComms | None) -> str:
+        return "" if nodes is None else f"node, {nodes.topology}"
+
+    def _placement(self) -> str:
+        """What a state_dict saves of the hierarchy: "flat", "node, <topology>", or "auto"
+        while hierarchy="auto" has not decided."""
+        if self.hierarchy_choice is None:
+            return {None: "auto", "flat": "flat", "node": self._node_text(self._candidate_nodes)}[self._resumed_choice]
+        return self._node_text(self.nodes) or "flat"
 
     def options_text(self) -> str:
         """The options as the handshake compares and the mismatch error shows them: the
         algorithm's options and ``nonfinite``, sorted ``key=value`` (values by ``repr``)."""
         merged = {**self.algorithm.options, "nonfinite": self.nonfinite}
-        if self.nodes is not None:  # flat leaves the text (and checkpoints' fingerprints) as they were
+        if self.nodes is not None or self.hierarchy == "auto":  # flat leaves the text as it was
             merged["hierarchy"] = self._hierarchy_text()
         if self.density_schedule is not None:  # a schedule is a value: its canonical text is compared
             merged["density_schedule"] = self.density_schedule.spec_text()

@@ -173,3 +173,69 @@ def test_scale_cli_writes_every_row(tmp_path):
         auto = rows["auto@1gbit"]
         chosen = next(r for r in rows.values() if r["name"] == auto["chose"] and r["algorithm"] != "auto@1gbit")
         assert auto["time_s@1gbit"] == chosen["time_s@1gbit"] and auto["bytes_per_rank"] == chosen["bytes_per_rank"]
+
+
+TWO_LEVEL_CASES = [("topka", 2, 2), ("gtopk", 2, 3), ("dense", 3, 2), ("spardl", 3, 2)]
+
+
+@pytest.mark.parametrize("name, nodes, per", TWO_LEVEL_CASES)
+def test_two_level_traffic_equals_counted(name, nodes, per):
+    """The two-level schedule of the cost model (node reduce-scatter, the algorithm on every
+    shard, node all-gather) sends, rank by rank, the bytes inside the node and between nodes
+    that the simulated two-level reducer counts on its intra- and inter-node Comms, in as many
+    rounds. Shards of unequal length (N odd) and their own k (5% of each, written here)."""
+    n = 6007
+
+    def fn(comm):
+        red = sc.SparseAllreduce(name, 0.05, comm=comm, hierarchy="node", topology=sc.Topology(nodes, per))
+        red(_grad(comm.rank, n))
+        s = red.last_stats
+        return s["intra_bytes_sent"], s["inter_bytes_sent"], s["intra_rounds"] + s["inter_rounds"]
+
+    got = np.array(simulate(nodes * per, fn).results)
+    bounds = [q * n // per for q in range(per + 1)]
+    shard_k = [max(1, -(-(bounds[q + 1] - bounds[q]) * 5 // 100)) for q in range(per)]
+    links = costmodel.Links(50e-6, 8e-9, 5e-6, 2e-11)
+    pred = costmodel.predict(name, n, 0, nodes, per, links, hierarchy="node", shard_k=shard_k)
+    inside, outside = pred.traffic.sent_by_level(per)
+    assert inside.tolist() == got[:, 0].tolist()
+    assert outside.tolist() == got[:, 1].tolist()
+    assert pred.traffic.rounds.tolist() == got[:, 2].tolist()
+
+
+def test_time_on_nodes_shares_the_nic():
+    """Inside a node each rank pays its own intra link; the messages leaving a node share its
+    NIC (bytes add up, latency once per rank's messages); the round costs the longer side.
+    With one rank per node it is the flat time."""
+    a, b, ia, ib = 1e-4, 1e-8, 1e-6, 1e-10
+    links = costmodel.Links(a, b, ia, ib)
+    t = costmodel.Traffic(4)   # nodes {0, 1} and {2, 3}
+    t.round([0, 1, 0], [2, 3, 1], [1000, 3000, 500])
+    t.round([2, 3], [3, 2], [10_000, 10])
+    first = max(a + 4000 * b, ia + 500 * ib)     # node 0's NIC carries both outgoing messages
+    second = ia + 10_000 * ib
+    assert t.time_on_nodes(2, links) == pytest.approx(first + second, rel=1e-12)
+    assert t.time_on_nodes(1, links) == pytest.approx(t.time(a, b), rel=1e-12)
+
+
+def test_scale_cli_clusters(tmp_path):
+    """``scale --ranks-per-node``: a flat and a two-level row per algorithm and node count, and
+    auto's row is the (hierarchy, algorithm) of least predicted time plus compute."""
+    import json
+
+    from sparsecomm.algorithms.auto import compute_ns
+    from sparsecomm.bench.cli import main
+    assert main(["scale", "--ranks-per-node", "2", "--nodes", "2", "3", "--N", "100000", "--density", "0.01",
+                 "--bandwidth", "1gbit", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "cluster.json").read_text())["rows"]
+    for nodes in (2, 3):
+        here = [r for r in rows if r["nodes"] == nodes]
+        auto = next(r for r in here if r["algorithm"] == "auto@1gbit")
+        plain = {(r["hierarchy"], r["algorithm"]): r for r in here if r is not auto}
+        assert {h for h, _ in plain} == {"flat", "node"} and len(plain) == 2 * 10
+        total = {key: r["time_s@1gbit"] + compute_ns(key[1], 0.01) * 1e-9 * (100000 if key[0] == "flat" else 50000)
+                 for key, r in plain.items() if key[1] in ("dense", "topka", "spardl", "gtopk", "oktopk",
+                                                            "sparcml_recursive_double", "sparcml_split_allgather",
+                                                            "topkdsa", "densestream")}
+        best = min(total, key=total.get)
+        assert auto["chose"] == f"{best[1]} ({best[0]})" and auto["time_s@1gbit"] == plain[best]["time_s@1gbit"]

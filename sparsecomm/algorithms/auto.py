@@ -47,6 +47,11 @@ seconds, slowest rank), ``auto_alpha`` and ``auto_beta``. The choice and
 the chosen algorithm's state are in ``state_dict()``: a resumed reducer keeps the choice (no
 new ping-pong, no new decision for the same N and k).
 
+On a cluster of nodes, :func:`choose_layout` predicts every candidate flat and two-level (the
+reducer's ``hierarchy="node"``) over the node's shared NIC, and :func:`measure_links` measures
+both links, the same on every rank: what ``SparseAllreduce(..., hierarchy="auto")`` decides
+flat against two-level with (docs/scale.md, "Two-level clusters").
+
 Options: ``alpha``, ``beta`` (None: ping-pong), ``candidates`` (a tuple of algorithm names;
 default :data:`CANDIDATES`), ``compute`` (None or a dict name -> ns per element), ``tune``
 (calls per shortlisted candidate, default 2: the first of a candidate's calls also pays its
@@ -65,11 +70,13 @@ from typing import Any
 
 import torch
 
-from ..traffic import default_sets, fit_alpha_beta
+from ..traffic import Links, default_sets, fit_alpha_beta
 from .base import Algorithm, get, modelled, register, traffic
+from .two_level import two_level_traffic
 from ..options import Option
 
-__all__ = ["AutoAlgorithm", "choose_algorithm", "shortlist", "CANDIDATES", "COMPUTE_NS"]
+__all__ = ["AutoAlgorithm", "choose_algorithm", "choose_layout", "measure_links", "shortlist", "CANDIDATES",
+           "COMPUTE_NS"]
 
 #: the algorithms auto chooses among, in order of preference on equal predictions (gssgd is
 #: left out: the scale study's model finds it slower than gtopk at every P up to 1024;
@@ -139,6 +146,48 @@ def choose_algorithm(P: int, N: int, k: int, alpha: float, beta: float, sets=Non
     return {"algorithm": best, "predicted_s": preds[best], "predictions": preds}
 
 
+def choose_layout(nodes: int, ranks_per_node: int, N: int, k: int, shard_k, links: Links,
+                  candidates=CANDIDATES, compute: dict | None = None, dtype: torch.dtype = torch.float32,
+                  model_n: int = 1 << 16, records: dict | None = None) -> dict:
+    """The (hierarchy, algorithm) with the least predicted time on ``nodes`` x ``ranks_per_node``
+    ranks joined by ``links``: every candidate flat (its schedule on all ranks, each message on
+    the link it takes: :meth:`~sparsecomm.traffic.Traffic.time_on_nodes`) and two-level
+    (:func:`~sparsecomm.algorithms.two_level.two_level_traffic`: the node's reduce-scatter and
+    all-gather, the candidate on the L shards at once over the node's shared NIC), plus its
+    compute on the elements it selects from (N flat, the largest shard two-level; the node's
+    dense adds are left out). ``shard_k``: the k of each shard (the reducer's). The same on
+    every rank given the same arguments. Returns {"hierarchy", "algorithm", "predicted_s",
+    "predictions": {(hierarchy, algorithm): seconds}}. ``records``: (hierarchy, algorithm) ->
+    its :class:`~sparsecomm.traffic.Traffic` where already made (a study at several links)."""
+    P = nodes * ranks_per_node
+    density = k / N if N else 1.0
+    records = records or {}
+    flat_sets = None
+    longest = -(-N // ranks_per_node)
+    preds: dict[tuple[str, str], float] = {}
+    for name in candidates:
+        for hierarchy in ("flat", "node"):
+            if hierarchy == "node" and (nodes == 1 or ranks_per_node == 1) and P > 1:
+                continue   # one node or one rank per node: the two levels are not two
+            try:
+                if (hierarchy, name) in records:
+                    record = records[(hierarchy, name)]
+                elif hierarchy == "flat":
+                    if flat_sets is None and P > 1 and N:
+                        flat_sets = default_sets(P, N, k, model_n=model_n)
+                    record = traffic(name, P, N, k, sets=flat_sets, dtype=dtype)
+                else:
+                    record = two_level_traffic(name, nodes, ranks_per_node, N, shard_k, dtype=dtype)
+            except ValueError:
+                continue   # e.g. options that do not fit P
+            elements = N if hierarchy == "flat" else longest
+            preds[(hierarchy, name)] = record.time_on_nodes(ranks_per_node, links) + \
+                compute_ns(name, density, compute) * 1e-9 * elements
+    order = [(h, n) for n in candidates for h in ("flat", "node")]
+    best = min(preds, key=lambda key: (preds[key], order.index(key)))
+    return {"hierarchy": best[0], "algorithm": best[1], "predicted_s": preds[best], "predictions": preds}
+
+
 def shortlist(predictions: dict[str, float], candidates, size: int, margin: float) -> list[str]:
     """The candidates worth measuring: predicted within ``margin`` x the cheapest, cheapest
     first (ties: the order of ``candidates``), at most ``size`` of them."""
@@ -169,6 +218,25 @@ def _pingpong_fit(comm) -> tuple[float, float]:
     alpha, beta = fit_alpha_beta(sizes, halves) if comm.rank == 0 else (0.0, 0.0)
     table = comm.allgather_small(torch.tensor([alpha, beta], dtype=torch.float64, device="cpu")).cpu()
     return float(table[0, 0]), float(table[0, 1])
+
+
+def measure_links(world, intra, inter) -> Links:
+    """The two links of a cluster, the same on every rank: a ping-pong (:func:`_pingpong_fit`)
+    inside every node at once on ``intra`` (the node's Comm; its links are the node's own), then
+    one between the first two nodes on the ``inter`` Comm of local rank 0 only (the other local
+    ranks wait, so the NIC carries that ping-pong alone), then world rank 0's four values
+    all-gathered on ``world``. Collective over ``world``."""
+    intra_fit = _FITS.get(intra)
+    if intra_fit is None:
+        intra_fit = _FITS[intra] = _pingpong_fit(intra)
+    inter_fit = (0.0, 0.0)
+    if intra.rank == 0:
+        inter_fit = _FITS.get(inter)
+        if inter_fit is None:
+            inter_fit = _FITS[inter] = _pingpong_fit(inter)
+    mine = torch.tensor([inter_fit[0], inter_fit[1], intra_fit[0], intra_fit[1]], dtype=torch.float64)
+    values = world.allgather_small(mine).cpu()[0].tolist()
+    return Links(*values)
 
 
 def _is_cost(value: Any) -> bool:

@@ -14,6 +14,14 @@ Time per call = the alpha-beta cost of the message schedule (the ``time(alpha, b
 bandwidth. ``auto`` is the algorithm :mod:`sparsecomm.algorithms.auto` picks for that (P, N,
 k, alpha, beta) with its compute table; its time is that algorithm's. Writes ``scale.json``,
 ``scale.csv`` and ``scale_<bandwidth>.png`` per bandwidth into ``--out``.
+
+With ``--ranks-per-node L`` the study is of clusters instead (:func:`run_cluster`): ``--nodes``
+nodes of L ranks, every algorithm of :data:`CLUSTER_ROWS` flat (its schedule on all n L ranks,
+each message on the link it takes: a node's ranks share its NIC at ``--bandwidth``, inside a
+node each rank has its own ``--intra-bandwidth`` link) and two-level (the reducer's
+``hierarchy="node"``), timed by :func:`sparsecomm.costmodel.predict`; ``auto`` is the
+(hierarchy, algorithm) :func:`sparsecomm.algorithms.auto.choose_layout` picks. Writes
+``cluster.json``, ``cluster.csv`` and ``cluster_<bandwidth>.png``.
 """
 
 from __future__ import annotations
@@ -25,11 +33,12 @@ import time
 from pathlib import Path
 
 from .. import costmodel
-from ..algorithms.auto import choose_algorithm
+from ..algorithms.auto import choose_algorithm, choose_layout
+from ..comm.collectives import block_bounds
 from ..reducer import k_for
 from .plots import line_plot
 
-__all__ = ["main", "ROWS", "run"]
+__all__ = ["main", "ROWS", "run", "CLUSTER_ROWS", "run_cluster"]
 
 #: (label, algorithm, options) of the study's rows
 ROWS: list[tuple[str, str, dict]] = [
@@ -97,6 +106,109 @@ def run(sizes: list[int], N: int, densities: list[float], bandwidths: dict[str, 
             "bandwidths": {bw: 8 / beta for bw, beta in bandwidths.items()}, "model_n": model_n, "rows": rows}
 
 
+#: the algorithms of the cluster study (their default options)
+CLUSTER_ROWS = ["dense", "topka", "spardl", "gtopk", "gssgd", "oktopk", "sparcml_recursive_double",
+                "sparcml_split_allgather", "topkdsa", "densestream"]
+
+
+def run_cluster(nodes: list[int], per: int, N: int, densities: list[float], bandwidths: dict[str, float],
+                alpha: float, intra_alpha: float, intra_beta: float, model_n: int, say=print) -> dict:
+    """Every :data:`CLUSTER_ROWS` algorithm flat and two-level on ``n`` x ``per`` ranks for each
+    n of ``nodes``, at each inter-node bandwidth; the model's (hierarchy, algorithm) choice."""
+    rows = []
+    for d in densities:
+        k = k_for(d, N)
+        bounds = block_bounds(N, per)
+        shard_k = [k_for(d, bounds[q + 1] - bounds[q]) for q in range(per)]
+        for n in nodes:
+            start = time.perf_counter()
+            P = n * per
+            sets = costmodel.default_sets(P, N, k, model_n=model_n)
+            found, records = {}, {}
+            for name in CLUSTER_ROWS:
+                for hierarchy in ("flat", "node"):
+                    links = {bw: costmodel.Links(alpha, beta, intra_alpha, intra_beta)
+                             for bw, beta in bandwidths.items()}
+                    first = next(iter(links.values()))
+                    pred = costmodel.predict(name, N, k, n, per, first, hierarchy=hierarchy, shard_k=shard_k,
+                                             sets=sets)
+                    row = {"algorithm": name, "hierarchy": hierarchy, "nodes": n, "ranks_per_node": per, "P": P,
+                           "N": N, "density": d, "k": k, "intra_bytes": pred.intra_bytes,
+                           "inter_bytes": pred.inter_bytes, "nic_bytes": pred.nic_bytes, "rounds": pred.rounds,
+                           "exact": pred.exact}
+                    for bw, link in links.items():
+                        row[f"time_s@{bw}"] = pred.traffic.time_on_nodes(per, link)
+                    found[(hierarchy, name)] = row
+                    records[(hierarchy, name)] = pred.traffic
+                    rows.append(row)
+            for bw, beta in bandwidths.items():
+                pick = choose_layout(n, per, N, k, shard_k, costmodel.Links(alpha, beta, intra_alpha, intra_beta),
+                                     records=records)
+                src = found[(pick["hierarchy"], pick["algorithm"])]
+                rows.append({**src, "algorithm": f"auto@{bw}", "hierarchy": "auto",
+                             "chose": f"{pick['algorithm']} ({pick['hierarchy']})"})
+            say(f"density {d:g} {n:4d} nodes x {per}: {time.perf_counter() - start:.1f} s", flush=True)
+    return {"N": N, "densities": densities, "nodes": nodes, "ranks_per_node": per, "alpha_s": alpha,
+            "intra_alpha_s": intra_alpha, "intra_bytes_per_s": 1 / intra_beta,
+            "bandwidths": {bw: 8 / beta for bw, beta in bandwidths.items()}, "model_n": model_n, "rows": rows}
+
+
+def _cluster_plot(report: dict, bw: str, density: float, path: Path) -> Path | None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    series = {}
+    for r in report["rows"]:
+        if r["density"] != density or (r["algorithm"].startswith("auto@") and r["algorithm"] != f"auto@{bw}"):
+            continue
+        label = "auto" if r["algorithm"].startswith("auto@") else f"{r['algorithm']} ({r['hierarchy']})"
+        series.setdefault(label, []).append((r["nodes"], r[f"time_s@{bw}"]))
+    return line_plot(plt, path, series, f"nodes of {report['ranks_per_node']} ranks (log)",
+                     f"alpha-beta model: N = {report['N']}, density {density}, {bw} between nodes, "
+                     f"{report['intra_bytes_per_s'] / 1e9:g} GB/s inside", log_x=True)
+
+
+def _cluster_main(args, bws: dict[str, float]) -> int:
+    intra_beta = 1.0 / args.intra_bandwidth
+    report = run_cluster(sorted(set(args.nodes)), args.ranks_per_node, args.N, args.density, bws, args.alpha,
+                         args.intra_alpha, intra_beta, args.model_n)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cluster.json").write_text(json.dumps(report, indent=1))
+    cols = ["algorithm", "hierarchy", "nodes", "ranks_per_node", "P", "N", "density", "k", "intra_bytes",
+            "inter_bytes", "nic_bytes", "rounds", "exact"] + [f"time_s@{bw}" for bw in bws] + ["chose"]
+    with open(out / "cluster.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        for r in report["rows"]:
+            w.writerow(r)
+    for bw in bws:
+        for d in args.density:
+            p = _cluster_plot(report, bw, d, out / f"cluster_{bw}_{d:g}.png")
+            if p:
+                print(f"wrote {p}")
+    for d in args.density:
+        for bw in bws:
+            print(f"\nms per call at {bw} between nodes, density {d}, N = {args.N}, "
+                  f"{args.ranks_per_node} ranks per node")
+            print(f"{'algorithm':<26}{'hierarchy':>10}" + "".join(f"{n:>9}" for n in report["nodes"]))
+            seen = dict.fromkeys((r["algorithm"], r["hierarchy"]) for r in report["rows"] if r["density"] == d
+                                 and (not r["algorithm"].startswith("auto@") or r["algorithm"] == f"auto@{bw}"))
+            for name, hierarchy in seen:
+                t = {r["nodes"]: r for r in report["rows"] if r["algorithm"] == name and r["hierarchy"] == hierarchy
+                     and r["density"] == d}
+                line = f"{name:<26}{hierarchy:>10}" + "".join(f"{t[n][f'time_s@{bw}'] * 1e3:>9.1f}"
+                                                              for n in report["nodes"])
+                if name.startswith("auto@"):
+                    line += "   " + ", ".join(f"{n}: {t[n]['chose']}" for n in report["nodes"])
+                print(line)
+    print(f"wrote {out / 'cluster.json'}, {out / 'cluster.csv'}")
+    return 0
+
+
 def crossovers(report: dict, bw: str, density: float) -> dict:
     """Where gssgd passes gtopk, and spardl's advantage over topka by P."""
     rows = [r for r in report["rows"] if r["density"] == density]
@@ -135,8 +247,17 @@ def main(argv=None) -> int:
                     help="latency (s); default: fitted on the emulated 1 Gbit/s links (docs/scale.md)")
     ap.add_argument("--bandwidth", nargs="+", default=["1gbit", "10gbit"])
     ap.add_argument("--model-n", type=int, default=1 << 20, help="length the index sets are drawn at")
+    ap.add_argument("--ranks-per-node", type=int, default=None,
+                    help="study clusters of --nodes nodes of this many ranks, flat and two-level (instead of --P)")
+    ap.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128])
+    ap.add_argument("--intra-bandwidth", type=float, default=100e9,
+                    help="bytes/s of each rank's link inside a node (default 100e9: NVLink class)")
+    ap.add_argument("--intra-alpha", type=float, default=5e-6, help="latency (s) inside a node")
     ap.add_argument("--out", default="bench_results/scale")
     args = ap.parse_args(argv)
+    if args.ranks_per_node is not None and (args.ranks_per_node < 1 or any(n < 1 for n in args.nodes)
+                                            or args.intra_bandwidth <= 0 or args.intra_alpha < 0):
+        ap.error("--ranks-per-node >= 1, --nodes >= 1, --intra-bandwidth > 0 and --intra-alpha >= 0")
     if any(p < 1 for p in args.P) or args.N < 1 or not all(0 < d <= 1 for d in args.density):
         ap.error("--P >= 1, --N >= 1 and --density in (0, 1]")
     bws = {}
@@ -146,6 +267,8 @@ def main(argv=None) -> int:
             ap.error(f"--bandwidth like 1gbit or 100mbit, got {bw!r}")
         rate = float(low[:-4]) * (1e9 if low.endswith("gbit") else 1e6)
         bws[bw] = 8 / rate
+    if args.ranks_per_node is not None:
+        return _cluster_main(args, bws)
     report = run(sorted(set(args.P)), args.N, args.density, bws, args.alpha, args.model_n)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence
 
+import numpy as np
 import torch
 
 from ..formats.header import HEADER_NBYTES, Kind, check_header, pack_header
 
 __all__ = ["bruck_allgather", "bruck_allgather_var", "allgather_int64", "halving_tree", "halving_allreduce_",
            "block_bounds", "bruck_reduce_scatter_", "reduce_scatter_allgather_", "allgather_slices_",
-           "reduce_scatter_allgather_traffic",
+           "reduce_scatter_allgather_traffic", "bruck_reduce_scatter_rounds", "allgather_slices_rounds",
            "halving_allreduce_traffic", "bruck_allgather_traffic"]
 
 
@@ -291,22 +292,51 @@ def allgather_slices_(comm: PeerGroup, tensor: torch.Tensor, n: int) -> torch.Te
     return tensor
 
 
+def bruck_reduce_scatter_rounds(size: int, count: int,
+                                itemsize: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The messages of :func:`bruck_reduce_scatter_` of ``count`` values of ``itemsize`` bytes
+    among ``size`` ranks, sizes only: per round, (senders, receivers, bytes) of every rank,
+    headers included. At distance d (largest first) rank r sends one headed message of slices
+    r + d .. r + d + min(d, P - d) - 1 to rank r + d."""
+    ranks, prefix = _slice_prefix(size, count)
+    rounds = []
+    for d in reversed(_bruck_distances(size)):
+        c = min(d, size - d)
+        body = prefix[ranks + d + c] - prefix[ranks + d]
+        rounds.append((ranks, (ranks + d) % size, HEADER_NBYTES + itemsize * body))
+    return rounds
+
+
+def allgather_slices_rounds(size: int, count: int, itemsize: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The messages of :func:`allgather_slices_` of ``count`` values, sizes only: per round,
+    (senders, receivers, bytes) of every rank: :func:`bruck_allgather` of the headed slices (at
+    distance d rank r sends the blocks of ranks r .. r + min(d, P - d) - 1 to rank r - d)."""
+    if size == 1:
+        return []
+    ranks, prefix = _slice_prefix(size, count)
+    rounds = []
+    for d in _bruck_distances(size):
+        c = min(d, size - d)
+        rounds.append((ranks, (ranks - d) % size, c * HEADER_NBYTES + itemsize * (prefix[ranks + c] - prefix[ranks])))
+    return rounds
+
+
+def _slice_prefix(size: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """(0 .. size - 1, prefix sums of the :func:`block_bounds` slice lengths taken twice round)."""
+    bounds = np.asarray(block_bounds(count, size), dtype=np.int64)
+    length = np.diff(bounds)
+    return np.arange(size, dtype=np.int64), np.concatenate([[0], np.cumsum(np.concatenate([length, length]))])
+
+
 def reduce_scatter_allgather_traffic(size: int, rank: int, count: int, itemsize: int) -> tuple[int, int]:
     """(bytes sent, rounds) of ``rank`` in :func:`reduce_scatter_allgather_` of ``count``
     values of ``itemsize`` bytes among ``size`` ranks, headers included; written from the
-    message schedule, not measured."""
+    message schedule (:func:`bruck_reduce_scatter_rounds`, :func:`allgather_slices_rounds`),
+    not measured."""
     if size == 1:
         return 0, 0
-    bounds = block_bounds(count, size)
-    length = [bounds[q + 1] - bounds[q] for q in range(size)]
-    sent, distances = 0, _bruck_distances(size)
-    for d in distances:
-        c = min(d, size - d)
-        # reduce-scatter: one headed message of slices rank + d .. rank + d + c - 1
-        sent += HEADER_NBYTES + itemsize * sum(length[(rank + d + i) % size] for i in range(c))
-        # all-gather: the first c blocks held, slices rank .. rank + c - 1, each with its header
-        sent += sum(HEADER_NBYTES + itemsize * length[(rank + i) % size] for i in range(c))
-    return sent, 2 * len(distances)
+    rounds = bruck_reduce_scatter_rounds(size, count, itemsize) + allgather_slices_rounds(size, count, itemsize)
+    return int(sum(nbytes[rank] for _, _, nbytes in rounds)), len(rounds)
 
 
 def bruck_allgather_traffic(rank: int, block_nbytes: Sequence[int]) -> tuple[int, int]:
