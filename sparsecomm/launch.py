@@ -66,8 +66,9 @@ __all__ = ["EmulatedNetwork", "launch", "main", "parse_rate", "find_mpirun", "de
 _SUBNET = "10.213.0"  # private addresses inside the launch's own namespaces only
 _HOST_BYTE = 254  # last byte of the root namespace's address on the bridge (mpi backend)
 _MPI_RANK = "--mpi-rank"  # internal: how mpirun starts each rank through this module (see _mpi_rank)
-# what this module names things: namespaces sc<launcher pid>r<rank> and sc<pid>br, the mpi host link sc<pid>h
-_OWN_NAMESPACE = re.compile(r"sc(\d+)(?:r\d+|br)")
+# what this module names things: namespaces sc<launcher pid>r<rank> (one rank per node),
+# sc<pid>n<node> (several) and sc<pid>br, the mpi host link sc<pid>h
+_OWN_NAMESPACE = re.compile(r"sc(\d+)(?:[rn]\d+|br)")
 _OWN_HOST_LINK = re.compile(r"sc(\d+)h")
 _PR_SET_PDEATHSIG = 1
 _CLONE_NEWNET = 0x40000000
@@ -206,9 +207,11 @@ def _run(cmd: list[str]) -> str:
 
 @dataclass
 class EmulatedNetwork:
-    """P rank namespaces joined through a bridge namespace by shaped veth links.
+    """One namespace per node joined through a bridge namespace by shaped veth links.
 
-    With ``host_link=True`` (the mpi backend) an unshaped veth also joins the root namespace
+    ``size`` ranks, ``per_node`` in each node (``size // per_node`` nodes). The ranks of a node
+    share its namespace, its one shaped link and its address; traffic between them stays
+    inside the namespace (see :func:`launch`). With ``host_link=True`` (the mpi backend) an unshaped veth also joins the root namespace
     to the bridge, at ``host_address``, in a /24 the root namespace does not use yet.
     """
 
@@ -216,6 +219,7 @@ class EmulatedNetwork:
     rate: str
     prefix: str = field(default_factory=lambda: f"sc{os.getpid()}")
     host_link: bool = False
+    per_node: int = 1
     subnet: str = _SUBNET
     created: list[str] = field(default_factory=list)
     host_made: bool = False
@@ -230,14 +234,21 @@ class EmulatedNetwork:
         if os.geteuid() != 0:
             raise NetworkSetupError("building network namespaces needs root")
 
-    def namespace(self, rank: int) -> str:
-        return f"{self.prefix}r{rank}"
+    @property
+    def nodes(self) -> int:
+        return self.size // self.per_node
 
-    def interface(self, rank: int) -> str:
-        return f"eth{rank}"
+    def node_of(self, rank: int) -> int:
+        return rank // self.per_node
 
-    def address(self, rank: int) -> str:
-        return f"{self.subnet}.{rank + 1}"
+    def namespace(self, node: int) -> str:
+        return f"{self.prefix}{'r' if self.per_node == 1 else 'n'}{node}"
+
+    def interface(self, node: int) -> str:
+        return f"eth{node}"
+
+    def address(self, node: int) -> str:
+        return f"{self.subnet}.{node + 1}"
 
     @property
     def cidr(self) -> str:
@@ -258,8 +269,10 @@ class EmulatedNetwork:
 
     def up(self) -> None:
         self.check_possible()
-        if self.size > 250:
-            raise NetworkSetupError("at most 250 ranks fit the emulated subnet")
+        if self.per_node < 1 or self.size % self.per_node:
+            raise ValueError(f"{self.size} ranks do not make nodes of {self.per_node}")
+        if self.nodes > 250:
+            raise NetworkSetupError("at most 250 nodes fit the emulated subnet")
         self.removed_stale = remove_stale_namespaces()
         # two mpi launches at once must not both pick the same free subnet: hold a lock from
         # the choice until the host link has its address (then the next launch sees it)
@@ -271,13 +284,13 @@ class EmulatedNetwork:
             self._add_namespace(bridge_ns)
             _run(["ip", "-n", bridge_ns, "link", "add", "br0", "type", "bridge"])
             _run(["ip", "-n", bridge_ns, "link", "set", "br0", "up"])
-            for rank in range(self.size):
-                ns, port, iface = self.namespace(rank), f"p{rank}", self.interface(rank)
+            for node in range(self.nodes):
+                ns, port, iface = self.namespace(node), f"p{node}", self.interface(node)
                 self._add_namespace(ns)
                 _run(["ip", "-n", bridge_ns, "link", "add", port, "type", "veth", "peer", "name", iface, "netns", ns])
                 _run(["ip", "-n", bridge_ns, "link", "set", port, "master", "br0"])
                 _run(["ip", "-n", bridge_ns, "link", "set", port, "up"])
-                _run(["ip", "-n", ns, "addr", "add", f"{self.address(rank)}/24", "dev", iface])
+                _run(["ip", "-n", ns, "addr", "add", f"{self.address(node)}/24", "dev", iface])
                 _run(["ip", "-n", ns, "link", "set", iface, "up"])
                 # both directions of the switch port: the rank's egress and the bridge port's egress
                 _run(["tc", "-n", ns, "qdisc", "add", "dev", iface, "root", *shape])
@@ -310,7 +323,8 @@ class EmulatedNetwork:
         self.created.clear()
 
     def wrap(self, rank: int, cmd: list[str]) -> list[str]:
-        return ["ip", "netns", "exec", self.namespace(rank), *cmd]
+        """``cmd`` run inside the namespace of ``rank``'s node."""
+        return ["ip", "netns", "exec", self.namespace(self.node_of(rank)), *cmd]
 
 
 def _socket_in_namespace(namespace: str, bind: tuple[str, int] | None = None) -> socket.socket:
@@ -347,9 +361,11 @@ def _socket_in_namespace(namespace: str, bind: tuple[str, int] | None = None) ->
 
 def measure_rate(network: EmulatedNetwork, source: int = 0, dest: int = 1, max_bytes: int = 4 << 20,
                  max_seconds: float = 0.3) -> float:
-    """bits/s from rank ``source`` to rank ``dest`` over one TCP connection between their namespaces.
+    """bits/s from node ``source`` to node ``dest`` over one TCP connection between their namespaces.
 
-    The receiver stops after ``max_bytes`` or ``max_seconds`` from its first byte, whichever
+    Both ends use the nodes' addresses, as gloo does with GLOO_SOCKET_IFNAME set; with
+    ``source == dest`` the connection stays inside the node's namespace, the path between two
+    ranks of one node (the kernel delivers traffic to a local address over loopback). The receiver stops after ``max_bytes`` or ``max_seconds`` from its first byte, whichever
     comes first, and the rate is taken over the second half of that time, after tbf's burst
     (256 kB let through at once) and TCP's slow start. Well under a second at any rate.
     """
@@ -438,12 +454,17 @@ def describe_link() -> tuple[str, str]:
 
     Programs started by this launcher have SPARSECOMM_BANDWIDTH (empty on loopback) and, when
     the launcher measured the link at start, SPARSECOMM_MEASURED_BANDWIDTH (bits/s, rank 0 to
-    rank 1); under another launcher (torchrun, mpirun) the link is unknown and only the
-    interface is named.
+    rank 1, or node 0 to node 1); with several ranks per node (SPARSECOMM_NPROC_PER_NODE) the
+    nodes and the measured rate inside a node (SPARSECOMM_MEASURED_INTRA_BANDWIDTH) are named
+    too. Under another launcher (torchrun, mpirun) the link is unknown and only the interface is named.
     """
     iface = os.environ.get("GLOO_SOCKET_IFNAME")
     rate = os.environ.get("SPARSECOMM_BANDWIDTH")
     measured = os.environ.get("SPARSECOMM_MEASURED_BANDWIDTH")
+    per_node, world = os.environ.get("SPARSECOMM_NPROC_PER_NODE", ""), os.environ.get("WORLD_SIZE", "")
+    if rate is not None and per_node.isdigit() and world.isdigit() and int(per_node) > 1:
+        return _describe_nodes(int(world) // int(per_node), int(per_node), rate, measured,
+                               os.environ.get("SPARSECOMM_MEASURED_INTRA_BANDWIDTH"), iface)
     if rate and measured:
         try:
             where = (f"{_format_bits(float(measured), _rate_bits(rate))} measured rank 0 -> rank 1, "
@@ -458,16 +479,33 @@ def describe_link() -> tuple[str, str]:
     return f"network interface {iface or 'chosen by the backend'}, link not emulated by sparsecomm.launch", ""
 
 
-def _rank_env(rank: int, size: int, master: str, port: int | str, ifname: str,
-              local_rank: int | str | None = None, local_size: int | str | None = None) -> dict[str, str]:
-    """The variables every rank gets, from either backend (torchrun's, plus gloo's interface)."""
+def _describe_nodes(nodes: int, per_node: int, rate: str, measured: str | None, intra: str | None,
+                    iface: str | None) -> tuple[str, str]:
+    """:func:`describe_link` of a launch with several ranks per node."""
+    shape = f"{nodes} node{'s' if nodes != 1 else ''} x {per_node} ranks"
+    if not rate:
+        return f"plain loopback, {shape} (interface {iface or 'lo'})", ""
+    try:
+        between = f"{_format_bits(float(measured), _rate_bits(rate))} measured node 0 -> node 1, " if measured else ""
+        inside = f" ({_format_bits(float(intra))} measured)" if intra else ""
+    except ValueError:
+        between, inside = "", ""
+    return (f"emulated cluster, {shape}, {rate} links between nodes ({between}interface {iface}), "
+            f"loopback inside a node{inside}", rate)
+
+
+def _rank_env(rank: int, size: int, per_node: int, master: str, port: int | str, ifname: str) -> dict[str, str]:
+    """The variables every rank gets, from either backend: torchrun's on ``size // per_node``
+    nodes of ``per_node`` ranks, plus gloo's interface."""
+    node, nodes = rank // per_node, size // per_node
     return dict(MASTER_ADDR=master, MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(size),
-                LOCAL_RANK=str(rank if local_rank is None else local_rank),
-                LOCAL_WORLD_SIZE=str(size if local_size is None else local_size),
-                GLOO_SOCKET_IFNAME=ifname, PYTHONUNBUFFERED="1")
+                LOCAL_RANK=str(rank % per_node), LOCAL_WORLD_SIZE=str(per_node),
+                GROUP_RANK=str(node), GROUP_WORLD_SIZE=str(nodes), NODE_RANK=str(node),
+                ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(size),
+                SPARSECOMM_NPROC_PER_NODE=str(per_node), GLOO_SOCKET_IFNAME=ifname, PYTHONUNBUFFERED="1")
 
 
-def _mpirun_command(mpirun: str, cmd: list[str], nproc: int, network: EmulatedNetwork | None,
+def _mpirun_command(mpirun: str, cmd: list[str], nproc: int, per_node: int, network: EmulatedNetwork | None,
                     master: str, port: int) -> tuple[list[str], dict[str, str]]:
     """One mpirun for all ranks, each started through ``_mpi_rank`` (this file, run by path)."""
     argv = [mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "--tag-output",
@@ -475,7 +513,7 @@ def _mpirun_command(mpirun: str, cmd: list[str], nproc: int, network: EmulatedNe
             "--mca", "btl_tcp_if_include", network.cidr if network else "lo",
             # -I: the wrapper needs only the standard library, not the package (which imports torch)
             sys.executable, "-I", os.path.abspath(__file__), _MPI_RANK,
-            network.prefix if network else "", master, str(port), "--", *cmd]
+            str(per_node), network.prefix if network else "", master, str(port), "--", *cmd]
     env = dict(os.environ, SPARSECOMM_LAUNCHER_PID=str(os.getpid()))
     if network:  # ranks in their namespaces reach mpirun's PMIx server through the host link
         env.update(PMIX_MCA_ptl_tcp_remote_connections="1", PMIX_MCA_ptl_tcp_if_include=network.host_interface)
@@ -484,14 +522,13 @@ def _mpirun_command(mpirun: str, cmd: list[str], nproc: int, network: EmulatedNe
 
 def _mpi_rank(argv: list[str]) -> int:
     """Run by mpirun for each rank: set the rank's variables, enter its namespace, exec the command."""
-    if len(argv) < 5 or argv[3] != "--":
-        raise SystemExit(f"usage: {_MPI_RANK} PREFIX MASTER PORT -- CMD... (started by mpirun, see launch())")
-    prefix, master, port, _, *cmd = argv
-    rank, size = int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"])
-    network = EmulatedNetwork(size, "", prefix=prefix) if prefix else None
-    os.environ.update(_rank_env(rank, size, master, port, network.interface(rank) if network else "lo",
-                                os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK"),
-                                os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE")))
+    if len(argv) < 6 or argv[4] != "--":
+        raise SystemExit(f"usage: {_MPI_RANK} PER_NODE PREFIX MASTER PORT -- CMD... (started by mpirun, see launch())")
+    per_node, prefix, master, port, _, *cmd = argv
+    rank, size, per_node = int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"]), int(per_node)
+    network = EmulatedNetwork(size, "", prefix=prefix, per_node=per_node) if prefix else None
+    os.environ.update(_rank_env(rank, size, per_node, master, port,
+                                network.interface(network.node_of(rank)) if network else "lo"))
     try:  # die with mpirun even if it is killed outright (survives the execs below)
         _libc().prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     except (OSError, AttributeError):
@@ -585,16 +622,19 @@ def _pump(stream, sink) -> None:
 
 
 def launch(cmd: list[str], nproc: int, rate: str | None, port: int = 29500, out=None,
-           backend: str = "gloo") -> int:
-    """Run ``cmd`` as ``nproc`` ranks; returns the exit code (first failing rank's, or 0).
+           backend: str = "gloo", nproc_per_node: int = 1) -> int:
+    """Run ``cmd`` as ``nproc`` ranks, ``nproc_per_node`` to a node; returns the exit code
+    (first failing rank's, or 0).
 
     ``backend="gloo"`` starts one process per rank; ``"mpi"`` starts one mpirun for all.
     """
     if backend not in ("gloo", "mpi"):
         raise ValueError(f"backend must be 'gloo' or 'mpi', got {backend!r}")
+    if nproc_per_node < 1 or nproc < 1 or nproc % nproc_per_node:
+        raise ValueError(f"{nproc} ranks do not make whole nodes of {nproc_per_node} ranks")
     out = out or sys.stdout
     mpirun = find_mpirun() if backend == "mpi" else None
-    network = EmulatedNetwork(nproc, rate, host_link=mpirun is not None) if rate else None
+    network = EmulatedNetwork(nproc, rate, host_link=mpirun is not None, per_node=nproc_per_node) if rate else None
     procs: list[subprocess.Popen] = []
     sinks: list = []
     pumps: list[threading.Thread] = []
@@ -610,17 +650,19 @@ def launch(cmd: list[str], nproc: int, rate: str | None, port: int = 29500, out=
             if network.removed_stale:
                 out.write("sparsecomm.launch: removed the network of launches no longer running: "
                           f"{', '.join(network.removed_stale)}\n")
-        measured = _report_link(network, rate, nproc, out)
+        measured, measured_intra = _report_link(network, rate, nproc, nproc_per_node, out)
         master = network.address(0) if network else "127.0.0.1"
         # lets a program report the link it ran on
-        link_env = {"SPARSECOMM_BANDWIDTH": rate or "", "SPARSECOMM_MEASURED_BANDWIDTH": measured}
+        link_env = {"SPARSECOMM_BANDWIDTH": rate or "", "SPARSECOMM_MEASURED_BANDWIDTH": measured,
+                    "SPARSECOMM_MEASURED_INTRA_BANDWIDTH": measured_intra}
         if mpirun:
-            argv, env = _mpirun_command(mpirun, cmd, nproc, network, master, port)
+            argv, env = _mpirun_command(mpirun, cmd, nproc, nproc_per_node, network, master, port)
             jobs = [(argv, {**env, **link_env}, _MPIOutput(out))]
         else:
             jobs = [(network.wrap(rank, cmd) if network else cmd,
-                     dict(os.environ, **link_env, **_rank_env(rank, nproc, master, port,
-                                                  network.interface(rank) if network else "lo")),
+                     dict(os.environ, **link_env, **_rank_env(
+                         rank, nproc, nproc_per_node, master, port,
+                         network.interface(network.node_of(rank)) if network else "lo")),
                      _RankLines(out, rank))
                     for rank in range(nproc)]
         for argv, env, sink in jobs:
@@ -654,24 +696,46 @@ def launch(cmd: list[str], nproc: int, rate: str | None, port: int = 29500, out=
             signal.signal(sig, handler)
 
 
-def _report_link(network: EmulatedNetwork | None, rate: str | None, nproc: int, out) -> str:
-    """Print the configured and measured rank 0 -> rank 1 rate; returns bits/s as text ('' if not measured)."""
+def _report_link(network: EmulatedNetwork | None, rate: str | None, nproc: int, per_node: int,
+                 out) -> tuple[str, str]:
+    """Print the configured and measured rates; returns bits/s as text between nodes (rank 0 ->
+    rank 1 with one rank per node) and inside node 0 ('' where not measured)."""
     if network is None:
         out.write("sparsecomm.launch: link: plain loopback, not shaped (--bandwidth none), not measured\n")
-        return ""
+        return "", ""
     configured_bits = _rate_bits(rate)
     configured = _format_bits(configured_bits)
-    if nproc < 2:
-        out.write(f"sparsecomm.launch: link: {configured} configured, not measured (one rank)\n")
-        return ""
-    try:
-        bits = measure_rate(network)
-    except (OSError, LaunchError) as exc:  # the launch goes on: the measurement is only a report
-        out.write(f"sparsecomm.launch: link: {configured} configured, not measured ({exc})\n")
-        return ""
-    out.write(f"sparsecomm.launch: link: {configured} configured, {_format_bits(bits, configured_bits)} measured rank 0 -> rank 1\n")
+    if per_node == 1:
+        if nproc < 2:
+            out.write(f"sparsecomm.launch: link: {configured} configured, not measured (one rank)\n")
+            return "", ""
+        bits, text = _measure_for_report(network, 0, 1, configured_bits, "rank 0 -> rank 1")
+        out.write(f"sparsecomm.launch: link: {configured} configured, {text}\n")
+        out.flush()
+        return bits, ""
+    nodes = network.nodes
+    if nodes < 2:
+        between = f"between nodes {configured} configured, not measured (one node)"
+        bits = ""
+    else:
+        bits, text = _measure_for_report(network, 0, 1, configured_bits, "node 0 -> node 1")
+        between = f"between nodes {configured} configured, {text}"
+    # the receiver stops at 0.1 s: loopback moves tens of MB in that time
+    intra, text = _measure_for_report(network, 0, 0, None, "rank 0 -> rank 1", max_bytes=1 << 30, max_seconds=0.1)
+    out.write(f"sparsecomm.launch: link: {nodes} node{'s' if nodes != 1 else ''} x {per_node} ranks; {between}; "
+              f"inside a node loopback, {text}\n")
     out.flush()
-    return str(round(bits))
+    return bits, intra
+
+
+def _measure_for_report(network: EmulatedNetwork, source: int, dest: int, unit_of: float | None, between: str,
+                        **limits) -> tuple[str, str]:
+    """(bits/s as text or '', what to print) of :func:`measure_rate` from node ``source`` to ``dest``."""
+    try:
+        bits = measure_rate(network, source, dest, **limits)
+    except (OSError, LaunchError) as exc:  # the launch goes on: the measurement is only a report
+        return "", f"not measured ({exc})"
+    return str(round(bits)), f"{_format_bits(bits, unit_of)} measured {between}"
 
 
 def _wait_first_failure(procs: list[subprocess.Popen]) -> tuple[int, int]:
@@ -699,15 +763,37 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             proc.wait()
 
 
+def _cluster_shape(parser: argparse.ArgumentParser, nproc: int | None, nnodes: int | None,
+                   per_node: int | None) -> tuple[int, int]:
+    """(nodes, ranks per node) from --nproc / --nnodes / --nproc-per-node, or a parser error."""
+    for flag, value in (("--nproc", nproc), ("--nnodes", nnodes), ("--nproc-per-node", per_node)):
+        if value is not None and value < 1:
+            parser.error(f"{flag} must be >= 1, got {value}")
+    if nproc is None and nnodes is None:
+        parser.error("give --nproc P (P nodes of one rank) or --nnodes N [--nproc-per-node L]")
+    if nproc is None:
+        return nnodes, per_node or 1
+    if nnodes is None and per_node is None:
+        return nproc, 1
+    nnodes = nnodes if nnodes is not None else nproc // per_node
+    per_node = per_node if per_node is not None else nproc // nnodes
+    if nnodes * per_node != nproc:
+        parser.error(f"--nproc {nproc} is not --nnodes x --nproc-per-node ({nnodes} x {per_node}); "
+                     "give --nnodes and --nproc-per-node alone, or values whose product is --nproc")
+    return nnodes, per_node
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == [_MPI_RANK]:
         return _mpi_rank(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m sparsecomm.launch", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nproc", type=int, required=True, help="number of ranks")
+    parser.add_argument("--nproc", type=int, help="number of ranks, one per node (--nnodes P --nproc-per-node 1)")
+    parser.add_argument("--nnodes", type=int, help="number of nodes, each with its own shaped link")
+    parser.add_argument("--nproc-per-node", type=int, help="ranks per node, sharing its link (default 1)")
     parser.add_argument("--bandwidth", type=parse_rate, default="1gbit",
-                        help="link rate per rank (tc syntax, e.g. 1gbit, 100mbit) or 'none' for loopback")
+                        help="link rate per node (tc syntax, e.g. 1gbit, 100mbit) or 'none' for loopback")
     parser.add_argument("--backend", choices=["gloo", "mpi"], default="gloo",
                         help="how the ranks start: gloo (one process each, torchrun-style variables) "
                              "or mpi (one Open MPI mpirun, the same variables too)")
@@ -717,8 +803,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         parser.error("give the command to run after --")
-    if args.nproc < 1:
-        parser.error("--nproc must be >= 1")
+    nnodes, per_node = _cluster_shape(parser, args.nproc, args.nnodes, args.nproc_per_node)
     if args.backend == "mpi":
         try:
             find_mpirun()
@@ -733,7 +818,8 @@ def main(argv: list[str] | None = None) -> int:
                   "rerun with --bandwidth none to use plain loopback", file=sys.stderr)
             return 2
     try:
-        return launch(cmd, args.nproc, args.bandwidth, args.port, backend=args.backend)
+        return launch(cmd, nnodes * per_node, args.bandwidth, args.port, backend=args.backend,
+                      nproc_per_node=per_node)
     except NetworkSetupError as exc:
         print(f"sparsecomm.launch: {exc}; rerun with --bandwidth none to use plain loopback", file=sys.stderr)
         return 2

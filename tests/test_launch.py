@@ -99,17 +99,20 @@ def _links() -> set[str]:
 
 def _leftovers(launcher_pid: int) -> list[str]:
     """Namespaces and root-namespace links still named after that launch (prefix sc<pid>)."""
-    own = re.compile(rf"sc{launcher_pid}(r\d+|br|h)")
+    own = re.compile(rf"sc{launcher_pid}(r\d+|n\d+|br|h)")
     return sorted(name for name in _namespaces() | _links() if own.fullmatch(name))
 
 
 def _launch(tmp_path, bandwidth: str, mode: str, nproc: int = 2, timeout: float = 120,
-            backend: str = "gloo", program: str = "gloo"):
-    """Run the launcher on a test program; returns (CompletedProcess, seconds, launcher pid)."""
+            backend: str = "gloo", program: str = "gloo", shape: tuple[str, ...] = ()):
+    """Run the launcher on a test program; returns (CompletedProcess, seconds, launcher pid).
+
+    ``shape`` replaces ``--nproc nproc`` (e.g. ``("--nnodes", "2", "--nproc-per-node", "2")``).
+    """
     source, runner = PROGRAMS[program]
     script = tmp_path / "rank.py"
     script.write_text(source)
-    cmd = [sys.executable, "-m", "sparsecomm.launch", "--nproc", str(nproc), "--bandwidth", bandwidth,
+    cmd = [sys.executable, "-m", "sparsecomm.launch", *(shape or ("--nproc", str(nproc))), "--bandwidth", bandwidth,
            "--backend", backend, "--", sys.executable, *runner, str(script), mode]
     start = time.monotonic()
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) as popen:
@@ -149,18 +152,22 @@ def test_ranks_run_at_the_given_rate_and_clean_up(tmp_path, backend, program, ba
         assert _leftovers(pid) == []
 
 
-# backend, program, what the launcher says about the failure
+TWO_BY_TWO = ("--nnodes", "2", "--nproc-per-node", "2")
+
+# backend, program, what the launcher says about the failure, cluster shape (default: --nproc 2)
 FAILURES = [
-    pytest.param("gloo", "gloo", "rank 1 exited with 3", marks=needs_shaping, id="gloo"),
-    pytest.param("mpi", "gloo", "rank 1 exited with 3", marks=shaped_mpi, id="mpi-plain-exit"),
+    pytest.param("gloo", "gloo", "rank 1 exited with 3", (), marks=needs_shaping, id="gloo"),
+    pytest.param("mpi", "gloo", "rank 1 exited with 3", (), marks=shaped_mpi, id="mpi-plain-exit"),
     # MPI_Abort from mpi4py; mpirun's report naming the rank does not always come through
-    pytest.param("mpi", "mpi4py", r"(rank 1|mpirun) exited with 3", marks=shaped_mpi, id="mpi-mpi4py-abort"),
+    pytest.param("mpi", "mpi4py", r"(rank 1|mpirun) exited with 3", (), marks=shaped_mpi, id="mpi-mpi4py-abort"),
+    # rank 1 shares node 0's namespace with rank 0
+    pytest.param("gloo", "gloo", "rank 1 exited with 3", TWO_BY_TWO, marks=needs_shaping, id="gloo-2x2"),
 ]
 
 
-@pytest.mark.parametrize("backend,program,message", FAILURES)
-def test_failing_rank_fails_the_launch_and_leaves_no_namespace(tmp_path, backend, program, message):
-    proc, seconds, pid = _launch(tmp_path, "1gbit", "fail", backend=backend, program=program)
+@pytest.mark.parametrize("backend,program,message,shape", FAILURES)
+def test_failing_rank_fails_the_launch_and_leaves_no_namespace(tmp_path, backend, program, message, shape):
+    proc, seconds, pid = _launch(tmp_path, "1gbit", "fail", backend=backend, program=program, shape=shape)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "[rank 1] rank 1 fails on purpose" in proc.stdout
     assert re.search(message, proc.stdout), proc.stdout
@@ -222,11 +229,21 @@ def test_bad_rate_is_rejected(text):
      ("emulated cluster, 1gbit links (0.957 Gbit/s measured rank 0 -> rank 1, interface eth0)", "1gbit")),
     ({"SPARSECOMM_BANDWIDTH": "100mbit", "SPARSECOMM_MEASURED_BANDWIDTH": "", "GLOO_SOCKET_IFNAME": "eth1"},
      ("emulated cluster, 100mbit links (interface eth1)", "100mbit")),
+    ({"SPARSECOMM_BANDWIDTH": "1gbit", "SPARSECOMM_MEASURED_BANDWIDTH": "957000000", "GLOO_SOCKET_IFNAME": "eth0",
+      "SPARSECOMM_NPROC_PER_NODE": "1", "WORLD_SIZE": "4"},
+     ("emulated cluster, 1gbit links (0.957 Gbit/s measured rank 0 -> rank 1, interface eth0)", "1gbit")),
+    ({"SPARSECOMM_BANDWIDTH": "1gbit", "SPARSECOMM_MEASURED_BANDWIDTH": "957000000", "GLOO_SOCKET_IFNAME": "eth1",
+      "SPARSECOMM_MEASURED_INTRA_BANDWIDTH": "25300000000", "SPARSECOMM_NPROC_PER_NODE": "2", "WORLD_SIZE": "4"},
+     ("emulated cluster, 2 nodes x 2 ranks, 1gbit links between nodes (0.957 Gbit/s measured node 0 -> node 1, "
+      "interface eth1), loopback inside a node (25.3 Gbit/s measured)", "1gbit")),
+    ({"SPARSECOMM_BANDWIDTH": "", "GLOO_SOCKET_IFNAME": "lo", "SPARSECOMM_NPROC_PER_NODE": "3", "WORLD_SIZE": "6"},
+     ("plain loopback, 2 nodes x 3 ranks (interface lo)", "")),
 ])
 def test_describe_link_says_only_what_the_launcher_set(monkeypatch, env, expected):
     from sparsecomm.launch import describe_link
 
-    for name in ("SPARSECOMM_BANDWIDTH", "SPARSECOMM_MEASURED_BANDWIDTH", "GLOO_SOCKET_IFNAME"):
+    for name in ("SPARSECOMM_BANDWIDTH", "SPARSECOMM_MEASURED_BANDWIDTH", "GLOO_SOCKET_IFNAME", "WORLD_SIZE",
+                 "SPARSECOMM_MEASURED_INTRA_BANDWIDTH", "SPARSECOMM_NPROC_PER_NODE"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -256,13 +273,16 @@ def _running(pid: int) -> bool:
         return False
 
 
-def _start_sleepers(tmp_path, bandwidth: str, backend: str = "gloo", nproc: int = 2):
-    """Start a launch whose ranks write their pid and sleep; returns (Popen, rank pids)."""
+def _start_sleepers(tmp_path, bandwidth: str, backend: str = "gloo", nproc: int = 2, shape: tuple[str, ...] = ()):
+    """Start a launch whose ranks write their pid and sleep; returns (Popen, rank pids).
+
+    ``shape`` replaces ``--nproc nproc``; ``nproc`` is then its number of ranks.
+    """
     script = tmp_path / "sleeper.py"
     script.write_text(SLEEPER)
     piddir = tmp_path / "pids"
     piddir.mkdir()
-    cmd = [sys.executable, "-m", "sparsecomm.launch", "--nproc", str(nproc), "--bandwidth", bandwidth,
+    cmd = [sys.executable, "-m", "sparsecomm.launch", *(shape or ("--nproc", str(nproc))), "--bandwidth", bandwidth,
            "--backend", backend, "--", sys.executable, str(script), str(piddir)]
     popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     deadline = time.monotonic() + 60
@@ -276,16 +296,17 @@ def _start_sleepers(tmp_path, bandwidth: str, backend: str = "gloo", nproc: int 
 
 
 KILLED = [
-    pytest.param("gloo", "1gbit", marks=needs_shaping, id="gloo-shaped"),
-    pytest.param("gloo", "none", id="gloo-loopback"),
-    pytest.param("mpi", "1gbit", marks=[needs_shaping, needs_mpirun], id="mpi-shaped"),
-    pytest.param("mpi", "none", marks=needs_mpirun, id="mpi-loopback"),
+    pytest.param("gloo", "1gbit", (), marks=needs_shaping, id="gloo-shaped"),
+    pytest.param("gloo", "none", (), id="gloo-loopback"),
+    pytest.param("mpi", "1gbit", (), marks=[needs_shaping, needs_mpirun], id="mpi-shaped"),
+    pytest.param("mpi", "none", (), marks=needs_mpirun, id="mpi-loopback"),
+    pytest.param("gloo", "1gbit", TWO_BY_TWO, marks=needs_shaping, id="gloo-shaped-2x2"),
 ]
 
 
-@pytest.mark.parametrize("backend,bandwidth", KILLED)
-def test_sigkilled_launcher_leaves_no_rank_running(tmp_path, backend, bandwidth):
-    popen, pids = _start_sleepers(tmp_path, bandwidth, backend)
+@pytest.mark.parametrize("backend,bandwidth,shape", KILLED)
+def test_sigkilled_launcher_leaves_no_rank_running(tmp_path, backend, bandwidth, shape):
+    popen, pids = _start_sleepers(tmp_path, bandwidth, backend, nproc=4 if shape else 2, shape=shape)
     assert all(_running(pid) for pid in pids)
     popen.kill()  # SIGKILL: no handler, no cleanup in the launcher
     popen.communicate()
@@ -296,6 +317,8 @@ def test_sigkilled_launcher_leaves_no_rank_running(tmp_path, backend, bandwidth)
     if CAN_SHAPE:  # whatever it left is removed by the next launch (tested below); do it now
         from sparsecomm.launch import remove_stale_namespaces
 
+        if bandwidth != "none":
+            assert _leftovers(popen.pid), "a SIGKILLed launcher cannot remove its namespaces itself"
         remove_stale_namespaces()
         assert _leftovers(popen.pid) == []
 
@@ -393,3 +416,128 @@ def test_tc_rates_are_decimal_bits(text, bits):
     from sparsecomm.launch import _rate_bits
 
     assert _rate_bits(text) == bits
+
+
+# -- nodes of several ranks: --nnodes N --nproc-per-node L ---------------------------------------
+
+ENV_SCRIPT = textwrap.dedent("""
+    import os
+    names = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+             "NODE_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "GLOO_SOCKET_IFNAME", "MASTER_ADDR"]
+    print("env " + " ".join(f"{name}={os.environ[name]}" for name in names), flush=True)
+""")
+
+# shape flags, bandwidth, backend, (nodes, ranks per node), GLOO_SOCKET_IFNAME of each node
+SHAPES = [
+    pytest.param(TWO_BY_TWO, "1gbit", "gloo", (2, 2), ["eth0", "eth1"], marks=needs_shaping, id="2x2-shaped"),
+    pytest.param(TWO_BY_TWO, "1gbit", "mpi", (2, 2), ["eth0", "eth1"], marks=shaped_mpi, id="2x2-shaped-mpi"),
+    pytest.param(("--nnodes", "2", "--nproc-per-node", "2"), "none", "gloo", (2, 2), ["lo", "lo"], id="2x2-loopback"),
+    pytest.param(("--nproc", "3"), "none", "gloo", (3, 1), ["lo"] * 3, id="nproc-is-one-rank-per-node"),
+]
+
+
+@pytest.mark.parametrize("shape,bandwidth,backend,nodes_ranks,ifnames", SHAPES)
+def test_every_rank_gets_torchruns_variables_of_its_node(tmp_path, shape, bandwidth, backend, nodes_ranks, ifnames):
+    script = tmp_path / "env.py"
+    script.write_text(ENV_SCRIPT)
+    cmd = [sys.executable, "-m", "sparsecomm.launch", *shape, "--bandwidth", bandwidth, "--backend", backend,
+           "--", sys.executable, str(script)]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) as popen:
+        stdout, stderr = popen.communicate(timeout=120)
+    assert popen.returncode == 0, stdout + stderr
+    if CAN_SHAPE:
+        assert _leftovers(popen.pid) == []
+    proc = subprocess.CompletedProcess(cmd, popen.returncode, stdout, stderr)
+    nodes, per_node = nodes_ranks
+    seen = {}
+    for line in proc.stdout.splitlines():
+        found = re.fullmatch(r"\[rank (\d+)\] env (.*)", line)
+        if found:
+            seen[int(found.group(1))] = dict(item.split("=", 1) for item in found.group(2).split())
+    world = nodes * per_node
+    assert sorted(seen) == list(range(world)), proc.stdout
+    masters = {env.pop("MASTER_ADDR") for env in seen.values()}
+    assert len(masters) == 1, "every rank must meet at the same master"
+    for rank, env in seen.items():
+        node = rank // per_node
+        assert env == {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank % per_node),
+                       "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(node), "GROUP_WORLD_SIZE": str(nodes),
+                       "NODE_RANK": str(node), "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world),
+                       "GLOO_SOCKET_IFNAME": ifnames[node]}, f"rank {rank}"
+
+
+# Over 100mbit: rank 0 -> 1 stays inside node 0; rank 0 -> 2 crosses the link; then ranks 0 and 1
+# both send to node 1 at once through node 0's one link. Each receiver prints Mbit/s.
+RATES_SCRIPT = textwrap.dedent("""
+    import time, torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    payload = torch.zeros(5_000_000, dtype=torch.uint8)  # 40 Mbit
+    for label, pairs in (("intra", [(0, 1)]), ("inter", [(0, 2)]), ("shared", [(0, 2), (1, 3)])):
+        dist.barrier()
+        start = time.perf_counter()
+        for src, dst in pairs:
+            if rank == src:
+                dist.send(payload, dst)
+            elif rank == dst:
+                dist.recv(payload, src)
+                print(f"{label} {src}->{dst} mbit_s={40 / (time.perf_counter() - start):.1f}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+""")
+
+TWO_LEVEL_LINK = re.compile(r"sparsecomm\.launch: link: 2 nodes x 2 ranks; between nodes 100 Mbit/s configured, "
+                            r"(\S+) Mbit/s measured node 0 -> node 1; inside a node loopback, (\S+) (\S)bit/s "
+                            r"measured rank 0 -> rank 1")
+
+
+@needs_shaping
+def test_ranks_of_a_node_talk_over_loopback_and_share_its_link(tmp_path):
+    script = tmp_path / "rates.py"
+    script.write_text(RATES_SCRIPT)
+    cmd = [sys.executable, "-m", "sparsecomm.launch", *TWO_BY_TWO, "--bandwidth", "100mbit", "--",
+           sys.executable, str(script)]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) as popen:
+        stdout, stderr = popen.communicate(timeout=120)
+    assert popen.returncode == 0, stdout + stderr
+    rates = {found.group(1): float(found.group(2))
+             for found in re.finditer(r"\] (\w+ \d->\d) mbit_s=(\S+)", stdout)}
+    assert rates["intra 0->1"] > 1000, f"ranks of one node must not go through the 100 Mbit/s link: {rates}"
+    assert 70 < rates["inter 0->2"] < 110, rates
+    shared = [rates["shared 0->2"], rates["shared 1->3"]]
+    assert max(shared) < 75, f"two ranks sending through their node's link at once must share it: {rates}"
+    assert 70 < 2 * min(shared) < 110, rates  # together about the link's rate (the slower flow ends last)
+    found = TWO_LEVEL_LINK.search(stdout)
+    assert found, stdout
+    assert 80 < float(found.group(1)) < 105 and found.group(3) in "GM", stdout
+    assert _leftovers(popen.pid) == []
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--nproc", "0"], "--nproc must be >= 1, got 0"),
+    (["--nnodes", "0"], "--nnodes must be >= 1, got 0"),
+    (["--nnodes", "2", "--nproc-per-node", "0"], "--nproc-per-node must be >= 1, got 0"),
+    (["--nproc-per-node", "2"], "give --nproc P (P nodes of one rank) or --nnodes N"),
+    (["--nproc", "4", "--nnodes", "3"], "--nproc 4 is not --nnodes x --nproc-per-node (3 x 1)"),
+    (["--nproc", "5", "--nproc-per-node", "2"], "--nproc 5 is not --nnodes x --nproc-per-node (2 x 2)"),
+    (["--nproc", "4", "--nnodes", "2", "--nproc-per-node", "3"], "--nproc 4 is not --nnodes x --nproc-per-node (2 x 3)"),
+])
+def test_inconsistent_cluster_shapes_are_rejected(capsys, flags, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*flags, "--bandwidth", "none", "--", "true"])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags,nproc,per_node", [
+    (["--nproc", "4", "--nnodes", "2"], 4, 2), (["--nproc", "6", "--nproc-per-node", "3"], 6, 3),
+    (["--nproc", "4", "--nnodes", "2", "--nproc-per-node", "2"], 4, 2), (["--nnodes", "3"], 3, 1),
+])
+def test_consistent_cluster_shapes_are_launched(monkeypatch, flags, nproc, per_node):
+    import sparsecomm.launch as launcher
+
+    called = {}
+    monkeypatch.setattr(launcher, "launch", lambda cmd, n, rate, port, backend, nproc_per_node:
+                        called.update(nproc=n, per_node=nproc_per_node) or 0)
+    assert main([*flags, "--bandwidth", "none", "--", "true"]) == 0
+    assert called == {"nproc": nproc, "per_node": per_node}
