@@ -158,24 +158,21 @@ def test_hierarchy_node_under_a_launcher_without_local_world_size_says_what_is_m
 
 
 def test_accuracy_hierarchy_both_trains_flat_and_two_level_from_the_same_start(tmp_path):
-    """dense and topka, flat and two-level, 2 nodes x 2 ranks: four runs, the target from flat
-    dense; two-level dense sends each rank's half of every bucket over a ring of two nodes."""
+    """dense flat and two-level, 2 nodes x 2 ranks: the target from flat dense; two-level dense
+    sends each rank's half of every bucket over a ring of two nodes."""
     pytest.importorskip("sklearn")
     out = tmp_path / "out"
     proc = _run(["accuracy", "--task", "digits", "--nproc", "4", "--nproc-per-node", "2", "--hierarchy", "both",
-                 "--algorithms", "dense", "topka", "--steps", "4", "--eval-every", "2", "--out", str(out), "--quiet"],
+                 "--algorithms", "dense", "--steps", "2", "--eval-every", "2", "--out", str(out), "--quiet"],
                 tmp_path, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((out / "accuracy_digits_2x2.json").read_text())
-    labels = [m["label"] for m in report["methods"]]
-    assert labels == ["dense", "dense (two-level)", "topka", "topka (two-level)"]
-    by = {m["label"]: m for m in report["methods"]}
-    assert report["target"] == pytest.approx(0.99 * by["dense"]["best_accuracy"])
-    assert by["dense"]["inter_bytes"] is None and by["topka"]["inter_bytes"] is None
-    params = report["params"]
+    assert [m["label"] for m in report["methods"]] == ["dense", "dense (two-level)"]
+    flat, two = report["methods"]
+    assert report["target"] == pytest.approx(0.99 * flat["best_accuracy"])
+    assert flat["inter_bytes"] is None and (report["nodes"], report["ranks_per_node"]) == (2, 2)
     # per bucket: 2 (n - 1) chunks of half the rank's shard (a quarter of the bucket), float32
-    assert by["dense (two-level)"]["inter_bytes"] == pytest.approx(4 * params / 2, rel=0.02)
-    assert 0 < by["topka (two-level)"]["inter_bytes"] < by["dense (two-level)"]["inter_bytes"] / 10
-    # the same start: every run's first evaluation is the same model's
-    assert len({m["curve"][0]["accuracy"] for m in report["methods"]}) == 1
-    assert "| topka (two-level) |" in proc.stdout
+    assert two["inter_bytes"] == pytest.approx(4 * report["params"] / 2, rel=0.02)
+    # the same start: both runs' first evaluation is the same model's
+    assert flat["curve"][0]["accuracy"] == two["curve"][0]["accuracy"]
+    assert "| dense (two-level) |" in proc.stdout
