@@ -46,7 +46,8 @@ ranks itself. The rows then also give the bytes per node on the inter-node link 
 node (:class:`sparsecomm.bench.links.LinkCounter`: point-to-point messages counted per destination,
 the backend's dense allreduce by its ring count; summed over the node's ranks, the busiest
 node, median over repeats), the bytes the node's interface really sent when the launcher gave
-each node its own (``/proc/net/dev``), and the two-level speedup over flat from the same repeats.
+each node its own (``/proc/net/dev``), and the two-level speedup over flat from the same repeats
+(the speedup over dense compares with dense in the same hierarchy).
 Each hierarchy is checked as above, except that a two-level reducer's residual holds its node's
 sum of its shard, so the per-rank lossless test is replaced by conservation alone. The report is
 ``collectives_{n}x{L}.json``; the time-vs-P plot is left to flat runs.
