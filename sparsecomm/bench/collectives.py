@@ -628,7 +628,8 @@ def main(argv=None) -> int:
                 ap.error(f"--hierarchy node without a launcher needs --nproc-per-node L dividing --nproc "
                          f"({args.nproc}), e.g. --nproc 4 --nproc-per-node 2")
             per_node = args.nproc_per_node
-            where = f"gloo loopback, {Topology(args.nproc // per_node, per_node)} given by --nproc-per-node (no separate link per node)"
+            where = (f"gloo loopback, {Topology(args.nproc // per_node, per_node)} given by --nproc-per-node "
+                     "(no separate link per node)")
     elif args.nproc_per_node is not None:
         ap.error("--nproc-per-node is only used with --hierarchy node or both")
     cfg = {"algorithms": names, "n": args.N, "densities": args.density, "repeats": args.repeats,
