@@ -13,8 +13,10 @@ from _reference import coo_message_bytes
 ALGOS = ["dense", "topka", "spardl"]
 
 
-def _run(args, tmp_path, timeout=120):
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+def _run(args, tmp_path, timeout=120, extra_env=None):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK")}
+    env.update(extra_env or {})
     return subprocess.run([sys.executable, "-m", "sparsecomm.bench", *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=tmp_path)
 
@@ -103,3 +105,74 @@ def test_baselines_join_and_runs_at_two_p_make_a_time_vs_p_plot(tmp_path):
     except ImportError:
         pytest.skip("matplotlib not installed: the plots are not written")
     assert (out / "time_vs_P.png").stat().st_size > 0
+
+
+def test_hierarchy_both_times_flat_and_two_level_and_counts_the_node_link(tmp_path):
+    """2 nodes x 2 ranks on loopback: each algorithm has a flat and a two-level row; the bytes
+    per node between nodes and inside the node follow the schedules, up to the per-call
+    agreement messages (under 1 KB)."""
+    out = tmp_path / "out"
+    n, p, per = 20000, 4, 2
+    proc = _run(["collectives", "--algorithms", "dense", "topka", "--N", str(n), "--density", "0.01", "--repeats", "1",
+                 "--nproc", str(p), "--nproc-per-node", str(per), "--hierarchy", "both", "--out", str(out),
+                 "--check-n", "2003", "--pingpong-max", str(1 << 12)], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "vs flat" in proc.stdout
+    report = json.loads((out / "collectives_2x2.json").read_text())
+    assert (report["nodes"], report["ranks_per_node"], report["hierarchies"]) == (2, 2, ["flat", "node"])
+    by = {(r["algorithm"], r["hierarchy"]): r for r in report["rows"]}
+    assert list(by) == [("dense", "flat"), ("dense", "node"), ("topka", "flat"), ("topka", "node")]
+    shard, k, k_shard = n // per, 200, 100
+    coo, coo_shard = coo_message_bytes(k, n, 4), coo_message_bytes(k_shard, shard, 4)
+    expected = {   # (between nodes, inside the node) per node
+        # ring 0 -> 1 -> 2 -> 3 -> 0 of 2 (P - 1) chunks of 4 N / P bytes: one crossing and one
+        # intra-node edge per node
+        ("dense", "flat"): (2 * (p - 1) * 4 * n // p, 2 * (p - 1) * 4 * n // p),
+        # the node's reduce-scatter and all-gather (each rank sends the other's half twice), then
+        # a ring between the two nodes on each shard (2 (n - 1) chunks of half the shard)
+        ("dense", "node"): (per * 2 * 4 * shard // 2, per * 2 * 4 * shard // 2 * 2),
+        # Bruck all-gather, rank r sends to r - 1, then two messages to r - 2: node 0 = {0, 1}
+        # sends 0 -> 3 (one message), 0 -> 2 and 1 -> 3 (two each) out, 1 -> 0 (one) inside
+        ("topka", "flat"): (5 * coo, coo),
+        # each shard owner sends its shard's COO message to the other node; the node's dense
+        # reduce-scatter and all-gather inside
+        ("topka", "node"): (per * coo_shard, per * 2 * 4 * shard // 2 * 2),
+    }
+    for key, (between, inside) in expected.items():
+        row = by[key]
+        assert 0 <= row["node_inter_bytes"] - between < 1024, (key, row["node_inter_bytes"], between)
+        assert 0 <= row["node_intra_bytes"] - inside < 1024, (key, row["node_intra_bytes"], inside)
+        assert row["node_link_tx_bytes"] is None           # loopback: no interface per node
+    for algo in ("dense", "topka"):
+        assert by[(algo, "node")]["speedup_vs_flat"] == pytest.approx(
+            by[(algo, "flat")]["time_s"] / by[(algo, "node")]["time_s"], rel=1e-12)
+        assert by[(algo, "flat")]["speedup_vs_flat"] is None
+    assert set(report["checks"]) == {"dense/flat", "dense/node", "topka/flat", "topka/node"}
+
+
+def test_hierarchy_node_under_a_launcher_without_local_world_size_says_what_is_missing(tmp_path):
+    proc = _run(["collectives", "--algorithms", "topka", "--N", "1000", "--hierarchy", "node"], tmp_path, timeout=60,
+                extra_env={"RANK": "0", "WORLD_SIZE": "4"})
+    assert proc.returncode == 2
+    assert "LOCAL_WORLD_SIZE" in proc.stderr and "--nnodes" in proc.stderr
+
+
+def test_accuracy_hierarchy_both_trains_flat_and_two_level_from_the_same_start(tmp_path):
+    """dense flat and two-level, 2 nodes x 2 ranks: the target from flat dense; two-level dense
+    sends each rank's half of every bucket over a ring of two nodes."""
+    pytest.importorskip("sklearn")
+    out = tmp_path / "out"
+    proc = _run(["accuracy", "--task", "digits", "--nproc", "4", "--nproc-per-node", "2", "--hierarchy", "both",
+                 "--algorithms", "dense", "--steps", "2", "--eval-every", "2", "--out", str(out), "--quiet"],
+                tmp_path, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((out / "accuracy_digits_2x2.json").read_text())
+    assert [m["label"] for m in report["methods"]] == ["dense", "dense (two-level)"]
+    flat, two = report["methods"]
+    assert report["target"] == pytest.approx(0.99 * flat["best_accuracy"])
+    assert flat["inter_bytes"] is None and (report["nodes"], report["ranks_per_node"]) == (2, 2)
+    # per bucket: 2 (n - 1) chunks of half the rank's shard (a quarter of the bucket), float32
+    assert two["inter_bytes"] == pytest.approx(4 * report["params"] / 2, rel=0.02)
+    # the same start: both runs' first evaluation is the same model's
+    assert flat["curve"][0]["accuracy"] == two["curve"][0]["accuracy"]
+    assert "| dense (two-level) |" in proc.stdout

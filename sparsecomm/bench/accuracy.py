@@ -16,6 +16,14 @@ over the first ``--schedule-steps`` updates (default a fifth of the budget): ``@
 25% -> 7.25% -> 1.5% in three equal stages, ``@dgc`` DGC's exponential decay from 25% in four
 stages; ``--density`` after it.
 
+``--hierarchy flat node`` (or ``both``) trains every sparsecomm method in each hierarchy given,
+interleaved in the same run: flat, and two-level (``DDPHookState(hierarchy="node")``: dense
+inside a node, the algorithm between nodes on each rank's shard), on the launcher's nodes
+(``python -m sparsecomm.launch --nnodes 2 --nproc-per-node 2 --bandwidth 1gbit``) or
+``--nproc-per-node L`` when the benchmark starts its ranks itself. Two-level rows are labelled
+``NAME (two-level)`` and add the bytes per rank per update sent between nodes; the target stays
+a fraction of flat dense's best accuracy. PyTorch's hooks run flat only.
+
 Run it under the launcher for real links (the emulated 1 Gbit/s cluster)::
 
     python -m sparsecomm.launch --nproc 4 --bandwidth 1gbit -- \\
@@ -44,6 +52,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .. import algorithms
+from ..comm.topology import Topology
 from ..hook import DDPHookState, ddp_hook
 from ..launch import describe_link
 from ..density import DensitySchedule
@@ -55,6 +64,7 @@ __all__ = ["main", "run_rank", "time_to_target", "schedule_preset", "format_tabl
 
 #: density warm-ups by name, over ``steps`` updates (``NAME@preset``)
 SCHEDULE_PRESETS = ("gs", "dgc")
+HIERARCHY_CHOICES = ("flat", "node", "both")
 
 
 def schedule_preset(name: str, steps: int) -> DensitySchedule:
@@ -75,8 +85,9 @@ def time_to_target(curve: list[dict], target: float) -> tuple[float | None, int 
     return None, None
 
 
-def _build(method: str, task: Task, density: float, schedule_steps: int):
-    """DDP model, hook state (or PyTorch hook) and optimizer of ``method``."""
+def _build(method: str, task: Task, density: float, schedule_steps: int, topology: Topology | None = None):
+    """DDP model, hook state (or PyTorch hook) and optimizer of ``method``; two-level over
+    ``topology`` when one is given."""
     ddp = DDP(task.build())
     name, _, preset = method.partition("@")
     if baselines.is_baseline(name):
@@ -84,7 +95,8 @@ def _build(method: str, task: Task, density: float, schedule_steps: int):
         state.register(ddp)
     else:
         schedule = schedule_preset(preset, schedule_steps) if preset else None
-        state = DDPHookState(name, 1.0 if name == "dense" else density, density_schedule=schedule)
+        placed = {} if topology is None else {"hierarchy": "node", "topology": topology}
+        state = DDPHookState(name, 1.0 if name == "dense" else density, density_schedule=schedule, **placed)
         ddp.register_comm_hook(state, ddp_hook)
     return ddp, state, task.optimizer(list(ddp.parameters()))
 
@@ -128,13 +140,22 @@ def run_rank(rank: int, world: int, cfg: dict) -> dict | None:
     tper = len(task.test_x) // world
     test_x, test_y = task.test_x[rank * tper:(rank + 1) * tper], task.test_y[rank * tper:(rank + 1) * tper]
     order = _order(per, task.batch, steps, cfg["seed"] + rank)
+    hierarchies = cfg.get("hierarchies") or ["flat"]
+    topology = None
+    if "node" in hierarchies:   # the launcher's nodes, or the --nproc-per-node given without one
+        topology = Topology(world // cfg["per_node"], cfg["per_node"]) if cfg.get("per_node") else Topology.from_env()
     runs = []
     for method in cfg["methods"]:  # the same initial weights for every method
-        torch.manual_seed(cfg["seed"])
-        ddp, state, optimizer = _build(method, task, cfg["density"], schedule_steps)
-        acc, loss = _evaluate(ddp.module, test_x, test_y, task.eval_batch)
-        runs.append({"method": method, "ddp": ddp, "state": state, "optimizer": optimizer, "times": [],
-                     "bytes": [], "train_loss": [], "evals": [(0, acc, loss)], "done": False})
+        for hierarchy in hierarchies:
+            if hierarchy == "node" and baselines.is_baseline(method.partition("@")[0]):
+                continue
+            torch.manual_seed(cfg["seed"])
+            ddp, state, optimizer = _build(method, task, cfg["density"], schedule_steps,
+                                           topology if hierarchy == "node" else None)
+            acc, loss = _evaluate(ddp.module, test_x, test_y, task.eval_batch)
+            runs.append({"method": method, "hierarchy": hierarchy, "ddp": ddp, "state": state,
+                         "optimizer": optimizer, "times": [], "bytes": [], "inter_bytes": [], "train_loss": [],
+                         "evals": [(0, acc, loss)], "done": False})
     target = cfg.get("target")
     start = time.perf_counter()
     for turn_start in range(0, steps, eval_every):
@@ -150,6 +171,7 @@ def run_rank(rank: int, world: int, cfg: dict) -> dict | None:
                 optimizer.step()
                 run["times"].append(time.perf_counter() - t0)
                 run["bytes"].append(sum(s.get("bytes_sent", 0) for s in state.last_stats.values()))
+                run["inter_bytes"].append(sum(s.get("inter_bytes_sent", 0) for s in state.last_stats.values()))
                 run["train_loss"].append(loss.item())
             acc, test_loss = _evaluate(ddp.module, test_x, test_y, task.eval_batch)
             run["evals"].append((len(run["times"]), acc, test_loss))
@@ -157,7 +179,7 @@ def run_rank(rank: int, world: int, cfg: dict) -> dict | None:
                 run["done"] = True
         if rank == 0 and not cfg.get("quiet"):
             done = min(turn_start + eval_every, steps)
-            line = ", ".join(f"{r['method']} {100 * r['evals'][-1][1]:.1f}%" for r in runs)
+            line = ", ".join(f"{_label(r['method'], r['hierarchy'])} {100 * r['evals'][-1][1]:.1f}%" for r in runs)
             print(f"[{time.perf_counter() - start:.0f} s] {done}/{steps} updates: {line}", flush=True)
     methods = []
     for run in runs:
@@ -167,8 +189,12 @@ def run_rank(rank: int, world: int, cfg: dict) -> dict | None:
         cumulative = [0.0] + torch.cumsum(times, 0).tolist()
         curve = [{"updates": u, "time_s": cumulative[u], "accuracy": a, "test_loss": l} for u, a, l in run["evals"]]
         state = run["state"]
+        two_level = run["hierarchy"] == "node"
         methods.append({
-            "method": run["method"], "label": getattr(state, "label", run["method"]),
+            "method": run["method"], "label": _label(getattr(state, "label", run["method"]), run["hierarchy"]),
+            **({"hierarchy": run["hierarchy"],
+                "inter_bytes": statistics.median(run["inter_bytes"]) if two_level and run["inter_bytes"] else None}
+               if "node" in hierarchies else {}),
             "density": state.density,
             "density_schedule": (state.density_schedule.spec_text()
                                  if getattr(state, "density_schedule", None) is not None else None),
@@ -182,7 +208,7 @@ def run_rank(rank: int, world: int, cfg: dict) -> dict | None:
             state.close()
     if rank != 0:
         return None
-    dense = next((m for m in methods if m["method"] == "dense"), None)
+    dense = next((m for m in methods if m["method"] == "dense" and m.get("hierarchy", "flat") == "flat"), None)
     if target is None:
         if dense is None:
             raise ValueError("no --target given and dense is not among the methods: nothing to take the target from")
@@ -194,19 +220,28 @@ def run_rank(rank: int, world: int, cfg: dict) -> dict | None:
         m["time_to_target_s"], m["updates_to_target"] = time_to_target(m["curve"], target)
     params = sum(p.numel() for p in task.build().parameters())
     where = cfg.get("where") or describe_link()[0]
-    return {"task": task.name, "data": task.data, "generated": task.generated, "model": task.model, "params": params,
-            "P": world, "where": where, "batch": task.batch, "steps": steps, "eval_every": eval_every,
-            "density": cfg["density"], "schedule_steps": schedule_steps, "target": target, "target_how": how,
-            "interleaved": True, "methods": methods}
+    report = {"task": task.name, "data": task.data, "generated": task.generated, "model": task.model,
+              "params": params, "P": world, "where": where, "batch": task.batch, "steps": steps,
+              "eval_every": eval_every, "density": cfg["density"], "schedule_steps": schedule_steps,
+              "target": target, "target_how": how, "interleaved": True, "methods": methods}
+    if topology is not None:
+        report.update({"hierarchies": hierarchies, "nodes": topology.nodes, "ranks_per_node": topology.ranks_per_node})
+    return report
+
+
+def _label(name: str, hierarchy: str) -> str:
+    return f"{name} (two-level)" if hierarchy == "node" else name
 
 
 def format_table(report: dict) -> str:
     """Markdown table: time to target, speedup over dense in it, updates, accuracy, costs."""
-    dense = next((m for m in report["methods"] if m["method"] == "dense"), None)
+    dense = next((m for m in report["methods"] if m["method"] == "dense" and m.get("hierarchy", "flat") == "flat"),
+                 None)
     base = dense["time_to_target_s"] if dense else None
+    between = any("inter_bytes" in m for m in report["methods"])   # --hierarchy node: bytes between nodes
     lines = ["| method | time to target (s) | speedup vs dense | updates to target | final accuracy | "
-             "per-update (ms) | MB sent / rank / update |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "per-update (ms) | MB sent / rank / update |" + (" MB between nodes / rank / update |" if between else ""),
+             "|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if between else "")]
     for m in report["methods"]:
         t = m["time_to_target_s"]
         reached = t is not None
@@ -214,7 +249,9 @@ def format_table(report: dict) -> str:
         shown_t = f"{t:.1f}" if reached else "not reached"
         shown_u = str(m["updates_to_target"]) if reached else f">{m['updates']}"
         lines.append(f"| {m['label']} | {shown_t} | {speed} | {shown_u} | "
-                     f"{100 * m['final_accuracy']:.1f}% | {1000 * m['step_s']:.0f} | {m['bytes'] / 1e6:.3f} |")
+                     f"{100 * m['final_accuracy']:.1f}% | {1000 * m['step_s']:.0f} | {m['bytes'] / 1e6:.3f} |"
+                     + (f" {m['inter_bytes'] / 1e6:.3f} |" if m.get("inter_bytes") is not None
+                        else " - |" if between else ""))
     return "\n".join(lines)
 
 
@@ -256,7 +293,8 @@ def plot(report: dict, path: Path) -> Path | None:
 def write(report: dict, out: str | os.PathLike) -> list[Path]:
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"accuracy_{report['task']}_P{report['P']}"
+    stem = (f"accuracy_{report['task']}_{report['nodes']}x{report['ranks_per_node']}" if "nodes" in report
+            else f"accuracy_{report['task']}_P{report['P']}")
     path = out_dir / f"{stem}.json"
     path.write_text(json.dumps(report, indent=1))
     written = [path]
@@ -325,6 +363,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--width", type=float, default=None, help="vgg16 / resnet20: channel width multiplier")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--nproc", type=int, default=4, help="ranks to start when not under a launcher")
+    ap.add_argument("--hierarchy", nargs="+", choices=HIERARCHY_CHOICES, default=["flat"],
+                    help="flat, node (two-level: dense inside a node, the algorithm between nodes) or both: "
+                         "every sparsecomm method trained in each, interleaved in the same run")
+    ap.add_argument("--nproc-per-node", type=int, default=None,
+                    help="ranks per node of --hierarchy node when the benchmark starts its own ranks (under a "
+                         "launcher: its LOCAL_WORLD_SIZE)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     ap.add_argument("--out", default="bench_results")
     ap.add_argument("--quiet", action="store_true", help="no progress line per turn")
@@ -349,7 +393,28 @@ def config(args: argparse.Namespace, ap: argparse.ArgumentParser) -> dict[str, A
         value = getattr(args, name)
         if value is not None and value < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
-    return {"task": args.task, "methods": methods, "density": args.density, "steps": args.steps,
+    hierarchies = ["flat", "node"] if "both" in args.hierarchy else list(dict.fromkeys(args.hierarchy))
+    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if "node" in hierarchies:
+        if launched:
+            if args.nproc_per_node is not None:
+                ap.error("--nproc-per-node is for ranks the benchmark starts itself; under a launcher the "
+                         "topology comes from its LOCAL_WORLD_SIZE")
+            try:
+                Topology.from_env()
+            except ValueError as exc:
+                ap.error(f"--hierarchy node needs the nodes' shape: {exc} (e.g. python -m sparsecomm.launch "
+                         "--nnodes 2 --nproc-per-node 2 ...)")
+        elif args.nproc_per_node is None or args.nproc_per_node < 1 or args.nproc % args.nproc_per_node:
+            ap.error(f"--hierarchy node without a launcher needs --nproc-per-node L dividing --nproc ({args.nproc}), "
+                     "e.g. --nproc 4 --nproc-per-node 2")
+        if hierarchies == ["node"] and args.target is None:
+            ap.error("--hierarchy node alone has no flat dense to take the target from: use --hierarchy both, "
+                     "or give --target")
+    elif args.nproc_per_node is not None:
+        ap.error("--nproc-per-node is only used with --hierarchy node or both")
+    return {"hierarchies": hierarchies, "per_node": args.nproc_per_node,
+            "task": args.task, "methods": methods, "density": args.density, "steps": args.steps,
             "eval_every": args.eval_every, "target": args.target, "target_fraction": args.target_fraction,
             "stop_at_target": args.stop_at_target, "schedule_steps": args.schedule_steps, "data_dir": args.data_dir,
             "hidden": args.hidden, "width": args.width, "seed": args.seed, "threads": args.threads,

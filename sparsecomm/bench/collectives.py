@@ -37,6 +37,21 @@ itself on loopback with :func:`sparsecomm.testing.spawn`. On every rank it
    when several densities were given, and time vs P when ``--out`` holds runs at several P
    (one launch per P into the same folder, same N and first density).
 
+``--hierarchy flat node`` (or ``both``) times every algorithm twice in the same launch, flat and
+two-level (``SparseAllreduce(hierarchy="node")``: dense inside a node, the algorithm between nodes
+on each shard), interleaved per repeat, same N and density. The topology is the launcher's
+(:meth:`sparsecomm.Topology.from_env`, e.g. ``python -m sparsecomm.launch --nnodes 2
+--nproc-per-node 2 --bandwidth 1gbit``), or ``--nproc-per-node L`` when the benchmark starts its
+ranks itself. The rows then also give the bytes per node on the inter-node link and inside the
+node (:class:`sparsecomm.bench.links.LinkCounter`: point-to-point messages counted per destination,
+the backend's dense allreduce by its ring count; summed over the node's ranks, the busiest
+node, median over repeats), the bytes the node's interface really sent when the launcher gave
+each node its own (``/proc/net/dev``), and the two-level speedup over flat from the same repeats
+(the speedup over dense compares with dense in the same hierarchy).
+Each hierarchy is checked as above, except that a two-level reducer's residual holds its node's
+sum of its shard, so the per-rank lossless test is replaced by conservation alone. The report is
+``collectives_{n}x{L}.json``; the time-vs-P plot is left to flat runs.
+
 ``--algorithms`` also takes PyTorch's own hooks, ``torch_fp16`` (``fp16_compress_hook``) and
 ``torch_powersgd`` (``powerSGD_hook``, rank 4), through :mod:`sparsecomm.bench.baselines` on the
 same flat gradient cut into VGG-like matrices; ``all`` includes them. They are checked for
@@ -63,6 +78,7 @@ import torch
 import torch.distributed as dist
 
 from .. import algorithms
+from ..comm.topology import NodeComms, Topology
 from ..comm.torch_comm import TorchComm
 from ..costmodel import fit_alpha_beta
 from ..launch import describe_link
@@ -71,11 +87,16 @@ from ..testing import spawn
 from . import baselines
 from .baselines import TorchHook, bucket_shapes, is_baseline, powersgd_counts
 from .common import bench_gradient
+from .links import LinkCounter, interface_tx_bytes
 from .plots import line_plot
 
 __all__ = ["main"]
 
 _FIELDS = ("wall_s", "comm_s", "bytes_sent", "rounds")
+#: per call and rank, with --hierarchy node: bytes to ranks of this node and of other nodes, and
+#: the node interface's transmitted bytes (local rank 0 only; NaN where there is no interface)
+_LINK_FIELDS = ("intra_bytes", "inter_bytes", "link_tx_bytes")
+HIERARCHY_CHOICES = ("flat", "node", "both")
 _CHECK_STEPS = 3
 
 
@@ -108,8 +129,11 @@ def _variant(label: str) -> tuple[str, dict]:
     return name, options
 
 
-def _reducer(label: str, density: float, comm) -> SparseAllreduce:
+def _reducer(label: str, density: float, comm, nodes: NodeComms | None = None) -> SparseAllreduce:
+    """The reducer of ``label``: flat, or two-level over ``nodes`` (split once, shared)."""
     name, options = _variant(label)
+    if nodes is not None:
+        return SparseAllreduce(name, density, comm=comm, hierarchy="node", topology=nodes, **options)
     return SparseAllreduce(name, density, comm=comm, **options)
 
 
@@ -126,10 +150,13 @@ def _check_same_everywhere(name: str, step: int, outs: list[torch.Tensor]) -> No
             raise AssertionError(f"{name} step {step}: rank {r}'s output differs from rank 0's")
 
 
-def _check_algorithm(name: str, density: float, n: int, comm) -> dict:
-    """Run 3 steps in float64 and check them; identical verdict on every rank."""
-    reducer = _reducer(name, density, comm)
+def _check_algorithm(name: str, density: float, n: int, comm, nodes: NodeComms | None = None) -> dict:
+    """Run 3 steps in float64 and check them; identical verdict on every rank. Two-level
+    (``nodes``): the residual is the node's sum of this rank's shard, so a lossless algorithm
+    is held to conservation and identical outputs, not to whole entries per rank."""
+    reducer = _reducer(name, density, comm, nodes)
     lossless = bool(reducer.algorithm.lossless)
+    whole_entries = lossless and nodes is None   # flat: each rank sends an entry whole or keeps it
     carried = torch.zeros(n, dtype=torch.float64)
     bit_exact = True
     worst_cons = worst_lossless = 0.0
@@ -148,10 +175,11 @@ def _check_algorithm(name: str, density: float, n: int, comm) -> dict:
         worst_cons = max(worst_cons, err)
         if err > 1e-9:
             raise AssertionError(f"{name} step {step}: conservation off by {err:.3g} (relative)")
-        best = float(total_in.abs().topk(min(n, max(1, reducer.last_stats.get("k") or 1))).values.pow(2).sum())
+        k = reducer.last_stats.get("k_total") or reducer.last_stats.get("k") or 1   # two-level: k is per shard
+        best = float(total_in.abs().topk(min(n, max(1, k))).values.pow(2).sum())
         if not lossless and best > 0:
             energies.append(float(outs[0].pow(2).sum()) / best)
-        if lossless:
+        if whole_entries:
             for r, (a, e) in enumerate(zip(accs, ress)):
                 if not bool(((e == 0) | (e == a)).all()):
                     raise AssertionError(f"{name} (lossless) step {step}: rank {r} kept part of an entry")
@@ -166,8 +194,8 @@ def _check_algorithm(name: str, density: float, n: int, comm) -> dict:
                                      f"sent entries by {lerr:.3g} (relative)")
         carried = res
     return {"lossless": lossless, "conservation_rel_err": worst_cons,
-            "lossless_rel_err": worst_lossless if lossless else None,
-            "bit_exact": bit_exact if lossless else None,
+            "lossless_rel_err": worst_lossless if whole_entries else None,
+            "bit_exact": bit_exact if whole_entries else None,
             "energy_captured": min(energies) if energies else None}
 
 
@@ -236,8 +264,8 @@ class _BaselineRunner:
         return out
 
 
-def _pingpong(sizes: list[int], rank: int) -> list[float]:
-    """Half round-trip seconds per size between ranks 0 and 1 (others just wait)."""
+def _pingpong(sizes: list[int], rank: int, peer: int = 1) -> list[float]:
+    """Half round-trip seconds per size between ranks 0 and ``peer`` (others just wait)."""
     halves = []
     for size in sizes:
         buf = torch.zeros(size, dtype=torch.uint8)
@@ -247,11 +275,11 @@ def _pingpong(sizes: list[int], rank: int) -> list[float]:
         for trip in range(trips + 1):                 # the first trip warms the connection up
             if rank == 0:
                 start = time.perf_counter()
-                dist.send(buf, 1)
-                dist.recv(buf, 1)
+                dist.send(buf, peer)
+                dist.recv(buf, peer)
                 if trip:
                     times.append((time.perf_counter() - start) / 2)
-            elif rank == 1:
+            elif rank == peer:
                 dist.recv(buf, 0)
                 dist.send(buf, 0)
         halves.append(statistics.median(times) if rank == 0 else 0.0)
@@ -265,11 +293,30 @@ def _worker(rank: int, size: int, cfg: dict) -> dict | None:
     torch.set_num_threads(cfg["threads"])
     comm = TorchComm()
     say = print if rank == 0 else (lambda *a, **k: None)
+    hierarchies = cfg["hierarchies"]
+    two_level = "node" in hierarchies
+    nodes = node_of = counter = None
+    if two_level:   # split once, before anything is counted; every two-level reducer shares it
+        topology = (Topology(size // cfg["per_node"], cfg["per_node"]) if cfg.get("per_node")
+                    else Topology.from_env())
+        nodes = topology.split(comm)
+        node_of = [int(row[0]) for row in comm.allgather_small(
+            torch.tensor([nodes.topology.node], dtype=torch.int64)).tolist()]
+        counter = LinkCounter()
+        counter.watch(comm, lambda peer: node_of[peer] == nodes.topology.node)
+        if nodes.intra is not None:
+            counter.watch(nodes.intra, lambda peer: True)
+        if nodes.inter is not None:
+            counter.watch(nodes.inter, lambda peer: False)
+    # entries: (algorithm, hierarchy), each algorithm's hierarchies side by side
+    entries = [(a, h) for a in cfg["algorithms"] for h in hierarchies]
+    label = (lambda a, h: f"{a}/{h}") if two_level else (lambda a, h: a)
     # 1. correctness
     checks = {}
-    for name in cfg["algorithms"]:
-        checks[name] = (_check_baseline(name, cfg["check_n"], comm) if is_baseline(name)
-                        else _check_algorithm(name, cfg["densities"][0], cfg["check_n"], comm))
+    for name, h in entries:
+        checks[label(name, h)] = (_check_baseline(name, cfg["check_n"], comm) if is_baseline(name)
+                                  else _check_algorithm(name, cfg["densities"][0], cfg["check_n"], comm,
+                                                        nodes if h == "node" else None))
     say(f"correctness checked on N = {cfg['check_n']} (float64, {_CHECK_STEPS} steps): "
         + ", ".join(f"{a}{' (lossless)' if c['lossless'] else ''}" for a, c in checks.items()), flush=True)
     say("energy captured (lossy; least over the checked steps, of the exact global top-k's): "
@@ -281,23 +328,29 @@ def _worker(rank: int, size: int, cfg: dict) -> dict | None:
     while s <= cfg["pingpong_max"]:
         sizes.append(s)
         s <<= 2
+    # two-level: rank 0 and the first rank of node 1 (across the inter-node link), else 0 and 1
+    peer = node_of.index(1) if two_level and nodes.topology.nodes > 1 else 1
     if size >= 2 and sizes:
-        halves = _pingpong(sizes, rank)
+        halves = _pingpong(sizes, rank, peer)
         alpha, beta = fit_alpha_beta(sizes, halves)
     else:
         halves, alpha, beta = [], 0.0, 0.0
-    say(f"ping-pong rank 0 <-> 1, {sizes[0] if sizes else 0} B .. {sizes[-1] if sizes else 0} B: "
+    say(f"ping-pong rank 0 <-> {peer}, {sizes[0] if sizes else 0} B .. {sizes[-1] if sizes else 0} B: "
         f"alpha = {alpha * 1e6:.1f} us, beta = {beta * 1e9:.3f} ns/B ({8 / beta / 1e9 if beta else 0:.3f} Gbit/s)",
         flush=True)
     # 3. timing
-    n, algos, dens = cfg["n"], cfg["algorithms"], cfg["densities"]
+    n, dens = cfg["n"], cfg["densities"]
+    algos = [label(a, h) for a, h in entries]
+    fields = _FIELDS + (_LINK_FIELDS if two_level else ())
+    # the node's interface counter covers all its ranks: local rank 0 reads it
+    reads_link = two_level and nodes.topology.local_rank == 0 and interface_tx_bytes() is not None
     grads = [bench_gradient(rank, step, n) for step in range(2)]
     out = torch.empty(n)
-    data = torch.zeros(len(algos), len(dens), cfg["repeats"], len(_FIELDS), dtype=torch.float64)
+    data = torch.zeros(len(algos), len(dens), cfg["repeats"], len(fields), dtype=torch.float64)
     chosen: dict = {}
     for di, d in enumerate(dens):
-        reducers = [_BaselineRunner(a, n) if is_baseline(a) else _reducer(a, d, comm)
-                    for a in algos]
+        reducers = [_BaselineRunner(a, n) if is_baseline(a) else _reducer(a, d, comm, nodes if h == "node" else None)
+                    for a, h in entries]
         for ai, red in enumerate(reducers):             # warm-up: handshake, layouts, buffers
             for _ in range(getattr(red, "warmup_calls", 1)):
                 red(grads[0], out=out)
@@ -317,46 +370,89 @@ def _worker(rank: int, size: int, cfg: dict) -> dict | None:
             for ai in order:
                 red = reducers[ai]
                 dist.barrier()
+                if two_level:   # every rank past the barrier before the counters are read
+                    link_before = interface_tx_bytes() if reads_link else None
+                    counted_before = counter.totals()
+                    dist.barrier()
                 start = time.perf_counter()
                 red(grads[rep % 2], out=out)
                 wall = time.perf_counter() - start
                 st = red.last_stats
-                data[ai, di, rep] = torch.tensor([wall, st["comm_s"], st["bytes_sent"], st["rounds"]],
-                                                 dtype=torch.float64)
+                row = [wall, st["comm_s"], st["bytes_sent"], st["rounds"]]
+                if two_level:   # every rank done before the interface counter is read again
+                    intra, inter = (a - b for a, b in zip(counter.totals(), counted_before))
+                    dist.barrier()
+                    row += [intra, inter, interface_tx_bytes() - link_before if reads_link else math.nan]
+                data[ai, di, rep] = torch.tensor(row, dtype=torch.float64)
         del reducers
     everyone = torch.stack(_gather(data))              # [P, algos, dens, repeats, fields]
     if rank != 0:
         return None
-    slowest = everyone.amax(0)                         # per repeat: the slowest rank's figures
+    slowest = everyone[..., :len(_FIELDS)].amax(0)     # per repeat: the slowest rank's figures
+    per_node = _per_node(everyone[..., len(_FIELDS):], node_of) if two_level else None
     rows = []
     for di, d in enumerate(dens):
         med = {a: {f: float(np.median(slowest[ai, di, :, fi].numpy())) for fi, f in enumerate(_FIELDS)}
                for ai, a in enumerate(algos)}
-        dense_t = med["dense"]["wall_s"] if "dense" in med else None
-        for ai, a in enumerate(algos):
-            m = med[a]
+        for ai, (a, h) in enumerate(entries):
+            m = med[algos[ai]]
+            dense_t = med[label("dense", h)]["wall_s"] if label("dense", h) in med else None
             bound = m["rounds"] * alpha + m["bytes_sent"] * beta
-            rows.append({"algorithm": a, "P": size, "N": n, "density": d,      # baselines ignore d
-                         "k": None if is_baseline(a) else k_for(d, n), "baseline": is_baseline(a),
-                         "lossless": checks[a]["lossless"], "repeats": cfg["repeats"],
-                         "time_s": m["wall_s"], "comm_s": m["comm_s"],
-                         "bytes_sent": int(m["bytes_sent"]), "rounds": int(m["rounds"]),
-                         "speedup_vs_dense": dense_t / m["wall_s"] if dense_t else None,
-                         "bound_s": bound, "bound_over_measured": bound / m["comm_s"] if m["comm_s"] > 0 else None,
-                         "energy_captured_check": checks[a].get("energy_captured"),
-                         **({"chose": chosen[(a, d)]} if (a, d) in chosen else {})})
-    return {"P": size, "N": n, "densities": dens, "repeats": cfg["repeats"], "alpha_s": alpha,
-            "beta_s_per_byte": beta, "pingpong": {"bytes": sizes, "half_rtt_s": halves},
-            "checks": checks, "rows": rows, "where": cfg["where"],
-            "order": "shuffled per repeat" if cfg.get("shuffle") else "listed"}
+            row = {"algorithm": a, "P": size, "N": n, "density": d,      # baselines ignore d
+                   "k": None if is_baseline(a) else k_for(d, n), "baseline": is_baseline(a),
+                   "lossless": checks[algos[ai]]["lossless"], "repeats": cfg["repeats"],
+                   "time_s": m["wall_s"], "comm_s": m["comm_s"],
+                   "bytes_sent": int(m["bytes_sent"]), "rounds": int(m["rounds"]),
+                   "speedup_vs_dense": dense_t / m["wall_s"] if dense_t else None,
+                   "bound_s": bound, "bound_over_measured": bound / m["comm_s"] if m["comm_s"] > 0 else None,
+                   "energy_captured_check": checks[algos[ai]].get("energy_captured"),
+                   **({"chose": chosen[(algos[ai], d)]} if (algos[ai], d) in chosen else {})}
+            if two_level:
+                flat_t = med[label(a, "flat")]["wall_s"] if h == "node" and "flat" in hierarchies else None
+                row.update({"hierarchy": h, **per_node[ai][di],
+                            "speedup_vs_flat": flat_t / m["wall_s"] if flat_t else None})
+            rows.append(row)
+    report = {"P": size, "N": n, "densities": dens, "repeats": cfg["repeats"], "alpha_s": alpha,
+              "beta_s_per_byte": beta, "pingpong": {"bytes": sizes, "half_rtt_s": halves},
+              "checks": checks, "rows": rows, "where": cfg["where"], **({"pingpong_peer": peer} if two_level else {}),
+              "order": "shuffled per repeat" if cfg.get("shuffle") else "listed"}
+    if two_level:
+        report.update({"hierarchies": hierarchies, "nodes": nodes.topology.nodes,
+                       "ranks_per_node": nodes.topology.ranks_per_node,
+                       "link_accounting": "point-to-point messages counted per destination rank; the backend's "
+                                          "dense allreduce by its ring count, sent to the next rank of its group; "
+                                          "per node: summed over its ranks, the busiest node, median over repeats; "
+                                          "link_tx: the node interface's transmitted bytes (/proc/net/dev)"})
+    return report
+
+
+def _per_node(link: torch.Tensor, node_of: list[int]) -> list[list[dict]]:
+    """Per entry and density: the bytes one node's ranks sent inside the node and to other
+    nodes (summed over its ranks; the busiest node of each repeat; median over repeats) and its
+    interface's measured bytes (None without one). ``link``: [P, entries, densities, repeats, 3]."""
+    nodes = sorted(set(node_of))
+    summed = torch.stack([link[[r for r, nd in enumerate(node_of) if nd == node]].nansum(0) for node in nodes])
+    measured = not bool(torch.isnan(link[..., 2]).all())
+    out = []
+    for ai in range(link.shape[1]):
+        out.append([])
+        for di in range(link.shape[2]):
+            busiest = summed[:, ai, di].amax(0)   # [repeats, 3]
+            med = [float(np.median(busiest[:, f].numpy())) for f in range(3)]
+            out[-1].append({"node_intra_bytes": int(med[0]), "node_inter_bytes": int(med[1]),
+                            "node_link_tx_bytes": int(med[2]) if measured else None})
+    return out
 
 
 # -- reporting --------------------------------------------------------------------------------
 _CSV_COLS = ("algorithm", "P", "N", "density", "k", "baseline", "lossless", "repeats", "time_s", "comm_s", "bytes_sent",
              "rounds", "speedup_vs_dense", "bound_s", "bound_over_measured")
+_NODE_CSV_COLS = ("hierarchy", "node_inter_bytes", "node_link_tx_bytes", "node_intra_bytes", "speedup_vs_flat")
 
 
 def _table(rows) -> str:
+    if rows and "hierarchy" in rows[0]:
+        return _node_table(rows)
     lines = [f"{'algorithm':<26}{'density':>8}{'time ms':>10}{'comm ms':>10}{'MB sent':>10}{'rounds':>7}"
              f"{'speedup':>9}{'bound/meas':>11}"]
     for r in rows:
@@ -367,19 +463,35 @@ def _table(rows) -> str:
     return "\n".join(lines)
 
 
+def _node_table(rows) -> str:
+    """The --hierarchy table: per algorithm its flat and two-level rows, the node's link bytes."""
+    lines = [f"{'algorithm':<22}{'hierarchy':>10}{'density':>8}{'time ms':>10}{'inter MB/node':>15}"
+             f"{'link tx MB':>12}{'intra MB/node':>15}{'vs dense':>10}{'vs flat':>9}"]
+    for r in rows:
+        sp = f"{r['speedup_vs_dense']:.2f}" if r["speedup_vs_dense"] else "-"
+        vf = f"{r['speedup_vs_flat']:.2f}" if r["speedup_vs_flat"] else "-"
+        tx = f"{r['node_link_tx_bytes'] / 1e6:.2f}" if r["node_link_tx_bytes"] is not None else "-"
+        lines.append(f"{r['algorithm']:<22}{r['hierarchy']:>10}{r['density']:>8g}{r['time_s'] * 1e3:>10.1f}"
+                     f"{r['node_inter_bytes'] / 1e6:>15.2f}{tx:>12}{r['node_intra_bytes'] / 1e6:>15.2f}{sp:>10}{vf:>9}")
+    return "\n".join(lines)
+
+
 def _write(report: dict, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [out_dir / "collectives.csv", out_dir / "collectives.json"]
+    two_level = "hierarchies" in report
+    cols = _CSV_COLS + (_NODE_CSV_COLS if two_level else ())
     with open(written[0], "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=_CSV_COLS)
+        w = csv.DictWriter(f, fieldnames=cols)
         w.writeheader()
         for r in report["rows"]:
-            w.writerow({c: r[c] for c in _CSV_COLS})
+            w.writerow({c: r[c] for c in cols})
     with open(written[1], "w") as f:
         json.dump(report, f, indent=1)
     # one file per P as well: runs at several P (one launch each) into the same --out make the
-    # time-vs-P plot below
-    per_p = out_dir / f"collectives_P{report['P']}.json"
+    # time-vs-P plot below; a two-level run is named by its shape and kept out of that plot
+    per_p = out_dir / (f"collectives_{report['nodes']}x{report['ranks_per_node']}.json" if two_level
+                       else f"collectives_P{report['P']}.json")
     per_p.write_text(json.dumps(report, indent=1))
     written.append(per_p)
     try:
@@ -393,9 +505,12 @@ def _write(report: dict, out_dir: Path) -> list[Path]:
     algos = list(dict.fromkeys(r["algorithm"] for r in rows))
     first = [r for r in rows if r["density"] == dens[0]]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    for ax, key, label in zip(axes, ("time_s", "bytes_sent", "speedup_vs_dense"),
-                              ("median time per call (s)", "bytes sent per rank", "speedup over dense")):
-        ax.bar([r["algorithm"] for r in first], [r[key] or 0 for r in first])
+    bytes_key, bytes_label = ("node_inter_bytes", "bytes per node between nodes") if two_level else \
+        ("bytes_sent", "bytes sent per rank")
+    names = [r["algorithm"] + (f" ({r['hierarchy']})" if two_level else "") for r in first]
+    for ax, key, label in zip(axes, ("time_s", bytes_key, "speedup_vs_dense"),
+                              ("median time per call (s)", bytes_label, "speedup over dense")):
+        ax.bar(names, [r[key] or 0 for r in first])
         ax.set_title(label)
         plt.setp(ax.get_xticklabels(), rotation=50, ha="right", rotation_mode="anchor")
     fig.suptitle(f"P = {report['P']}, N = {report['N']}, density {dens[0]} ({report['where']})")
@@ -404,10 +519,14 @@ def _write(report: dict, out_dir: Path) -> list[Path]:
     written.append(out_dir / "collectives_bars.png")
     plt.close(fig)
     if len(dens) > 1:
-        series = {a: sorted((r["density"], r["time_s"]) for r in rows if r["algorithm"] == a) for a in algos}
+        key = (lambda r: f"{r['algorithm']} ({r['hierarchy']})") if two_level else (lambda r: r["algorithm"])
+        series = {}
+        for r in rows:
+            series.setdefault(key(r), []).append((r["density"], r["time_s"]))
+        series = {a: sorted(points) for a, points in series.items()}
         written.append(line_plot(plt, out_dir / "time_vs_density.png", series, "density",
                                   f"P = {report['P']}, N = {report['N']} ({report['where']})", log_x=True))
-    by_p = _runs_by_p(out_dir, report)
+    by_p = {} if two_level else _runs_by_p(out_dir, report)
     if len(by_p) > 1:
         series = {a: [(p, r["time_s"]) for p, run in sorted(by_p.items()) for r in run["rows"]
                       if r["algorithm"] == a and r["density"] == dens[0]] for a in algos}
@@ -448,6 +567,13 @@ def main(argv=None) -> int:
     ap.add_argument("--shuffle", action="store_true",
                     help="run each repeat's algorithms in a shuffled order (seeded by the repeat, the same on "
                          "every rank) instead of the listed order, so no algorithm always runs after the same one")
+    ap.add_argument("--hierarchy", nargs="+", choices=HIERARCHY_CHOICES, default=["flat"],
+                    help="flat (every rank a peer), node (dense inside a node, the algorithm between nodes) or "
+                         "both: each algorithm timed in every hierarchy given, interleaved in the same launch; "
+                         "with node the rows add the bytes per node on the inter-node link")
+    ap.add_argument("--nproc-per-node", type=int, default=None,
+                    help="ranks per node of --hierarchy node when the benchmark starts its own ranks (under a "
+                         "launcher the topology is the launcher's LOCAL_WORLD_SIZE)")
     ap.add_argument("--timeout", type=float, default=3600.0)
     ap.add_argument("--codecs", nargs="+", default=[],
                     help="also run every chosen algorithm that takes the COO codecs with these codecs: "
@@ -479,11 +605,36 @@ def main(argv=None) -> int:
     if bad_d:
         ap.error(f"--density values must be in (0, 1], got {bad_d}")
     names = list(dict.fromkeys(names))
+    hierarchies = ["flat", "node"] if "both" in args.hierarchy else list(dict.fromkeys(args.hierarchy))
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     where = describe_link()[0] if launched else "gloo loopback"
+    per_node = None
+    if "node" in hierarchies:
+        with_baselines = [a for a in names if is_baseline(a)]
+        if with_baselines:
+            ap.error(f"--hierarchy node times sparsecomm's algorithms only; drop {', '.join(with_baselines)} "
+                     "(PyTorch's hooks run flat) or time them in a flat run")
+        if launched:
+            if args.nproc_per_node is not None:
+                ap.error("--nproc-per-node is for ranks the benchmark starts itself; under a launcher the "
+                         "topology comes from its LOCAL_WORLD_SIZE")
+            try:
+                Topology.from_env()
+            except ValueError as exc:
+                ap.error(f"--hierarchy node needs the nodes' shape: {exc} (e.g. python -m sparsecomm.launch "
+                         "--nnodes 2 --nproc-per-node 2 ...)")
+        else:
+            if args.nproc_per_node is None or args.nproc_per_node < 1 or args.nproc % args.nproc_per_node:
+                ap.error(f"--hierarchy node without a launcher needs --nproc-per-node L dividing --nproc "
+                         f"({args.nproc}), e.g. --nproc 4 --nproc-per-node 2")
+            per_node = args.nproc_per_node
+            where = (f"gloo loopback, {Topology(args.nproc // per_node, per_node)} given by --nproc-per-node "
+                     "(no separate link per node)")
+    elif args.nproc_per_node is not None:
+        ap.error("--nproc-per-node is only used with --hierarchy node or both")
     cfg = {"algorithms": names, "n": args.N, "densities": args.density, "repeats": args.repeats,
            "check_n": args.check_n, "pingpong_max": args.pingpong_max, "threads": args.threads, "where": where,
-           "shuffle": args.shuffle}
+           "shuffle": args.shuffle, "hierarchies": hierarchies, "per_node": per_node}
     if launched:
         dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
         try:
@@ -496,6 +647,9 @@ def main(argv=None) -> int:
         report = spawn(_worker, args.nproc, cfg, timeout=args.timeout)[0]
     if report is None:
         return 0
+    if "hierarchies" in report:
+        print(f"\n{report['nodes']} nodes x {report['ranks_per_node']} ranks: flat and two-level in the same launch; "
+              "bytes per node: summed over its ranks, the busiest node")
     print(f"\nP = {report['P']}, N = {report['N']}, {report['where']}, medians of {report['repeats']} ({report['order']} order) "
           f"(slowest rank), alpha = {report['alpha_s'] * 1e6:.1f} us, beta = {report['beta_s_per_byte'] * 1e9:.3f} ns/B")
     print(_table(report["rows"]))
