@@ -64,7 +64,7 @@ from . import algorithms, ops
 from .algorithms.auto import CANDIDATES, choose_layout, measure_links
 from ._agreement import Signature, agree, signature
 from .comm.base import Comm
-from .comm.collectives import allgather_slices_, block_bounds, bruck_reduce_scatter_
+from .comm.collectives import block_bounds
 from ._checkpoint import CHECKPOINT_VERSION, check_owner, check_version, fingerprint, loaded_fingerprint
 from .density import DensitySchedule, as_schedule, check_density
 from .errors import AgreedValueError
@@ -636,33 +636,39 @@ class SparseAllreduce:
     # -- two levels ------------------------------------------------------------------------
     def _reduce_two_level(self, flat: torch.Tensor, acc: torch.Tensor, k: int, work_out: torch.Tensor,
                           lo: int, hi: int) -> float:
-        """Dense inside the node, the algorithm between nodes: the node's reduce-scatter of the
-        gradient (Bruck, in ``work_out``), ``acc = node sum of this rank's shard + its residual``,
-        the algorithm among the n owners of the shard (one per node) into the shard of
-        ``work_out``, and the node's all-gather of the reduced shards. Returns the seconds of the
-        residual add (the "add" phase)."""
+        """Dense inside the node, the algorithm between nodes: ``acc = residual + node sum of this
+        rank's shard`` by the node's one-round reduce-scatter straight from the gradient
+        (:func:`~sparsecomm.comm.collectives.direct_reduce_scatter_into_`: no copy of it), the
+        algorithm among the n owners of the shard (one per node) into the shard of ``work_out``,
+        and the node's one-round all-gather of the reduced shards into ``work_out``. Returns the
+        seconds of the residual add (the "add" phase: this rank's own slice)."""
         n = flat.numel()
-        if work_out.data_ptr() != flat.data_ptr():
-            work_out.copy_(flat)
-        if self._carry is not None:
-            work_out.add_(self._carry)
-            self._carry = None
-        intra, inter = self.nodes.intra, self.nodes.inter
-        if intra is not None:
-            bruck_reduce_scatter_(intra, work_out, n)
-        shard = work_out[lo:hi]
+        source = flat
+        if flat.dtype != work_out.dtype or self._carry is not None:
+            # half gradients are summed in float32; a carried residual joins the gradient (never
+            # the caller's tensor itself)
+            if work_out.data_ptr() != flat.data_ptr():
+                work_out.copy_(flat)
+            if self._carry is not None:
+                work_out.add_(self._carry)
+                self._carry = None
+            source = work_out
+        inter = self.nodes.inter
         start = time.perf_counter()
-        acc.add_(shard)
+        self.nodes.reduce_scatter_into_(source, n, acc)
         add_s = time.perf_counter() - start
+        shard = work_out[lo:hi]
         if hi > lo:
             if inter is None:       # one node: the node's sum is the result; nothing is held back
                 shard.copy_(acc)
                 acc.zero_()
             else:
                 self.algorithm.reduce(acc, k, shard)
-        self.algorithm.last_nnz = None   # the shard's count: the whole result is counted instead
-        if intra is not None:
-            allgather_slices_(intra, work_out, n)
+        if self.algorithm.last_nnz is None or inter is None:
+            # two-level reports the nonzeros of this rank's shard of the result (counting the whole
+            # result would read N values more per call)
+            self.algorithm.last_nnz = int(torch.count_nonzero(shard))
+        self.nodes.allgather_(work_out, n)
         return add_s
 
     def _level_stats(self) -> list:

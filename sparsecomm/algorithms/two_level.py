@@ -5,14 +5,14 @@
 The reducer's two-level call (sparsecomm/reducer.py) is, in order:
 
 1. the node's reduce-scatter of the N-element bucket
-   (:func:`~sparsecomm.comm.collectives.bruck_reduce_scatter_`, its messages from
-   :func:`~sparsecomm.comm.collectives.bruck_reduce_scatter_rounds`), every node at once;
+   (:func:`~sparsecomm.comm.collectives.direct_reduce_scatter_into_`, one round, its messages
+   from :func:`~sparsecomm.comm.collectives.direct_reduce_scatter_rounds`), every node at once;
 2. the algorithm on each of the L shards (:func:`~sparsecomm.comm.collectives.block_bounds`),
    among the ``nodes`` ranks of that local rank: its own ``traffic()`` on ``nodes`` ranks, shard
    length and the shard's k, the L calls running at the same time (round j of every shard in
    one round), so the messages leaving a node in a round are those of all its L ranks;
 3. the node's all-gather of the reduced shards
-   (:func:`~sparsecomm.comm.collectives.allgather_slices_rounds`).
+   (:func:`~sparsecomm.comm.collectives.direct_allgather_rounds`).
 
 The record is a :class:`~sparsecomm.traffic.Traffic` over all ``nodes * L`` ranks; its
 :meth:`~sparsecomm.traffic.Traffic.time_on_nodes` puts each message on the link it takes (the
@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..comm.collectives import allgather_slices_rounds, block_bounds, bruck_reduce_scatter_rounds
+from ..comm.collectives import block_bounds, direct_allgather_rounds, direct_reduce_scatter_rounds
 from ..traffic import IndexSets, Traffic
 from .base import traffic
 
@@ -38,7 +38,7 @@ def _node_rounds(traffic_record: Traffic, nodes: int, per: int, rounds) -> None:
     """Append one collective's rounds (ranks 0 .. per - 1 of a node) run in every node at once."""
     first = np.arange(nodes, dtype=np.int64)[:, None] * per
     for src, dst, nbytes in rounds:
-        traffic_record.round(first + src, first + dst, np.broadcast_to(nbytes, (nodes, per)))
+        traffic_record.round(first + src, first + dst, np.broadcast_to(nbytes, (nodes, len(nbytes))))
 
 
 def two_level_traffic(name: str, nodes: int, ranks_per_node: int, N: int, shard_k: Sequence[int],
@@ -60,7 +60,7 @@ def two_level_traffic(name: str, nodes: int, ranks_per_node: int, N: int, shard_
     t = Traffic(nodes * per)
     isize = dtype.itemsize
     if per > 1:
-        _node_rounds(t, nodes, per, bruck_reduce_scatter_rounds(per, N, isize))
+        _node_rounds(t, nodes, per, direct_reduce_scatter_rounds(per, N, isize))
     if nodes > 1:
         bounds = block_bounds(N, per)
         drawn: dict[tuple[int, int], Traffic] = {}
@@ -80,5 +80,5 @@ def two_level_traffic(name: str, nodes: int, ranks_per_node: int, N: int, shard_
             t.exact = t.exact and shard.exact
         t.run_concurrently(parts)
     if per > 1:
-        _node_rounds(t, nodes, per, allgather_slices_rounds(per, N, isize))
+        _node_rounds(t, nodes, per, direct_allgather_rounds(per, N, isize))
     return t

@@ -188,6 +188,9 @@ class Comm(ABC):
 
     #: True when the backend can learn a message's size without a size round (MPI Probe).
     can_probe: bool = False
+    #: True when every rank is a thread of this process (the simulated world): no shared memory
+    #: between processes is needed, and the modelled links must carry the bytes
+    in_one_process: bool = False
 
     def __init__(self, rank: int, size: int, device: torch.device | str = "cpu", timeout: float = DEFAULT_TIMEOUT):
         if size < 1 or not (0 <= rank < size):

@@ -24,6 +24,8 @@ from ..formats.header import HEADER_NBYTES, Kind, check_header, pack_header
 __all__ = ["bruck_allgather", "bruck_allgather_var", "allgather_int64", "halving_tree", "halving_allreduce_",
            "block_bounds", "bruck_reduce_scatter_", "reduce_scatter_allgather_", "allgather_slices_",
            "reduce_scatter_allgather_traffic", "bruck_reduce_scatter_rounds", "allgather_slices_rounds",
+           "direct_reduce_scatter_into_", "direct_allgather_slices_", "direct_reduce_scatter_rounds",
+           "direct_allgather_rounds",
            "halving_allreduce_traffic", "bruck_allgather_traffic"]
 
 
@@ -290,6 +292,108 @@ def allgather_slices_(comm: PeerGroup, tensor: torch.Tensor, n: int) -> torch.Te
         check_header(got, receiver=rank, sender=owner, kind=Kind.DENSE, n=n, value_dtype=tensor.dtype, count=count)
         tensor[bounds[owner]:bounds[owner + 1]].copy_(got[HEADER_NBYTES:].view(tensor.dtype))
     return tensor
+
+
+def _slice_messages(rank: int, peer: int, n: int, part: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
+    """A header and ``part``'s own bytes (no copy) for ``peer``; no body for an empty part."""
+    header = torch.from_numpy(pack_header(Kind.DENSE, rank, n, part.numel(), part.dtype)).to(part.device)
+    return [(peer, header)] + ([(peer, part.view(torch.uint8))] if part.numel() else [])
+
+
+def _slice_buffers(peer: int, count: int, dtype: torch.dtype, device, into: torch.Tensor | None = None):
+    """(header buffer, body buffer or None, receives): where ``peer``'s header and ``count``
+    values land (``into``'s own bytes when given: no copy)."""
+    header = torch.empty(HEADER_NBYTES, dtype=torch.uint8, device=device)
+    body = None
+    if count:
+        body = into.view(torch.uint8) if into is not None else \
+            torch.empty(count * dtype.itemsize, dtype=torch.uint8, device=device)
+    return header, body, [(peer, header)] + ([(peer, body)] if body is not None else [])
+
+
+def direct_reduce_scatter_into_(comm: PeerGroup, tensor: torch.Tensor, n: int, acc: torch.Tensor) -> None:
+    """``acc += `` the sum over ranks of their slice ``rank`` of ``tensor`` (:func:`block_bounds`),
+    in rank order, in ONE round: every rank sends each peer that peer's slice straight from
+    ``tensor`` (a header message ``[Kind.DENSE, value dtype, N = n, count]``, then the slice's own
+    bytes: no copy) and receives its own slice from each peer. For the few fast-linked ranks of
+    a node (two-level reduction): (P - 1)/P of the tensor leaves each rank, like a ring or
+    Bruck reduce-scatter, with one round's latency instead of log2 P or P - 1, and without
+    packing. ``acc`` has the length of this rank's slice; ``tensor`` is not changed."""
+    rank, size = comm.rank, comm.size
+    bounds = block_bounds(tensor.numel(), size)
+    lo, hi = bounds[rank], bounds[rank + 1]
+    sends, recvs, got = [], [], {}
+    for q in range(size):
+        if q == rank:
+            continue
+        sends += _slice_messages(rank, q, n, tensor[bounds[q]:bounds[q + 1]])
+        header, body, receives = _slice_buffers(q, hi - lo, tensor.dtype, tensor.device)
+        recvs += receives
+        got[q] = (header, body)
+    comm.exchange(sends, recvs)
+    for q in range(size):
+        if q == rank:
+            acc.add_(tensor[lo:hi])
+            continue
+        header, body = got[q]
+        check_header(header, receiver=rank, sender=q, kind=Kind.DENSE, n=n, value_dtype=tensor.dtype, count=hi - lo)
+        if body is not None:
+            acc.add_(body.view(tensor.dtype))
+
+
+def direct_allgather_slices_(comm: PeerGroup, tensor: torch.Tensor, n: int) -> torch.Tensor:
+    """In place, every rank's slice of ``tensor`` (:func:`block_bounds`) to every rank in ONE
+    round: each rank sends its slice's own bytes to every peer (after a header, as in
+    :func:`direct_reduce_scatter_into_`) and receives each peer's straight into that peer's
+    slice of ``tensor``. Every rank ends with the owners' bytes."""
+    rank, size = comm.rank, comm.size
+    if size == 1:
+        return tensor
+    bounds = block_bounds(tensor.numel(), size)
+    mine = tensor[bounds[rank]:bounds[rank + 1]]
+    sends, recvs, headers = [], [], {}
+    for q in range(size):
+        if q == rank:
+            continue
+        sends += _slice_messages(rank, q, n, mine)
+        part = tensor[bounds[q]:bounds[q + 1]]
+        header, _, receives = _slice_buffers(q, part.numel(), tensor.dtype, tensor.device, into=part)
+        recvs += receives
+        headers[q] = (header, part.numel())
+    comm.exchange(sends, recvs)
+    for q, (header, count) in headers.items():
+        check_header(header, receiver=rank, sender=q, kind=Kind.DENSE, n=n, value_dtype=tensor.dtype, count=count)
+    return tensor
+
+
+def direct_reduce_scatter_rounds(size: int, count: int,
+                                 itemsize: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The messages of :func:`direct_reduce_scatter_into_` of ``count`` values among ``size``
+    ranks, sizes only: one round of (senders, receivers, bytes) in which rank r sends every peer
+    q a header and, when not empty, slice q."""
+    return _direct_rounds(size, count, itemsize, to_owner=True)
+
+
+def direct_allgather_rounds(size: int, count: int, itemsize: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The messages of :func:`direct_allgather_slices_`, sizes only: one round in which rank r
+    sends every peer a header and, when not empty, its own slice r."""
+    return _direct_rounds(size, count, itemsize, to_owner=False)
+
+
+def _direct_rounds(size: int, count: int, itemsize: int, to_owner: bool):
+    if size == 1:
+        return []
+    length = np.diff(np.asarray(block_bounds(count, size), dtype=np.int64))
+    src, dst, nbytes = [], [], []
+    for r in range(size):
+        for q in range(size):
+            if q == r:
+                continue
+            body = int(length[q] if to_owner else length[r])
+            src += [r] + ([r] if body else [])
+            dst += [q] + ([q] if body else [])
+            nbytes += [HEADER_NBYTES] + ([body * itemsize] if body else [])
+    return [(np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64), np.asarray(nbytes, dtype=np.int64))]
 
 
 def bruck_reduce_scatter_rounds(size: int, count: int,

@@ -81,6 +81,8 @@ class SimComm(Comm):
     (a group of the world's ranks on the same mailboxes under a key of its own, sharing the
     rank's clock and the world's failure state: an abort on any group stops every rank)."""
 
+    in_one_process = True
+
     def __init__(self, world: _World, rank: int, device: torch.device | str = "cpu", *,
                  members: Sequence[int] | None = None, key: tuple = (), link: tuple[float, float] | None = None,
                  clock_of: "SimComm | None" = None):

@@ -25,6 +25,8 @@ from typing import Mapping
 import torch
 
 from .base import Comm
+from .collectives import direct_allgather_slices_, direct_reduce_scatter_into_
+from .shared_memory import NodeSharedMemory
 
 __all__ = ["Topology", "NodeComms"]
 
@@ -123,7 +125,10 @@ class Topology:
         placed = Topology(self.nodes, self.ranks_per_node, node, local)
         intra_comm = comm.split(intra, local=True) if self.ranks_per_node > 1 else None
         inter_comm = comm.split(inter) if self.nodes > 1 else None
-        return NodeComms(placed, comm, intra_comm, inter_comm)
+        # ranks of separate processes on one host: the node's dense steps through shared memory
+        shared = NodeSharedMemory.open(intra_comm) if intra_comm is not None and not intra_comm.in_one_process \
+            else None
+        return NodeComms(placed, comm, intra_comm, inter_comm, shared)
 
 
 def check_placements(every: list[list[int]], size: int) -> None:
@@ -170,6 +175,28 @@ class NodeComms:
     world: Comm
     intra: Comm | None
     inter: Comm | None
+    #: the node's segment when its ranks share a host (sparsecomm/comm/shared_memory.py), else None
+    shared: NodeSharedMemory | None = None
+
+    def reduce_scatter_into_(self, tensor: torch.Tensor, n: int, acc: torch.Tensor) -> None:
+        """``acc +=`` the node's sum of this rank's slice (slice ``local_rank`` of
+        :func:`~sparsecomm.comm.collectives.block_bounds`) of ``tensor``, in rank order: through
+        shared memory for CPU tensors when the node has it, else one round of messages."""
+        if self.intra is None:
+            acc.add_(tensor)
+        elif self.shared is not None and tensor.device.type == "cpu":
+            self.shared.reduce_scatter_into_(tensor, acc)
+        else:
+            direct_reduce_scatter_into_(self.intra, tensor, n, acc)
+
+    def allgather_(self, tensor: torch.Tensor, n: int) -> None:
+        """Every node rank's slice of ``tensor`` to all of them, in place."""
+        if self.intra is None:
+            return
+        if self.shared is not None and tensor.device.type == "cpu":
+            self.shared.allgather_(tensor)
+        else:
+            direct_allgather_slices_(self.intra, tensor, n)
 
     @property
     def comms(self) -> list[Comm]:
