@@ -247,8 +247,12 @@ class FSDPHookState:
         self._pending = {}
 
     def _abort(self, cause: str) -> None:
+        """Abort every Comm of the state, the inter-node one first: the ranks of this shard wait
+        in it right now; each abort may wait a moment for its store."""
         if self._nodes is not None:
-            self._nodes.abort(cause)
+            for comm in (self._nodes.inter, self._nodes.intra, self._nodes.world):
+                if comm is not None:
+                    comm.abort(cause)
 
     # -- registration -------------------------------------------------------------------
     def _attach(self, module) -> None:

@@ -262,27 +262,47 @@ def test_nonfinite_propagates_like_hsdp_and_raises_on_every_rank():
 
 
 # -- failing together -----------------------------------------------------------------------
+LINGER_S = 6.0
+
+
+class _FailingReducer:
+    """A reducer that raises at its ``fail_at``-th call (inside the hook, like a real failure)."""
+
+    def __init__(self, inner, fail_at: int):
+        self.inner, self.fail_at, self.calls = inner, fail_at, 0
+        self.last_stats = {}
+
+    def __call__(self, grad, out=None):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("injected failure in the hook")
+        result = self.inner(grad, out=out)
+        self.last_stats = self.inner.last_stats
+        return result
+
+    def state_dict(self):
+        return self.inner.state_dict()
+
+
 def _failing_worker(rank: int, world_size: int):
     topology = sc.Topology(2, 2)
     model = _sharded(sc.fsdp.node_mesh(topology))
     state = sc.FSDPHookState("topka", 0.1, topology=topology)
     sc.fsdp.register_hook(model, state)
-    if rank == 1:
-        inner = state._reduce
-        calls = []
-
-        def failing(label, group, output):
-            calls.append(label)
-            if len(calls) == 4:  # the first module of the second step
-                raise RuntimeError("injected failure in the hook")
-            inner(label, group, output)
-        state._reduce = failing
+    if rank == 1:  # the last Linear's reducer fails at its second call (the first module of step 1)
+        name = sorted(state._reducers)[-1]
+        state._reducers[name] = _FailingReducer(state._reducers[name], fail_at=2)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     try:
         for step in range(4):
             _step(model, opt, rank, step)
     except Exception as exc:  # noqa: BLE001 - the test reports what each rank raised
-        return type(exc).__name__, str(exc)[:300], time.monotonic()
+        raised = time.monotonic()
+        if rank == 1:
+            # a failed rank that lingers (logging, saving) before it exits: its peers must not
+            # need its exit (the connection closing) to learn of the failure
+            time.sleep(LINGER_S)
+        return type(exc).__name__, str(exc)[:300], raised
     return None, None, time.monotonic()
 
 
@@ -291,11 +311,17 @@ def test_one_rank_raising_in_the_hook_makes_every_rank_raise():
     for rank, (kind, message, _) in enumerate(results):
         assert kind is not None, f"rank {rank} finished training although rank 1 failed"
     assert results[1][:2] == ("RuntimeError", "injected failure in the hook")
-    # rank 3 shares rank 1's shard: it waits in the hook's Comm and hears of the failure there
-    assert results[3][0] in ("CommAbortedError", "CommError"), results[3]
     failed_at = results[1][2]
     late = {rank: t - failed_at for rank, (_, _, t) in enumerate(results)}
-    assert max(late.values()) < 15, f"seconds after rank 1 failed until each rank raised: {late}"
+    # rank 3 shares rank 1's shard: it waits in the hook's Comm and hears of the failure there,
+    # with its cause, before rank 1 exits
+    assert results[3][0] in ("CommAbortedError", "CommError"), results[3]
+    if results[3][0] == "CommAbortedError":  # the cause arrived (else only the closed connection)
+        assert "injected failure" in results[3][1], results[3]
+    assert late[3] < LINGER_S - 1, f"rank 3 learnt of the failure only when rank 1 exited: {late}"
+    # ranks 0 and 2 wait in FSDP's own reduce-scatter: its backend tells them when the failed
+    # ranks exit
+    assert max(late.values()) < LINGER_S + 15, f"seconds after rank 1 failed until each rank raised: {late}"
 
 
 def test_hook_refuses_a_2d_mesh_and_unsharded_modules():
