@@ -27,8 +27,8 @@ the user's ``set_gradient_divide_factor``) and divides what the hook returns by 
 post-factor. Native HSDP sums over the n replicas on top of the same division (AVG again without
 a custom factor; with a custom factor, a plain sum). The hook does the same: the sum over nodes,
 divided by n unless the FSDP module has a gradient divide factor. ``dense`` through the hook
-is then what native HSDP computes (bit-identical for float32 with n = 2 and with gloo's sums;
-tests/test_fsdp.py). A bfloat16/float16 shard is reduced in float32 and rounded once, after the
+is then what native HSDP computes (bit-identical for float32 on gloo at n = 2 and 3 nodes,
+tests/test_fsdp.py; another backend's sum order may differ in the last bit for n > 2). A bfloat16/float16 shard is reduced in float32 and rounded once, after the
 division (as the DDP hook does), where HSDP rounds the sum first.
 
 Non-finite gradients: ``nonfinite="propagate"`` (default) hands every rank of the shard's

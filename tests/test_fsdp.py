@@ -324,7 +324,7 @@ def test_one_rank_raising_in_the_hook_makes_every_rank_raise():
     assert max(late.values()) < LINGER_S + 15, f"seconds after rank 1 failed until each rank raised: {late}"
 
 
-def test_hook_refuses_a_2d_mesh_and_unsharded_modules():
+def test_hook_refuses_what_it_cannot_reduce_and_reduces_bfloat16_like_hsdp():
     with pytest.raises(ValueError, match="density"):
         sc.FSDPHookState("topka", 0.0)
     with pytest.raises(ValueError, match="nonfinite"):
@@ -343,4 +343,29 @@ def _refusal_worker(rank: int, world_size: int):
     flat = _sharded(init_device_mesh("cpu", (2,)))
     with pytest.raises(ValueError, match="sharded over ranks"):
         sc.fsdp.register_hook(flat, sc.FSDPHookState("dense", 1.0, topology=sc.Topology(2, 1)))
-    dist.barrier()
+    # bfloat16 reduce dtype: reduced in float32, rounded once; HSDP rounds its sum first
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+    x, y = _batch(rank, 0)
+
+    def bf16_grads(mesh, hooked: bool):
+        model = _model()
+        for sub in model:
+            if isinstance(sub, nn.Linear):
+                fully_shard(sub, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+        if hooked:
+            sc.fsdp.register_hook(model, sc.FSDPHookState("dense", 1.0, topology=sc.Topology(2, 1)))
+        nn.functional.cross_entropy(model(x).float(), y).backward()
+        return _local_grads(model)
+
+    reference = bf16_grads(init_device_mesh("cpu", (2, 1), mesh_dim_names=("replicate", "shard")), False)
+    hooked = bf16_grads(sc.fsdp.node_mesh(sc.Topology(2, 1)), True)
+    for a, b in zip(reference, hooked):
+        assert torch.allclose(a, b, rtol=2 ** -7, atol=1e-6), (a - b).abs().max()
+    # float64 gradients: refused on every rank, naming the setting to change
+    model = _sharded(sc.fsdp.node_mesh(sc.Topology(2, 1))).double()
+    sc.fsdp.register_hook(model, sc.FSDPHookState("dense", 1.0, topology=sc.Topology(2, 1)))
+    with pytest.raises(ValueError, match="reduce_dtype=torch.float32"):
+        nn.functional.cross_entropy(model(x.double()), y).backward()
