@@ -115,7 +115,8 @@ def run_rank(rank: int, world: int, args) -> list[dict]:
     else:
         topology = sc.Topology.from_env()
     data = load(args.split_seed)
-    rows = [train(mode, topology, args, data, rank, world) for mode in ["hsdp", *(f"fsdp+{a}" for a in args.algorithms)]]
+    modes = ["hsdp", *(f"fsdp+{a}" for a in args.algorithms)]
+    rows = [train(mode, topology, args, data, rank, world) for mode in modes]
     if rank == 0:
         print(f"\ndigits (REAL data): {topology}, {len(data[0]) // world} training images per rank, {TEST} held out; "
               f"MLP 64-{args.hidden}-{args.hidden}-10, batch {args.batch} per rank, {args.epochs} epochs, "
@@ -155,7 +156,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         import sklearn  # noqa: F401
     except ImportError:
-        print("fsdp_two_level needs scikit-learn for its bundled digits data: pip install scikit-learn", file=sys.stderr)
+        print("fsdp_two_level needs scikit-learn for its bundled digits data: pip install scikit-learn",
+              file=sys.stderr)
         sys.exit(2)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         dist.init_process_group("gloo")

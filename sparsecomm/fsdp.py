@@ -28,8 +28,9 @@ post-factor. Native HSDP sums over the n replicas on top of the same division (A
 a custom factor; with a custom factor, a plain sum). The hook does the same: the sum over nodes,
 divided by n unless the FSDP module has a gradient divide factor. ``dense`` through the hook
 is then what native HSDP computes (bit-identical for float32 on gloo at n = 2 and 3 nodes,
-tests/test_fsdp.py; another backend's sum order may differ in the last bit for n > 2). A bfloat16/float16 shard is reduced in float32 and rounded once, after the
-division (as the DDP hook does), where HSDP rounds the sum first.
+tests/test_fsdp.py; another backend's sum order may differ in the last bit for n > 2). A
+bfloat16/float16 shard is reduced in float32 and rounded once, after the division (as the DDP
+hook does), where HSDP rounds the sum first.
 
 Non-finite gradients: ``nonfinite="propagate"`` (default) hands every rank of the shard's
 inter-node group the dense average of the raw values where any rank's shard holds NaN or Inf
@@ -100,10 +101,10 @@ _NAN, _POS_INF, _NEG_INF = 1, 2, 4
 
 
 def _placements(topology: Topology, device: torch.device) -> list[list[int]]:
-    """Every rank's (nodes, ranks per node, node, local rank), gathered over the default group."""
+    """Every rank's (nodes, ranks per node, node, local rank), gathered over the default group
+    (also with torchrun's layout: ranks that disagree on the topology must not build different
+    meshes)."""
     rank, size = dist.get_rank(), dist.get_world_size()
-    if topology.node is None:  # torchrun's layout: known without asking anyone
-        return [[topology.nodes, topology.ranks_per_node, *topology.place(r)] for r in range(size)]
     mine = torch.tensor([topology.nodes, topology.ranks_per_node, *topology.place(rank)], dtype=torch.int64,
                         device=device)
     every = [torch.empty_like(mine) for _ in range(size)]
@@ -119,10 +120,12 @@ def two_level_mesh(topology: Topology | None = None, device_type: str = "cpu"):
     from torch.distributed.device_mesh import DeviceMesh
 
     if not (dist.is_available() and dist.is_initialized()):
-        raise ValueError("node_mesh: torch.distributed is not initialized; call init_process_group first")
+        raise ValueError("node_mesh/two_level_mesh: torch.distributed is not initialized; call "
+                         "init_process_group first")
     topology = Topology.from_env() if topology is None else topology
     if not isinstance(topology, Topology):
-        raise ValueError(f"node_mesh: topology must be a sparsecomm.Topology, got {type(topology).__name__}")
+        raise ValueError(f"node_mesh/two_level_mesh: topology must be a sparsecomm.Topology, got "
+                         f"{type(topology).__name__}")
     device = torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
     every = _placements(topology, device)
     check_placements(every, dist.get_world_size())
@@ -190,6 +193,7 @@ class FSDPHookState:
         self._agree_checkpoint = False           # compare the loaded save over every rank at the next call
         self._attached = False
         self._closed = False
+        self._unchecked_owner: tuple[Any, Any, bool] | None = None  # (rank, world size, per rank) of a load
         self.last_stats: dict[str, dict[str, Any]] = {}
 
     # -- plumbing ------------------------------------------------------------------------
@@ -310,6 +314,14 @@ class FSDPHookState:
                                      "on sparsecomm.fsdp.node_mesh(topology) built from the same Topology")
             targets.append((label, sub, group))
         self._attached = True
+        if self._unchecked_owner is not None:
+            saved_rank, saved_size, per_rank = self._unchecked_owner
+            self._unchecked_owner = None
+            try:
+                check_owner("FSDPHookState", saved_rank, saved_size, world.rank, world.size, per_rank)
+            except ValueError as exc:
+                self._abort(f"ValueError: {exc} (loading the FSDP hook's state, before it sent anything)")
+                raise
         if nodes.inter is None:  # one node: FSDP's reduce-scatter already is the whole reduction
             if self._pending and any(s.get("residual") is not None for s in self._pending.values()):
                 raise ValueError("the loaded FSDPHookState holds residuals, but this job has one node: resume with "
@@ -445,6 +457,8 @@ class FSDPHookState:
         mark = loaded_fingerprint(state)
         per_rank = any(s.get("residual") is not None or s.get("algorithm_state") for s in reducers.values())
         check_owner("FSDPHookState", state["rank"], state["world_size"], rank, size, per_rank)
+        # no process group yet: checked by register_hook, against the world Comm
+        self._unchecked_owner = (state["rank"], state["world_size"], per_rank) if rank is None else None
         self._checkpoint_id = mark
         self._agree_checkpoint = True
         self._pending = {str(name): dict(s) for name, s in reducers.items()}

@@ -14,11 +14,12 @@ that hold the shard (one per node) with plain float64 math:
 from __future__ import annotations
 
 import math
+import os
+import signal
 import time
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 import sparsecomm as sc
@@ -191,6 +192,11 @@ def _resume_worker(rank: int, world_size: int, saved=None):
             _step(model, opt, rank, step)
         return _plain((_local(model), checkpoint))
     params, hook_state = _tensors(saved[rank])
+    # another rank's state, or another configuration's, is refused before anything changes
+    with pytest.raises(ValueError, match=f"holds the state of rank {(rank + 1) % world_size}"):
+        sc.FSDPHookState("topka", 0.1, topology=topology).load_state_dict(saved[(rank + 1) % world_size][1])
+    with pytest.raises(ValueError, match="density"):
+        sc.FSDPHookState("topka", 0.2, topology=topology).load_state_dict(hook_state)
     with torch.no_grad():
         for p, value in zip(model.parameters(), params):
             p.to_local().copy_(value)
@@ -262,18 +268,23 @@ def test_nonfinite_propagates_like_hsdp_and_raises_on_every_rank():
 
 
 # -- failing together -----------------------------------------------------------------------
-LINGER_S = 6.0
+LINGER_S = 4.0
 
 
 class _FailingReducer:
-    """A reducer that raises at its ``fail_at``-th call (inside the hook, like a real failure)."""
+    """A reducer that fails at its ``fail_at``-th call, inside the hook: raises, or (``kill_mark``
+    set) writes the time to that file and SIGKILLs its own process."""
 
-    def __init__(self, inner, fail_at: int):
-        self.inner, self.fail_at, self.calls = inner, fail_at, 0
+    def __init__(self, inner, fail_at: int, kill_mark: str | None = None):
+        self.inner, self.fail_at, self.calls, self.kill_mark = inner, fail_at, 0, kill_mark
         self.last_stats = {}
 
     def __call__(self, grad, out=None):
         self.calls += 1
+        if self.calls == self.fail_at and self.kill_mark is not None:
+            with open(self.kill_mark, "w") as f:
+                f.write(repr(time.monotonic()))
+            os.kill(os.getpid(), signal.SIGKILL)
         if self.calls == self.fail_at:
             raise RuntimeError("injected failure in the hook")
         result = self.inner(grad, out=out)
@@ -284,14 +295,14 @@ class _FailingReducer:
         return self.inner.state_dict()
 
 
-def _failing_worker(rank: int, world_size: int):
+def _failing_worker(rank: int, world_size: int, kill_mark: str | None = None):
     topology = sc.Topology(2, 2)
     model = _sharded(sc.fsdp.node_mesh(topology))
     state = sc.FSDPHookState("topka", 0.1, topology=topology)
     sc.fsdp.register_hook(model, state)
     if rank == 1:  # the last Linear's reducer fails at its second call (the first module of step 1)
         name = sorted(state._reducers)[-1]
-        state._reducers[name] = _FailingReducer(state._reducers[name], fail_at=2)
+        state._reducers[name] = _FailingReducer(state._reducers[name], fail_at=2, kill_mark=kill_mark)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     try:
         for step in range(4):
@@ -322,6 +333,17 @@ def test_one_rank_raising_in_the_hook_makes_every_rank_raise():
     # ranks 0 and 2 wait in FSDP's own reduce-scatter: its backend tells them when the failed
     # ranks exit
     assert max(late.values()) < LINGER_S + 15, f"seconds after rank 1 failed until each rank raised: {late}"
+
+
+def test_one_rank_killed_in_the_hook_makes_every_rank_raise(tmp_path):
+    mark = str(tmp_path / "killed_at")
+    results = spawn(_failing_worker, 4, mark, timeout=90, may_die=(1,))
+    killed_at = float(open(mark).read())
+    for rank in (0, 2, 3):
+        kind, message, raised = results[rank]
+        assert kind is not None, f"rank {rank} finished training although rank 1 was killed"
+        assert raised - killed_at < 10, f"rank {rank} raised {raised - killed_at:.1f} s after rank 1 was killed"
+    assert results[3][0] in ("CommAbortedError", "CommError"), results[3]
 
 
 def test_hook_refuses_what_it_cannot_reduce_and_reduces_bfloat16_like_hsdp():
