@@ -8,8 +8,9 @@
   are compared to float tolerance.
 * Every registered algorithm on CUDA tensors through the simulated Comm (P up to 16 ranks
   sharing the GPU) against the same run on CPU tensors: outputs, residuals, bytes, rounds.
-* Every registered algorithm through NCCL at P = 1 (TorchComm), and the DDP hook on a small
-  GPU model (NCCL, one rank).
+* Every registered algorithm through NCCL at P = 1 (TorchComm), the DDP hook on a small
+  GPU model (NCCL, one rank), and the FSDP2 hook on a ``fully_shard`` GPU model (one rank: the
+  hook's result, computed on FSDP's all-reduce stream, must be the sharded gradient).
 """
 
 from __future__ import annotations

@@ -346,7 +346,7 @@ def test_one_rank_killed_in_the_hook_makes_every_rank_raise(tmp_path):
     assert results[3][0] in ("CommAbortedError", "CommError"), results[3]
 
 
-def test_hook_refuses_what_it_cannot_reduce_and_reduces_bfloat16_like_hsdp():
+def test_hook_refusals_and_fsdp_variants_bfloat16_resharding_accumulation():
     with pytest.raises(ValueError, match="density"):
         sc.FSDPHookState("topka", 0.0)
     with pytest.raises(ValueError, match="nonfinite"):
@@ -382,10 +382,29 @@ def _refusal_worker(rank: int, world_size: int):
         nn.functional.cross_entropy(model(x).float(), y).backward()
         return _local_grads(model)
 
-    reference = bf16_grads(init_device_mesh("cpu", (2, 1), mesh_dim_names=("replicate", "shard")), False)
+    hsdp_mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("replicate", "shard"))
+    reference = bf16_grads(hsdp_mesh, False)
     hooked = bf16_grads(sc.fsdp.node_mesh(sc.Topology(2, 1)), True)
     for a, b in zip(reference, hooked):
         assert torch.allclose(a, b, rtol=2 ** -7, atol=1e-6), (a - b).abs().max()
+    # no resharding after forward, and two micro-batches with the first's sync off: the hook
+    # runs once, on the accumulated gradient, as HSDP's allreduce does
+    def accumulated_grads(mesh, hooked: bool):
+        model = _model()
+        for sub in model:
+            if isinstance(sub, nn.Linear):
+                fully_shard(sub, mesh=mesh, reshard_after_forward=False)
+        fully_shard(model, mesh=mesh, reshard_after_forward=False)
+        if hooked:
+            sc.fsdp.register_hook(model, sc.FSDPHookState("dense", 1.0, topology=sc.Topology(2, 1)))
+        for micro in range(2):
+            model.set_requires_gradient_sync(micro == 1)
+            xm, ym = _batch(rank, 1 + micro)
+            nn.functional.cross_entropy(model(xm), ym).backward()
+        return _local_grads(model)
+
+    for a, b in zip(accumulated_grads(hsdp_mesh, False), accumulated_grads(sc.fsdp.node_mesh(sc.Topology(2, 1)), True)):
+        assert torch.equal(a, b), "accumulated gradients differ from HSDP's"
     # float64 gradients: refused on every rank, naming the setting to change
     model = _sharded(sc.fsdp.node_mesh(sc.Topology(2, 1))).double()
     sc.fsdp.register_hook(model, sc.FSDPHookState("dense", 1.0, topology=sc.Topology(2, 1)))
