@@ -190,7 +190,9 @@ class FSDPHookState:
         self._reducers: dict[str, SparseAllreduce] = {}
         self._pending: dict[str, dict[str, Any]] = {}  # module name -> loaded reducer state
         self._checkpoint_id = 0
-        self._agree_checkpoint = False           # compare the loaded save over every rank at the next call
+        #: compare the save each rank continues from (0: fresh) over every rank at the first hooked
+        #: call after register_hook: every rank makes that call, whether it loaded a state or not
+        self._agree_checkpoint = False
         self._attached = False
         self._closed = False
         self._unchecked_owner: tuple[Any, Any, bool] | None = None  # (rank, world size, per rank) of a load
@@ -328,6 +330,7 @@ class FSDPHookState:
                                  "the topology it was saved with")
             self._pending = {}
             return
+        self._agree_checkpoint = True
         self._reducers = {label: self._new_reducer(label) for label, _, _ in targets}
         try:
             self._apply_pending()
@@ -426,8 +429,9 @@ class FSDPHookState:
         return pack_rank_part("FSDPHookState", self.local_state_dict())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore this rank's :meth:`state_dict` (or :meth:`local_state_dict`), before the first
-        step after it, before or after :func:`register_hook`. Refused with a ValueError saying what
+        """Restore this rank's :meth:`state_dict` (or :meth:`local_state_dict`) before or after
+        :func:`register_hook`, before the first backward (the first hooked call compares every
+        rank's save). Refused with a ValueError saying what
         to do: another rank's state, another world size or topology, another algorithm, density,
         options, non-finite policy or schedule, another checkpoint version."""
         rank, size = self._world_rank_and_size()
@@ -460,7 +464,6 @@ class FSDPHookState:
         # no process group yet: checked by register_hook, against the world Comm
         self._unchecked_owner = (state["rank"], state["world_size"], per_rank) if rank is None else None
         self._checkpoint_id = mark
-        self._agree_checkpoint = True
         self._pending = {str(name): dict(s) for name, s in reducers.items()}
         if self._reducers:
             try:

@@ -209,6 +209,15 @@ def _resume_worker(rank: int, world_size: int, saved=None):
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     for step in range(RESUME_AT, RESUME_STEPS):
         _step(model, opt, rank, step)
+    # only rank 0 resumes, the others start fresh: the same error on every rank, at once
+    mixed = _sharded(sc.fsdp.node_mesh(topology))
+    state = sc.FSDPHookState("topka", 0.1, topology=topology)
+    if rank == 0:
+        state.load_state_dict(hook_state)
+    sc.fsdp.register_hook(mixed, state)
+    said = r"different checkpoints \(ranks \[0\]: save 0x[0-9a-f]+; ranks \[1, 2, 3\]: fresh"
+    with pytest.raises(ValueError, match=said):
+        _step(mixed, torch.optim.SGD(mixed.parameters(), lr=0.5), rank, RESUME_AT)
     return _plain((_local(model), None))
 
 
