@@ -204,11 +204,6 @@ class FSDPHookState:
         """The world, intra- and inter-node Comms (None until :func:`register_hook`)."""
         return self._nodes
 
-    @property
-    def inter_size(self) -> int | None:
-        """n, the number of nodes (None until registered)."""
-        return None if self._nodes is None else self._nodes.topology.nodes
-
     def _split(self) -> NodeComms:
         if self._nodes is None:
             if isinstance(self.topology, NodeComms):
@@ -233,7 +228,7 @@ class FSDPHookState:
             return dist.get_rank(), dist.get_world_size()
         return None, None
 
-    def _new_reducer(self, name: str) -> SparseAllreduce:
+    def _new_reducer(self) -> SparseAllreduce:
         reducer = SparseAllreduce(self.algorithm, self.density, comm=self._nodes.inter, nonfinite=self.nonfinite,
                                   density_schedule=self.density_schedule, **self.options)
         reducer.set_checkpoint_fingerprint(self._checkpoint_id)
@@ -263,7 +258,6 @@ class FSDPHookState:
     # -- registration -------------------------------------------------------------------
     def _attach(self, module) -> None:
         from torch.distributed.fsdp import FSDPModule
-        from torch.distributed.tensor import Shard
 
         if self._closed:
             raise ValueError("sparsecomm: this FSDPHookState was closed; build a new one on every rank")
@@ -274,7 +268,6 @@ class FSDPHookState:
                              f"{type(module).__name__}: call fully_shard(module, mesh=sparsecomm.fsdp.node_mesh"
                              "(topology)) on its blocks and on the module first")
         nodes = self._split()
-        topology = nodes.topology
         world = nodes.world
         if world.size != dist.get_world_size():
             raise ValueError(f"the world Comm has {world.size} ranks but the default process group has "
@@ -282,10 +275,41 @@ class FSDPHookState:
         if nodes.inter is not None:
             self._options_checked.check_size(nodes.inter.size)
         # this rank's node as torch ranks, by local rank: the shard mesh FSDP must use
+        topology = nodes.topology
         every = world.allgather_small(torch.tensor([topology.nodes, topology.ranks_per_node, topology.node,
                                                     topology.local_rank], dtype=torch.int64)).tolist()
-        intra, _ = groups_of(every)
-        node_ranks = intra[topology.node]
+        try:
+            targets = self._targets(module, groups_of(every)[0][topology.node])
+            if self._unchecked_owner is not None:
+                saved_rank, saved_size, per_rank = self._unchecked_owner
+                self._unchecked_owner = None
+                check_owner("FSDPHookState", saved_rank, saved_size, world.rank, world.size, per_rank)
+            if nodes.inter is None and any(s.get("residual") is not None for s in self._pending.values()):
+                raise ValueError("the loaded FSDPHookState holds residuals, but this job has one node: resume with "
+                                 "the topology it was saved with")
+            self._attached = True
+            if nodes.inter is None:  # one node: FSDP's reduce-scatter already is the whole reduction
+                self._pending = {}
+                return
+            self._agree_checkpoint = True
+            self._reducers = {label: self._new_reducer() for label, _, _ in targets}
+            self._apply_pending()
+        except (ValueError, TypeError) as exc:
+            # a rank whose model or state is refused here while its peers' are not: they would wait
+            # for it at their first hooked call; the aborted Comms make them raise there, naming it
+            self._abort(f"{type(exc).__name__}: {exc} (register_hook, before the hook sent anything)")
+            raise
+        for label, sub, group in targets:
+            sub.set_all_reduce_hook(self._hook_for(label, group))
+
+    def _targets(self, module, node_ranks: list[int]) -> list[tuple[str, Any, Any]]:
+        """(name, FSDP module, its parameter group) of every FSDP module under ``module`` that holds
+        parameters, each checked to be sharded as the hook needs: over ``node_ranks`` (this rank's
+        node as torch ranks, by local rank), on a 1-D mesh, one parameter group."""
+        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.tensor import Shard
+
+        topology = self._nodes.topology
         targets = []
         for name, sub in module.named_modules():
             if not isinstance(sub, FSDPModule):
@@ -315,30 +339,7 @@ class FSDPHookState:
                                      f"rank's node ({topology}, node {topology.node}) is ranks {node_ranks}: shard "
                                      "on sparsecomm.fsdp.node_mesh(topology) built from the same Topology")
             targets.append((label, sub, group))
-        self._attached = True
-        if self._unchecked_owner is not None:
-            saved_rank, saved_size, per_rank = self._unchecked_owner
-            self._unchecked_owner = None
-            try:
-                check_owner("FSDPHookState", saved_rank, saved_size, world.rank, world.size, per_rank)
-            except ValueError as exc:
-                self._abort(f"ValueError: {exc} (loading the FSDP hook's state, before it sent anything)")
-                raise
-        if nodes.inter is None:  # one node: FSDP's reduce-scatter already is the whole reduction
-            if self._pending and any(s.get("residual") is not None for s in self._pending.values()):
-                raise ValueError("the loaded FSDPHookState holds residuals, but this job has one node: resume with "
-                                 "the topology it was saved with")
-            self._pending = {}
-            return
-        self._agree_checkpoint = True
-        self._reducers = {label: self._new_reducer(label) for label, _, _ in targets}
-        try:
-            self._apply_pending()
-        except (ValueError, TypeError) as exc:
-            self._abort(f"{type(exc).__name__}: {exc} (loading the FSDP hook's state, before it sent anything)")
-            raise
-        for label, sub, group in targets:
-            sub.set_all_reduce_hook(self._hook_for(label, group))
+        return targets
 
     def _hook_for(self, label: str, group):
         def hook(output: torch.Tensor) -> None:
