@@ -6,7 +6,8 @@
 # On a machine with a CUDA GPU, a torch built with CUDA and nvcc:
 #   1. builds the extension without the CUDA kernels and runs tests/test_cuda.py: every op's
 #      torch implementation on CUDA against the CPU kernel, every algorithm on CUDA tensors
-#      (simulated P up to 16 on the one GPU, NCCL at P = 1), the DDP hook on a GPU model;
+#      (simulated P up to 16 on the one GPU, NCCL at P = 1), the DDP hook on a GPU model, the
+#      FSDP2 hook on FSDP's CUDA all-reduce stream (its result must be the sharded gradient);
 #   2. rebuilds with SPARSECOMM_CUDA_KERNELS=1 and runs the same tests against the CUDA
 #      kernels (bit for bit), plus the device rules;
 #   3. runs benchmarks/bench_cuda.py (top-k against torch.topk and one HBM read pass at

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from . import algorithms, comm, formats, ops
 from .hook import DDPHookState, ddp_hook
+from . import fsdp
+from .fsdp import FSDPHookState
 from .reducer import SparseAllreduce, k_for
 from .density import DensitySchedule
 from .comm.topology import NodeComms, Topology
 
 from ._version import __version__
 
-__all__ = ["algorithms", "comm", "formats", "ops", "SparseAllreduce", "k_for", "DDPHookState", "ddp_hook",
+__all__ = ["algorithms", "comm", "formats", "ops", "SparseAllreduce", "k_for", "DDPHookState", "ddp_hook", "FSDPHookState", "fsdp",
            "DensitySchedule", "Topology", "NodeComms", "__version__"]
 

@@ -8,8 +8,9 @@
   are compared to float tolerance.
 * Every registered algorithm on CUDA tensors through the simulated Comm (P up to 16 ranks
   sharing the GPU) against the same run on CPU tensors: outputs, residuals, bytes, rounds.
-* Every registered algorithm through NCCL at P = 1 (TorchComm), and the DDP hook on a small
-  GPU model (NCCL, one rank).
+* Every registered algorithm through NCCL at P = 1 (TorchComm), the DDP hook on a small
+  GPU model (NCCL, one rank), and the FSDP2 hook on a ``fully_shard`` GPU model (one rank: the
+  hook's result, computed on FSDP's all-reduce stream, must be the sharded gradient).
 """
 
 from __future__ import annotations
@@ -367,4 +368,53 @@ def test_hook_on_a_gpu_model(nccl_world):
         total = sum(p.numel() for p in ddp.parameters())
         assert all(p.grad.device.type == "cuda" for p in ddp.parameters())
         assert nnz <= 0.05 * total + 16, (nnz, total)
+    assert losses[-1] < losses[0], losses
+
+
+def test_fsdp_hook_on_a_gpu_model(nccl_world):
+    """The FSDP2 hook on CUDA: FSDP calls it on its all-reduce stream between the reduce-scatter
+    and the gradient views. One GPU has no second node, so the inter-node group here is the
+    one-rank world itself (a NodeComms built by hand): the topka result plus the new residual
+    must then be exactly the reduce-scatter output plus the old residual, and the sharded
+    gradient FSDP hands the optimizer must be that result (a stream race shows as a mismatch)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from sparsecomm.comm import TorchComm
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).cuda()
+    mesh = init_device_mesh("cuda", (1,))
+    for sub in model:
+        if isinstance(sub, torch.nn.Linear):
+            fully_shard(sub, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    world = TorchComm()
+    nodes = sc.NodeComms(sc.Topology(1, 1, 0, 0), world, None, world)
+    state = sc.FSDPHookState("topka", 0.05, topology=nodes, comm=world)
+    sc.fsdp.register_hook(model, state)
+    seen = {}
+    inner = state._reduce
+
+    def recording(label, group, output):
+        before = state._reducers[label].residual
+        g = output.detach().clone() + (0 if before is None else before.reshape(-1))
+        inner(label, group, output)
+        seen[label] = (g, output.detach().clone(), state._reducers[label].residual.reshape(-1).clone())
+    state._reduce = recording
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(512, 64, device="cuda"), torch.randint(0, 10, (512,), device="cuda")
+    losses = []
+    for _ in range(20):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        torch.cuda.synchronize()
+        for label, (g, out, residual) in seen.items():
+            assert torch.allclose(out + residual, g, rtol=0, atol=0), label
+            assert int((out != 0).sum()) <= sc.k_for(0.05, out.numel()), label
+        grads = torch.cat([p.grad.to_local().reshape(-1) for p in model.parameters()])
+        outs = torch.cat([seen[label][1] for label in sorted(seen, key=lambda s: ("0", "2").index(s))])
+        assert torch.equal(grads, outs[:grads.numel()]), "the sharded gradients are not the hook's result"
+        opt.step()
+        losses.append(float(loss))
     assert losses[-1] < losses[0], losses

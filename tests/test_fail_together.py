@@ -428,3 +428,30 @@ def test_exchange_var_refuses_an_oversized_size_header():
     assert outs[1]["type"] == "WireFormatError" and "rank 0 announced a message of 1150000000000000000" \
         in outs[1]["msg"], outs[1]
     assert issubclass(WireFormatError, ValueError)
+
+
+def _split_abort(rank, world_size):
+    from sparsecomm.comm.torch_comm import TorchComm
+
+    sub = TorchComm().split([[0, 1]])
+    if rank == 1:
+        time.sleep(0.3)
+        sub.abort("ValueError: injected failure")
+        time.sleep(4.0)  # alive: the peer must not need this process's exit to be released
+        return None
+    start = time.monotonic()
+    try:
+        sub.allgather_small(torch.zeros(1, dtype=torch.int64))
+    except Exception as exc:  # noqa: BLE001 - the test reports what was raised
+        return type(exc).__name__, str(exc), time.monotonic() - start
+    return None, "", time.monotonic() - start
+
+
+@pytest.mark.distributed
+def test_abort_of_a_split_comm_releases_the_waiting_peer():
+    """A Comm made by TorchComm.split owns its process group: an abort there closes its
+    connections and the peer waiting in it raises CommAbortedError at once, not when the
+    aborting process exits."""
+    kind, message, seconds = spawn(_split_abort, 2, timeout=60)[0]
+    assert kind == "CommAbortedError" and "injected failure" in message, (kind, message)
+    assert seconds < 2.5, f"the waiting rank was released after {seconds:.1f} s"

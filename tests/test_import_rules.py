@@ -349,7 +349,7 @@ def test_rules_on_a_planted_package(tmp_path):
 #: core module (longest dotted prefix wins; the root package names only its own __init__) -> its room
 ROOMS = {
     "sparsecomm": "face",
-    "sparsecomm.hook": "hook", "sparsecomm._bucket_layout": "hook", "sparsecomm.bucket_worker": "hook",
+    "sparsecomm.hook": "hook", "sparsecomm.fsdp": "hook", "sparsecomm._bucket_layout": "hook", "sparsecomm.bucket_worker": "hook",
     "sparsecomm.reducer": "reducer", "sparsecomm._agreement": "reducer",
     "sparsecomm._checkpoint": "values", "sparsecomm.density": "values",
     "sparsecomm.costmodel": "costmodel",
