@@ -224,6 +224,8 @@ class SparseAllreduce:
              if c is not None]
         self._residual: torch.Tensor | None = None
         self._pending_residual: torch.Tensor | None = None
+        #: two-level: the whole tensor's N of a loaded residual (which is only this rank's shard)
+        self._pending_n: int | None = None
         self._agreed: tuple | None = None   # (n, dtype, device) the ranks agreed on
         self._shape: torch.Size | None = None
         #: 0 on a fresh reducer; load_state_dict (or set_checkpoint_fingerprint) sets a 63-bit
@@ -272,6 +274,7 @@ class SparseAllreduce:
         self._resets += 1
         self._residual = None
         self._pending_residual = None
+        self._pending_n = None
         self._agreed = None
         self._shape = None
 
@@ -281,7 +284,11 @@ class SparseAllreduce:
         configuration, world size, calls made and N; sparsecomm/_checkpoint.py). Local: no
         communication, so any subset of ranks may call it. Save one per rank."""
         residual = None if self.residual is None else self.residual.detach().clone()
-        placed = {} if self.nodes is None else {"hierarchy": self._hierarchy_text()}
+        # the fingerprint must be equal on every rank of one save: two-level residuals are shards
+        # whose lengths differ by local rank, so the whole tensor's N stands in for their length
+        whole_n = None if residual is None else residual.numel() if self.nodes is None else \
+            self._agreed[0] if self._agreed is not None else self._pending_n
+        placed = {} if self.nodes is None else {"hierarchy": self._hierarchy_text(), "n": whole_n}
         return {
             **placed,
             "checkpoint_version": CHECKPOINT_VERSION,
@@ -290,8 +297,7 @@ class SparseAllreduce:
             "rank": self.comm.rank,
             "world_size": self.comm.size,
             "fingerprint": fingerprint("SparseAllreduce", self.comm.size, self.algorithm_name, self.density,
-                                       self.options_text(), self.calls,
-                                       None if residual is None else residual.numel()),
+                                       self.options_text(), self.calls, whole_n),
             "residual": residual,
             "algorithm_state": self.algorithm.state_dict(),
             "calls": self.calls,
@@ -316,6 +322,7 @@ class SparseAllreduce:
         mark = loaded_fingerprint(state)
         self.reset()
         self._pending_residual = state.get("residual")
+        self._pending_n = state.get("n")
         self.calls = int(state.get("calls", 0))
         self.algorithm.load_state_dict(state.get("algorithm_state", {}))
         self._checkpoint_id = mark
@@ -513,7 +520,10 @@ class SparseAllreduce:
                 self._handshake(n, grad.dtype, k, step)
                 prepare(part, part_k, work_dtype)
             self._handshake(n, grad.dtype, k, step)
-            self._agreed = key
+            if self._pending_n is not None and self._pending_n != n:   # N and the save are agreed: every rank
+                raise AgreedValueError(f"the loaded state_dict holds the residual of a tensor of N={self._pending_n}, "
+                                       f"this call's tensor has N={n}: the state_dict belongs to another tensor")
+            self._agreed, self._pending_n = key, None
             pending, self._pending_residual = self._pending_residual, None
             self._residual = torch.zeros(part, dtype=work_dtype, device=grad.device)
             if pending is not None:
