@@ -55,6 +55,7 @@ import contextlib
 import math
 from fractions import Fraction
 import time
+import zlib
 from typing import Any
 
 import torch
@@ -479,8 +480,10 @@ class SparseAllreduce:
         when the list is not empty. The gradient is not read for N = 0 nor for an algorithm
         that is itself the dense allreduce under ``"propagate"`` (its flag is 0)."""
         n = flat.numel()
+        # two-level with a per-shard decision: dense on some shards only, so every rank reads its gradient
         read = (kind == AgreementKind.CALL and n > 0
-                and not (self.nonfinite == "propagate" and self.algorithm.propagates_nonfinite))
+                and not (self.nonfinite == "propagate" and self.algorithm.propagates_nonfinite
+                         and not self._decides_per_shard()))
         flags = self._agree(kind, n, dtype, k, step, _nonfinite_flag(flat) if read else 0)
         if kind == AgreementKind.REUSED:
             agreed_n, agreed_dtype, agreed_device = self._agreed
@@ -591,8 +594,33 @@ class SparseAllreduce:
         the later calls' records; raises on any difference."""
         revision = self.algorithm.wire_revision
         algorithm_id = f"{self.algorithm_name}/{revision}" if revision else self.algorithm_name
-        self._signature = signature(algorithm_id, self.options_text(), self.density)
+        per_shard = self._decides_per_shard()
+        self._signature = signature(self.algorithm_name if per_shard else algorithm_id, self.options_text(),
+                                    self.density)
         self._agree(AgreementKind.HANDSHAKE, n, dtype, k, step, 0)
+        if per_shard:
+            self._agree_per_shard(algorithm_id)
+
+    def _decides_per_shard(self) -> bool:
+        """Two-level with an algorithm that decides for its tensor (``prepare``: auto, by the
+        shard's length and the inter-node group's measured links): each inter-node group may then
+        decide otherwise, so only the ranks that hold one shard must agree on the decision."""
+        return self.nodes is not None and callable(getattr(self.algorithm, "prepare", None))
+
+    def _agree_per_shard(self, algorithm_id: str) -> None:
+        """One more small all-gather of the handshake (on every rank, from the same table): the
+        same AgreedValueError on every rank unless the ranks of each inter-node group have the same
+        ``algorithm_id`` (the algorithm's decision, or which saved decision it resumes)."""
+        mine = torch.tensor([zlib.crc32(algorithm_id.encode()), self.nodes.topology.local_rank], dtype=torch.int64)
+        sides: dict[int, dict[int, list[int]]] = {}
+        for rank, (crc, local) in enumerate(self.comm.allgather_small(mine).tolist()):
+            sides.setdefault(local, {}).setdefault(crc, []).append(rank)
+        split = [f"local rank {local}: " + " / ".join(f"ranks {ranks}" for ranks in by_crc.values())
+                 for local, by_crc in sorted(sides.items()) if len(by_crc) > 1]
+        if split:
+            raise AgreedValueError(f"the ranks that hold one shard between nodes decided differently for it "
+                                   f"({self.algorithm_name}, {'; '.join(split)}): every rank must call the same "
+                                   "reducer with the same tensor, and every rank resume from the same save or none")
 
     def _agree(self, kind: AgreementKind, n: int, dtype: torch.dtype, k: int, step: int, flag: int) -> list[int]:
         """This call's agreement record, all-gathered and compared (sparsecomm/_agreement.py):
