@@ -368,11 +368,21 @@ class SparseAllreduce:
         # No variable-size message of a call is larger than 16 bytes per element + headers.
         limit = 16 * grad.numel() + 65536
         agreed = lambda exc: isinstance(exc, AgreedValueError)  # noqa: E731
-        with contextlib.ExitStack() as scopes:
-            scopes.enter_context(self.comm.call_scope(self._scope, max_message_bytes=limit, agreed=agreed))
-            for comm, scope in self._level_scopes:
-                scopes.enter_context(comm.call_scope(scope, max_message_bytes=limit, agreed=agreed))
-            result = self._call(grad, out, self.calls if step is None else step)
+        try:
+            with contextlib.ExitStack() as scopes:
+                scopes.enter_context(self.comm.call_scope(self._scope, max_message_bytes=limit, agreed=agreed))
+                for comm, scope in self._level_scopes:
+                    scopes.enter_context(comm.call_scope(scope, max_message_bytes=limit, agreed=agreed))
+                result = self._call(grad, out, self.calls if step is None else step)
+        except BaseException as exc:
+            if self._level_scopes and not agreed(exc):
+                # a peer's abort reaches this rank on one Comm, which a call scope does not publish
+                # again; ranks that share only another of its Comms with this rank wait there:
+                # relay it (abort() keeps a Comm's first cause)
+                for comm in self.nodes.comms:
+                    if comm.size > 1:
+                        comm.abort(f"{type(exc).__name__}: {exc}")
+            raise
         self.calls += 1
         return result
 
