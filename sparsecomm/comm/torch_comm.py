@@ -308,8 +308,8 @@ class TorchComm(Comm):
 
     def _interrupt(self) -> None:
         """Release every wait of this rank on the private group, and the peers' on it."""
-        if self.group is self.user_group:
-            return  # never close a group we do not own
+        if not self._owns_group:
+            return  # never close a group we do not own (a split's group is its own)
         if self._gloo:
             buf = torch.empty(1, dtype=torch.uint8)
             self._keep.append(buf)
