@@ -516,10 +516,18 @@ def _gloo_fail_together(rank, world_size, victim_rank, kill_after_s):
     try:
         while time.monotonic() - start < 30:
             reducer(grad)
-        return {"type": None}
+        outcome = {"type": None}
     except Exception as exc:  # noqa: BLE001 - reported to the test
-        return {"type": type(exc).__name__, "msg": str(exc), "comm_error": isinstance(exc, CommError),
-                "s": time.monotonic() - start}
+        outcome = {"type": type(exc).__name__, "msg": str(exc), "comm_error": isinstance(exc, CommError),
+                   "s": time.monotonic() - start}
+    # stay alive until every rank that can report has: a rank that leaves closes its connections,
+    # which would release a peer that the Comms themselves left waiting
+    store = dist.distributed_c10d._get_default_store()
+    store.add("reported", 1)
+    expected = world_size - (kill_after_s is not None)
+    while int(store.add("reported", 0)) < expected and time.monotonic() - start < 40:
+        time.sleep(0.01)
+    return outcome
 
 
 @pytest.mark.distributed
