@@ -376,6 +376,35 @@ def test_a_state_of_another_tensor_is_the_same_error_everywhere():
                        f"call's tensor has N={N + 1}: the state_dict belongs to another tensor")}
 
 
+# -- arguments -----------------------------------------------------------------------------
+def test_hierarchy_and_topology_arguments_are_checked(monkeypatch):
+    for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "RANK", "LOCAL_RANK", "GROUP_RANK", "NODE_RANK"):
+        monkeypatch.delenv(name, raising=False)
+
+    def rank(comm):
+        errors = []
+        other = comm.split([[0, 1, 2, 3]])
+        for kwargs in ({"hierarchy": "nodes"}, {"topology": Topology(2, 2)}, {"hierarchy": "node", "topology": (2, 2)},
+                       {"hierarchy": "node"},   # from torchrun's environment, which is not set here
+                       {"hierarchy": "node", "topology": Topology(2, 2).split(comm), "comm": other}):
+            try:
+                SparseAllreduce("topka", DENSITY, **{"comm": comm, **kwargs})
+                errors.append(None)
+            except ValueError as exc:
+                errors.append(str(exc))
+        return errors
+
+    for errors in simulate(4, rank).results:
+        # the hierarchies' list grows with the library; the refused value is named
+        assert errors[0].startswith("hierarchy must be one of 'flat', 'node'") and errors[0].endswith("got 'nodes'")
+        assert errors[1:] == [
+            "a topology is only used with hierarchy='node'; pass hierarchy='node' too, or no topology",
+            "topology must be a sparsecomm.Topology, got tuple",
+            "Topology.from_env: WORLD_SIZE and LOCAL_WORLD_SIZE are not set (torchrun and python -m sparsecomm.launch "
+            "set them); pass Topology(nodes=..., ranks_per_node=...) instead",
+            "the NodeComms given were split from another Comm than the one passed as comm"]
+
+
 # -- disagreement --------------------------------------------------------------------------
 def test_ranks_that_disagree_on_the_hierarchy_raise_the_same_error():
     """One rank flat, the others two-level over the same split: the first call's handshake
