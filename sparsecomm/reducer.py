@@ -56,6 +56,7 @@ import math
 import os
 from fractions import Fraction
 import time
+import zlib
 from typing import Any
 
 import torch
@@ -411,11 +412,21 @@ class SparseAllreduce:
         # No variable-size message of a call is larger than 16 bytes per element + headers.
         limit = 16 * grad.numel() + 65536
         agreed = lambda exc: isinstance(exc, AgreedValueError)  # noqa: E731
-        with contextlib.ExitStack() as scopes:
-            scopes.enter_context(self.comm.call_scope(self._scope, max_message_bytes=limit, agreed=agreed))
-            for comm, scope in self._level_scopes:
-                scopes.enter_context(comm.call_scope(scope, max_message_bytes=limit, agreed=agreed))
-            result = self._call(grad, out, self.calls if step is None else step)
+        try:
+            with contextlib.ExitStack() as scopes:
+                scopes.enter_context(self.comm.call_scope(self._scope, max_message_bytes=limit, agreed=agreed))
+                for comm, scope in self._level_scopes:
+                    scopes.enter_context(comm.call_scope(scope, max_message_bytes=limit, agreed=agreed))
+                result = self._call(grad, out, self.calls if step is None else step)
+        except BaseException as exc:
+            if self._level_scopes and not agreed(exc):
+                # a peer's abort reaches this rank on one Comm, which a call scope does not publish
+                # again; ranks that share only another of its Comms with this rank wait there:
+                # relay it (abort() keeps a Comm's first cause)
+                for comm in self.nodes.comms:
+                    if comm.size > 1:
+                        comm.abort(f"{type(exc).__name__}: {exc}")
+            raise
         self.calls += 1
         return result
 
@@ -575,8 +586,10 @@ class SparseAllreduce:
         when the list is not empty. The gradient is not read for N = 0 nor for an algorithm
         that is itself the dense allreduce under ``"propagate"`` (its flag is 0)."""
         n = flat.numel()
+        # two-level with a per-shard decision: dense on some shards only, so every rank reads its gradient
         read = (kind == AgreementKind.CALL and n > 0
-                and not (self.nonfinite == "propagate" and self.algorithm.propagates_nonfinite))
+                and not (self.nonfinite == "propagate" and self.algorithm.propagates_nonfinite
+                         and not self._decides_per_shard()))
         flags = self._agree(kind, n, dtype, k, step, _nonfinite_flag(flat) if read else 0)
         if kind == AgreementKind.REUSED:
             agreed_n, agreed_dtype, agreed_device = self._agreed
@@ -616,13 +629,14 @@ class SparseAllreduce:
                 self._handshake(n, grad.dtype, k, step)
                 prepare(part, part_k, work_dtype)
             self._handshake(n, grad.dtype, k, step)
-            self._agreed = key
-            pending, self._pending_residual = self._pending_residual, None
+            pending = self._pending_residual
+            if pending is not None and pending.numel() != n:
+                # N and the save's fingerprint are agreed by now: every rank raises this
+                raise AgreedValueError(f"the loaded state_dict holds the residual of a tensor of N={pending.numel()}, "
+                                       f"this call's tensor has N={n}: the state_dict belongs to another tensor")
+            self._agreed, self._pending_residual = key, None
             self._residual = torch.zeros(part, dtype=work_dtype, device=grad.device)
             if pending is not None:
-                if pending.numel() != n:
-                    raise ValueError(f"the loaded residual has {pending.numel()} elements but the gradient "
-                                     f"has {n}: the state_dict belongs to another tensor")
                 pending = pending.reshape(-1).to(device=grad.device, dtype=work_dtype)
                 self._residual.copy_(pending[lo:hi])
                 if part != n:   # two-level: what lies outside the shard goes to its owner
@@ -697,8 +711,33 @@ class SparseAllreduce:
         the later calls' records; raises on any difference."""
         revision = self.algorithm.wire_revision
         algorithm_id = f"{self.algorithm_name}/{revision}" if revision else self.algorithm_name
-        self._signature = signature(algorithm_id, self.options_text(), self.density)
+        per_shard = self._decides_per_shard()
+        self._signature = signature(self.algorithm_name if per_shard else algorithm_id, self.options_text(),
+                                    self.density)
         self._agree(AgreementKind.HANDSHAKE, n, dtype, k, step, 0)
+        if per_shard:
+            self._agree_per_shard(algorithm_id)
+
+    def _decides_per_shard(self) -> bool:
+        """Two-level with an algorithm that decides for its tensor (``prepare``: auto, by the
+        shard's length and the inter-node group's measured links): each inter-node group may then
+        decide otherwise, so only the ranks that hold one shard must agree on the decision."""
+        return self.nodes is not None and callable(getattr(self.algorithm, "prepare", None))
+
+    def _agree_per_shard(self, algorithm_id: str) -> None:
+        """One more small all-gather of the handshake (on every rank, from the same table): the
+        same AgreedValueError on every rank unless the ranks of each inter-node group have the same
+        ``algorithm_id`` (the algorithm's decision, or which saved decision it resumes)."""
+        mine = torch.tensor([zlib.crc32(algorithm_id.encode()), self.nodes.topology.local_rank], dtype=torch.int64)
+        sides: dict[int, dict[int, list[int]]] = {}
+        for rank, (crc, local) in enumerate(self.comm.allgather_small(mine).tolist()):
+            sides.setdefault(local, {}).setdefault(crc, []).append(rank)
+        split = [f"local rank {local}: " + " / ".join(f"ranks {ranks}" for ranks in by_crc.values())
+                 for local, by_crc in sorted(sides.items()) if len(by_crc) > 1]
+        if split:
+            raise AgreedValueError(f"the ranks that hold one shard between nodes decided differently for it "
+                                   f"({self.algorithm_name}, {'; '.join(split)}): every rank must call the same "
+                                   "reducer with the same tensor, and every rank resume from the same save or none")
 
     def _agree(self, kind: AgreementKind, n: int, dtype: torch.dtype, k: int, step: int, flag: int) -> list[int]:
         """This call's agreement record, all-gathered and compared (sparsecomm/_agreement.py):
