@@ -82,7 +82,8 @@ from ._checkpoint import (CHECKPOINT_VERSION, check_owner, check_version, finger
                           pack_rank_part, unpack_rank_part)
 from .density import DensitySchedule, as_schedule, check_density
 from .comm.topology import NodeComms, Topology
-from .reducer import SparseAllreduce, check_hierarchy, check_nonfinite
+from ._two_level import check_hierarchy
+from .reducer import SparseAllreduce, check_nonfinite
 
 __all__ = ["DDPHookState", "ddp_hook"]
 

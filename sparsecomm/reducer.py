@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from fractions import Fraction
 import time
 import zlib
@@ -71,16 +70,14 @@ from .density import DensitySchedule, as_schedule, check_density
 from .errors import AgreedValueError
 from .formats.header import AgreementKind
 from .comm.topology import NodeComms, Topology
+from ._two_level import (candidate_node_comms, check_hierarchy, level_snapshots, level_stats,
+                         node_comms, reduce_two_level)
 
 __all__ = ["SparseAllreduce", "k_for", "check_nonfinite"]
 
 _HALF_TYPES = (torch.float16, torch.bfloat16)
 #: the values of the ``nonfinite`` option
 NONFINITE_POLICIES = ("propagate", "raise")
-#: the values of the ``hierarchy`` option: one level of equal peers, dense inside a node and
-#: the algorithm between nodes, or the one of the two the cost model predicts faster
-#: (:meth:`SparseAllreduce._choose_hierarchy`)
-HIERARCHIES = ("flat", "node", "auto")
 # this rank's non-finite flag (bits), all-gathered before the algorithm runs
 _NAN, _POS_INF, _NEG_INF = 1, 2, 4
 
@@ -95,41 +92,6 @@ def k_for(density: float, n: int) -> int:
     if n == 0:
         return 0
     return min(n, max(1, math.ceil(Fraction(repr(float(density))) * n)))
-
-
-def check_hierarchy(hierarchy: Any, topology: Any) -> None:
-    """A ValueError unless ``hierarchy`` is one of :data:`HIERARCHIES` and ``topology`` fits it."""
-    if hierarchy not in HIERARCHIES:
-        raise ValueError(f"hierarchy must be one of {', '.join(map(repr, HIERARCHIES))}, got {hierarchy!r}")
-    if topology is not None and not isinstance(topology, (Topology, NodeComms)):
-        raise ValueError(f"topology must be a sparsecomm.Topology, got {type(topology).__name__}")
-    if topology is not None and hierarchy == "flat":
-        raise ValueError("a topology is only used with hierarchy='node' or 'auto'; pass one of them too, or no "
-                         "topology")
-
-
-def node_comms(comm: Comm, topology: "Topology | NodeComms | None") -> NodeComms:
-    """The two-level Comms over ``comm``: ``topology`` already split (checked to be over the same
-    Comm), or split here (collective), from torchrun's environment when None."""
-    if isinstance(topology, NodeComms):
-        if topology.world is not comm:
-            raise ValueError("the NodeComms given were split from another Comm than the one passed as comm")
-        return topology
-    return (Topology.from_env() if topology is None else topology).split(comm)
-
-
-def candidate_node_comms(comm: Comm, topology: "Topology | NodeComms | None") -> NodeComms | None:
-    """hierarchy="auto": the two-level Comms it may choose, or None when only flat is possible
-    (no topology given and no ``LOCAL_WORLD_SIZE`` in the environment, one node, or one rank
-    per node). Collective (the split) when a topology is found."""
-    if topology is None:
-        if os.environ.get("LOCAL_WORLD_SIZE") in (None, ""):
-            return None
-        topology = Topology.from_env()
-    shape = topology.topology if isinstance(topology, NodeComms) else topology
-    if shape.nodes == 1 or shape.ranks_per_node == 1:
-        return None
-    return node_comms(comm, topology)
 
 
 def check_nonfinite(nonfinite: Any) -> None:
@@ -501,7 +463,7 @@ class SparseAllreduce:
         flat = grad.detach().reshape(-1)
         n = flat.numel()
         handshake = self.comm.stats.snapshot()
-        levels = self._level_stats()
+        levels = level_snapshots(self.nodes)
         # the schedule and the step are in the agreement record: the same k everywhere (two-level:
         # the record carries the whole tensor's k, the algorithm selects k of its shard)
         k = k_for(self.density_at(step), n)
@@ -543,7 +505,8 @@ class SparseAllreduce:
             work_out.copy_(flat)
             self.comm.allreduce_dense(work_out)
         elif self.nodes is not None:
-            add_s += self._reduce_two_level(flat, acc, shard_k, work_out, lo, hi)
+            add_s += reduce_two_level(self.nodes, self.algorithm, flat, acc, shard_k, work_out, lo, hi, self._carry)
+            self._carry = None
         elif fuse:
             self.algorithm.reduce(acc, k, work_out, grad=flat)
         elif n:
@@ -571,7 +534,7 @@ class SparseAllreduce:
             "nonfinite_ranks": nonfinite,
         }
         if self.nodes is not None:
-            self.last_stats.update(self._two_level_stats(levels, n, k, hi - lo))
+            self.last_stats.update(level_stats(self.nodes, levels, self.last_stats, k, hi - lo))
         extra = getattr(self.algorithm, "stats_extra", None)
         if extra is not None:   # e.g. auto: its choice, predicted and measured time
             self.last_stats.update(extra(self.last_stats["total_s"]))
@@ -646,65 +609,6 @@ class SparseAllreduce:
         elif prepare is not None:   # agreed earlier: a new k only (no communication for the same n)
             prepare(part, part_k, work_dtype)
         return self._residual
-
-    # -- two levels ------------------------------------------------------------------------
-    def _reduce_two_level(self, flat: torch.Tensor, acc: torch.Tensor, k: int, work_out: torch.Tensor,
-                          lo: int, hi: int) -> float:
-        """Dense inside the node, the algorithm between nodes: ``acc = residual + node sum of this
-        rank's shard`` by the node's one-round reduce-scatter straight from the gradient
-        (:func:`~sparsecomm.comm.collectives.direct_reduce_scatter_into_`: no copy of it), the
-        algorithm among the n owners of the shard (one per node) into the shard of ``work_out``,
-        and the node's one-round all-gather of the reduced shards into ``work_out``. Returns the
-        seconds of the residual add (the "add" phase: this rank's own slice)."""
-        n = flat.numel()
-        source = flat
-        if flat.dtype != work_out.dtype or self._carry is not None:
-            # half gradients are summed in float32; a carried residual joins the gradient (never
-            # the caller's tensor itself)
-            if work_out.data_ptr() != flat.data_ptr():
-                work_out.copy_(flat)
-            if self._carry is not None:
-                work_out.add_(self._carry)
-                self._carry = None
-            source = work_out
-        inter = self.nodes.inter
-        start = time.perf_counter()
-        self.nodes.reduce_scatter_into_(source, n, acc)
-        add_s = time.perf_counter() - start
-        shard = work_out[lo:hi]
-        if hi > lo:
-            if inter is None:       # one node: the node's sum is the result; nothing is held back
-                shard.copy_(acc)
-                acc.zero_()
-            else:
-                self.algorithm.reduce(acc, k, shard)
-        if self.algorithm.last_nnz is None or inter is None:
-            # two-level reports the nonzeros of this rank's shard of the result (counting the whole
-            # result would read N values more per call)
-            self.algorithm.last_nnz = int(torch.count_nonzero(shard))
-        self.nodes.allgather_(work_out, n)
-        return add_s
-
-    def _level_stats(self) -> list:
-        """Snapshots of the intra- and inter-node Comms' counters (two-level), else []."""
-        if self.nodes is None:
-            return []
-        return [None if c is None else c.stats.snapshot() for c in (self.nodes.intra, self.nodes.inter)]
-
-    def _two_level_stats(self, before: list, n: int, k: int, shard_n: int) -> dict[str, Any]:
-        """The call's two-level figures: bytes and rounds inside the node and between nodes apart
-        (``intra_*``, ``inter_*``: what this rank sent on its node's links and on the network),
-        and the totals over all three Comms (``bytes_sent``, ``rounds``, ``comm_s``)."""
-        out: dict[str, Any] = {"hierarchy": "node", "topology": str(self.nodes.topology),
-                               "shard_n": shard_n, "k_total": k}
-        for level, comm, snap in zip(("intra", "inter"), (self.nodes.intra, self.nodes.inter), before):
-            spent = (comm.stats - snap) if comm is not None else None
-            for field in ("bytes_sent", "bytes_recv", "rounds"):
-                value = 0 if spent is None else getattr(spent, field)
-                out[f"{level}_{field}"] = value
-                out[field] = out.get(field, self.last_stats[field]) + value
-            out["comm_s"] = out.get("comm_s", self.last_stats["comm_s"]) + (0.0 if spent is None else spent.comm_s)
-        return out
 
     def _handshake(self, n: int, dtype: torch.dtype, k: int, step: int) -> None:
         """The first call's agreement record: this rank's signature taken afresh and kept for
