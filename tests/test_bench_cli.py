@@ -115,7 +115,9 @@ def test_hierarchy_both_times_flat_and_two_level_and_counts_the_node_link(tmp_pa
     n, p, per = 20000, 4, 2
     proc = _run(["collectives", "--algorithms", "dense", "topka", "--N", str(n), "--density", "0.01", "--repeats", "1",
                  "--nproc", str(p), "--nproc-per-node", str(per), "--hierarchy", "both", "--out", str(out),
-                 "--check-n", "2003", "--pingpong-max", str(1 << 12)], tmp_path)
+                 "--check-n", "2003", "--pingpong-max", str(1 << 12)], tmp_path,
+                # the link counter counts messages: the node's steps as messages, not shared memory
+                extra_env={"SPARSECOMM_NODE_SHM": "0"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "vs flat" in proc.stdout
     report = json.loads((out / "collectives_2x2.json").read_text())

@@ -58,6 +58,7 @@ from ..launch import describe_link
 from ..density import DensitySchedule
 from ..testing import spawn
 from . import baselines
+from .common import hierarchies_of
 from .tasks import TASKS, Task, make_task
 
 __all__ = ["main", "run_rank", "time_to_target", "schedule_preset", "format_table"]
@@ -393,26 +394,10 @@ def config(args: argparse.Namespace, ap: argparse.ArgumentParser) -> dict[str, A
         value = getattr(args, name)
         if value is not None and value < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
-    hierarchies = ["flat", "node"] if "both" in args.hierarchy else list(dict.fromkeys(args.hierarchy))
-    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    if "node" in hierarchies:
-        if launched:
-            if args.nproc_per_node is not None:
-                ap.error("--nproc-per-node is for ranks the benchmark starts itself; under a launcher the "
-                         "topology comes from its LOCAL_WORLD_SIZE")
-            try:
-                Topology.from_env()
-            except ValueError as exc:
-                ap.error(f"--hierarchy node needs the nodes' shape: {exc} (e.g. python -m sparsecomm.launch "
-                         "--nnodes 2 --nproc-per-node 2 ...)")
-        elif args.nproc_per_node is None or args.nproc_per_node < 1 or args.nproc % args.nproc_per_node:
-            ap.error(f"--hierarchy node without a launcher needs --nproc-per-node L dividing --nproc ({args.nproc}), "
-                     "e.g. --nproc 4 --nproc-per-node 2")
-        if hierarchies == ["node"] and args.target is None:
-            ap.error("--hierarchy node alone has no flat dense to take the target from: use --hierarchy both, "
-                     "or give --target")
-    elif args.nproc_per_node is not None:
-        ap.error("--nproc-per-node is only used with --hierarchy node or both")
+    hierarchies = hierarchies_of(ap, args, "RANK" in os.environ and "WORLD_SIZE" in os.environ)
+    if hierarchies == ["node"] and args.target is None:
+        ap.error("--hierarchy node alone has no flat dense to take the target from: use --hierarchy both, "
+                 "or give --target")
     return {"hierarchies": hierarchies, "per_node": args.nproc_per_node,
             "task": args.task, "methods": methods, "density": args.density, "steps": args.steps,
             "eval_every": args.eval_every, "target": args.target, "target_fraction": args.target_fraction,

@@ -86,7 +86,7 @@ from ..reducer import SparseAllreduce, k_for
 from ..testing import spawn
 from . import baselines
 from .baselines import TorchHook, bucket_shapes, is_baseline, powersgd_counts
-from .common import bench_gradient
+from .common import bench_gradient, hierarchies_of
 from .links import LinkCounter, interface_tx_bytes
 from .plots import line_plot
 
@@ -605,33 +605,19 @@ def main(argv=None) -> int:
     if bad_d:
         ap.error(f"--density values must be in (0, 1], got {bad_d}")
     names = list(dict.fromkeys(names))
-    hierarchies = ["flat", "node"] if "both" in args.hierarchy else list(dict.fromkeys(args.hierarchy))
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     where = describe_link()[0] if launched else "gloo loopback"
     per_node = None
-    if "node" in hierarchies:
+    if "node" in args.hierarchy or "both" in args.hierarchy:
         with_baselines = [a for a in names if is_baseline(a)]
         if with_baselines:
             ap.error(f"--hierarchy node times sparsecomm's algorithms only; drop {', '.join(with_baselines)} "
                      "(PyTorch's hooks run flat) or time them in a flat run")
-        if launched:
-            if args.nproc_per_node is not None:
-                ap.error("--nproc-per-node is for ranks the benchmark starts itself; under a launcher the "
-                         "topology comes from its LOCAL_WORLD_SIZE")
-            try:
-                Topology.from_env()
-            except ValueError as exc:
-                ap.error(f"--hierarchy node needs the nodes' shape: {exc} (e.g. python -m sparsecomm.launch "
-                         "--nnodes 2 --nproc-per-node 2 ...)")
-        else:
-            if args.nproc_per_node is None or args.nproc_per_node < 1 or args.nproc % args.nproc_per_node:
-                ap.error(f"--hierarchy node without a launcher needs --nproc-per-node L dividing --nproc "
-                         f"({args.nproc}), e.g. --nproc 4 --nproc-per-node 2")
-            per_node = args.nproc_per_node
-            where = (f"gloo loopback, {Topology(args.nproc // per_node, per_node)} given by --nproc-per-node "
-                     "(no separate link per node)")
-    elif args.nproc_per_node is not None:
-        ap.error("--nproc-per-node is only used with --hierarchy node or both")
+    hierarchies = hierarchies_of(ap, args, launched)
+    if "node" in hierarchies and not launched:
+        per_node = args.nproc_per_node
+        where = (f"gloo loopback, {Topology(args.nproc // per_node, per_node)} given by --nproc-per-node "
+                 "(no separate link per node)")
     cfg = {"algorithms": names, "n": args.N, "densities": args.density, "repeats": args.repeats,
            "check_n": args.check_n, "pingpong_max": args.pingpong_max, "threads": args.threads, "where": where,
            "shuffle": args.shuffle, "hierarchies": hierarchies, "per_node": per_node}

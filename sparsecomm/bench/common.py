@@ -40,3 +40,31 @@ def bench_gradient(rank: int, step: int, n: int, dtype: torch.dtype = torch.floa
     """
     generator = torch.Generator().manual_seed(7919 * step + rank)
     return torch.randn(n, generator=generator).to(dtype)
+
+
+def hierarchies_of(ap, args, launched: bool) -> list[str]:
+    """The hierarchies ``--hierarchy`` asks for (``both``: flat, then node), checked against how
+    the ranks start: under a launcher the nodes' shape comes from its ``LOCAL_WORLD_SIZE``
+    (``--nproc-per-node`` refused), without one ``--nproc-per-node`` must divide ``--nproc``;
+    ``--nproc-per-node`` without node is refused. Errors through ``ap.error``."""
+    from ..comm.topology import Topology
+
+    hierarchies = ["flat", "node"] if "both" in args.hierarchy else list(dict.fromkeys(args.hierarchy))
+    if "node" not in hierarchies:
+        if args.nproc_per_node is not None:
+            ap.error("--nproc-per-node is only used with --hierarchy node or both")
+        return hierarchies
+    if launched:
+        if args.nproc_per_node is not None:
+            ap.error("--nproc-per-node is for ranks the benchmark starts itself; under a launcher the "
+                     "topology comes from its LOCAL_WORLD_SIZE")
+        try:
+            Topology.from_env()
+        except ValueError as exc:
+            ap.error(f"--hierarchy node needs the nodes' shape: {exc} (e.g. python -m sparsecomm.launch "
+                     "--nnodes 2 --nproc-per-node 2 ...)")
+    elif args.nproc_per_node is None or args.nproc_per_node < 1 or args.nproc % args.nproc_per_node:
+        ap.error(f"--hierarchy node without a launcher needs --nproc-per-node L dividing --nproc ({args.nproc}), "
+                 "e.g. --nproc 4 --nproc-per-node 2")
+    return hierarchies
+
