@@ -67,6 +67,7 @@ when returned); results are identical either way.
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any
 
@@ -81,7 +82,8 @@ from ._checkpoint import (CHECKPOINT_VERSION, check_owner, check_version, finger
                           pack_rank_part, unpack_rank_part)
 from .density import DensitySchedule, as_schedule, check_density
 from .comm.topology import NodeComms, Topology
-from .reducer import SparseAllreduce, check_hierarchy, check_nonfinite
+from ._two_level import check_hierarchy
+from .reducer import SparseAllreduce, check_nonfinite
 
 __all__ = ["DDPHookState", "ddp_hook"]
 
@@ -122,7 +124,9 @@ class DDPHookState:
             handshake and kept in ``state_dict()``. Default None: ``density`` from step 0 --
             measured, a warm-up cost spardl and gtopk at 1% time to accuracy on the demo's
             MLP and gave no consistent gain on digits (docs/benchmarks.md, "Density warm-up").
-        hierarchy: ``"flat"`` (default: every rank a peer of every other) or ``"node"``: each
+        hierarchy: ``"flat"`` (default: every rank a peer of every other), ``"auto"`` (each bucket's
+            reducer picks flat or two-level by the cost model on the measured links, see
+            :class:`~sparsecomm.SparseAllreduce`) or ``"node"``: each
             bucket is reduce-scattered densely inside the node, each rank's shard goes through
             the algorithm among the ranks of the same local rank on the other nodes (density is
             per shard: a node sends about ``density * N`` elements' worth, not L times that),
@@ -141,7 +145,12 @@ class DDPHookState:
         if isinstance(topology, NodeComms):
             raise ValueError("DDPHookState takes a Topology (it splits its own Comm), not NodeComms")
         self.hierarchy = hierarchy
-        self.topology = (topology or Topology.from_env()) if hierarchy == "node" else None
+        if hierarchy == "node":
+            self.topology = topology or Topology.from_env()
+        elif hierarchy == "auto" and topology is None and os.environ.get("LOCAL_WORLD_SIZE") not in (None, ""):
+            self.topology = Topology.from_env()    # auto without a topology is flat (SparseAllreduce)
+        else:
+            self.topology = topology if hierarchy == "auto" else None
         self._nodes: NodeComms | None = None   # the two-level Comms, split with the Comm
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
@@ -154,8 +163,10 @@ class DDPHookState:
         # of ranks (spardl's teams) too when it is known already, else in `comm` below
         self._options_checked = algorithms.get(algorithm)(None, **options)  # comm-less: checks only
         size = comm.size if comm is not None else _group_size(process_group)
-        if self.topology is not None:   # two levels: the algorithm runs among one rank per node
+        if self.hierarchy == "node":   # two levels: the algorithm runs among one rank per node
             size = self.topology.nodes
+        elif self.hierarchy == "auto":   # either: checked by the reducer once it has decided
+            size = None
         if size is not None:
             self._options_checked.check_size(size)
         self.async_comm = async_comm
@@ -217,10 +228,10 @@ class DDPHookState:
         if self._comm is None:
             from .comm.torch_comm import TorchComm
             size = _group_size(self.process_group)
-            if size is not None and self.topology is None:  # options that need P fail here, on every
-                self._options_checked.check_size(size)      # rank, before any message
+            if size is not None and self.hierarchy == "flat":  # options that need P fail here, on
+                self._options_checked.check_size(size)         # every rank, before any message
             self._comm = TorchComm(self.process_group)
-        if self.hierarchy == "node" and self._nodes is None:
+        if self.topology is not None and self._nodes is None:
             # collective, like the Comm's construction: at the first bucket, on every rank
             self._nodes = self.topology.split(self._comm)
         if self._unchecked_owner is not None:
@@ -475,7 +486,9 @@ class DDPHookState:
         self._loose_algorithm_states = {int(j): dict(s) for j, s in raw.items()}
 
     def _hierarchy_text(self) -> str:
-        return "flat" if self.hierarchy == "flat" else f"node, {self.topology}"
+        """What a checkpoint says of the hierarchy: ``flat``, ``node, <topology>`` or ``auto``
+        (each bucket's reducer decides at its first call; a resumed one decides again)."""
+        return {"flat": "flat", "node": f"node, {self.topology}"}.get(self.hierarchy, "auto")
 
     def __getstate__(self) -> dict[str, Any]:
         # process groups, communicators and the worker thread cannot be pickled;

@@ -53,9 +53,9 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from fractions import Fraction
 import time
+import zlib
 from typing import Any
 
 import torch
@@ -70,16 +70,14 @@ from .density import DensitySchedule, as_schedule, check_density
 from .errors import AgreedValueError
 from .formats.header import AgreementKind
 from .comm.topology import NodeComms, Topology
+from ._two_level import (candidate_node_comms, check_hierarchy, level_snapshots, level_stats,
+                         node_comms, reduce_two_level)
 
 __all__ = ["SparseAllreduce", "k_for", "check_nonfinite"]
 
 _HALF_TYPES = (torch.float16, torch.bfloat16)
 #: the values of the ``nonfinite`` option
 NONFINITE_POLICIES = ("propagate", "raise")
-#: the values of the ``hierarchy`` option: one level of equal peers, dense inside a node and
-#: the algorithm between nodes, or the one of the two the cost model predicts faster
-#: (:meth:`SparseAllreduce._choose_hierarchy`)
-HIERARCHIES = ("flat", "node", "auto")
 # this rank's non-finite flag (bits), all-gathered before the algorithm runs
 _NAN, _POS_INF, _NEG_INF = 1, 2, 4
 
@@ -94,41 +92,6 @@ def k_for(density: float, n: int) -> int:
     if n == 0:
         return 0
     return min(n, max(1, math.ceil(Fraction(repr(float(density))) * n)))
-
-
-def check_hierarchy(hierarchy: Any, topology: Any) -> None:
-    """A ValueError unless ``hierarchy`` is one of :data:`HIERARCHIES` and ``topology`` fits it."""
-    if hierarchy not in HIERARCHIES:
-        raise ValueError(f"hierarchy must be one of {', '.join(map(repr, HIERARCHIES))}, got {hierarchy!r}")
-    if topology is not None and not isinstance(topology, (Topology, NodeComms)):
-        raise ValueError(f"topology must be a sparsecomm.Topology, got {type(topology).__name__}")
-    if topology is not None and hierarchy == "flat":
-        raise ValueError("a topology is only used with hierarchy='node' or 'auto'; pass one of them too, or no "
-                         "topology")
-
-
-def node_comms(comm: Comm, topology: "Topology | NodeComms | None") -> NodeComms:
-    """The two-level Comms over ``comm``: ``topology`` already split (checked to be over the same
-    Comm), or split here (collective), from torchrun's environment when None."""
-    if isinstance(topology, NodeComms):
-        if topology.world is not comm:
-            raise ValueError("the NodeComms given were split from another Comm than the one passed as comm")
-        return topology
-    return (Topology.from_env() if topology is None else topology).split(comm)
-
-
-def candidate_node_comms(comm: Comm, topology: "Topology | NodeComms | None") -> NodeComms | None:
-    """hierarchy="auto": the two-level Comms it may choose, or None when only flat is possible
-    (no topology given and no ``LOCAL_WORLD_SIZE`` in the environment, one node, or one rank
-    per node). Collective (the split) when a topology is found."""
-    if topology is None:
-        if os.environ.get("LOCAL_WORLD_SIZE") in (None, ""):
-            return None
-        topology = Topology.from_env()
-    shape = topology.topology if isinstance(topology, NodeComms) else topology
-    if shape.nodes == 1 or shape.ranks_per_node == 1:
-        return None
-    return node_comms(comm, topology)
 
 
 def check_nonfinite(nonfinite: Any) -> None:
@@ -411,11 +374,21 @@ class SparseAllreduce:
         # No variable-size message of a call is larger than 16 bytes per element + headers.
         limit = 16 * grad.numel() + 65536
         agreed = lambda exc: isinstance(exc, AgreedValueError)  # noqa: E731
-        with contextlib.ExitStack() as scopes:
-            scopes.enter_context(self.comm.call_scope(self._scope, max_message_bytes=limit, agreed=agreed))
-            for comm, scope in self._level_scopes:
-                scopes.enter_context(comm.call_scope(scope, max_message_bytes=limit, agreed=agreed))
-            result = self._call(grad, out, self.calls if step is None else step)
+        try:
+            with contextlib.ExitStack() as scopes:
+                scopes.enter_context(self.comm.call_scope(self._scope, max_message_bytes=limit, agreed=agreed))
+                for comm, scope in self._level_scopes:
+                    scopes.enter_context(comm.call_scope(scope, max_message_bytes=limit, agreed=agreed))
+                result = self._call(grad, out, self.calls if step is None else step)
+        except BaseException as exc:
+            if self._level_scopes and not agreed(exc):
+                # a peer's abort reaches this rank on one Comm, which a call scope does not publish
+                # again; ranks that share only another of its Comms with this rank wait there:
+                # relay it (abort() keeps a Comm's first cause)
+                for comm in self.nodes.comms:
+                    if comm.size > 1:
+                        comm.abort(f"{type(exc).__name__}: {exc}")
+            raise
         self.calls += 1
         return result
 
@@ -490,7 +463,7 @@ class SparseAllreduce:
         flat = grad.detach().reshape(-1)
         n = flat.numel()
         handshake = self.comm.stats.snapshot()
-        levels = self._level_stats()
+        levels = level_snapshots(self.nodes)
         # the schedule and the step are in the agreement record: the same k everywhere (two-level:
         # the record carries the whole tensor's k, the algorithm selects k of its shard)
         k = k_for(self.density_at(step), n)
@@ -532,7 +505,8 @@ class SparseAllreduce:
             work_out.copy_(flat)
             self.comm.allreduce_dense(work_out)
         elif self.nodes is not None:
-            add_s += self._reduce_two_level(flat, acc, shard_k, work_out, lo, hi)
+            add_s += reduce_two_level(self.nodes, self.algorithm, flat, acc, shard_k, work_out, lo, hi, self._carry)
+            self._carry = None
         elif fuse:
             self.algorithm.reduce(acc, k, work_out, grad=flat)
         elif n:
@@ -560,7 +534,7 @@ class SparseAllreduce:
             "nonfinite_ranks": nonfinite,
         }
         if self.nodes is not None:
-            self.last_stats.update(self._two_level_stats(levels, n, k, hi - lo))
+            self.last_stats.update(level_stats(self.nodes, levels, self.last_stats, k, hi - lo))
         extra = getattr(self.algorithm, "stats_extra", None)
         if extra is not None:   # e.g. auto: its choice, predicted and measured time
             self.last_stats.update(extra(self.last_stats["total_s"]))
@@ -575,8 +549,10 @@ class SparseAllreduce:
         when the list is not empty. The gradient is not read for N = 0 nor for an algorithm
         that is itself the dense allreduce under ``"propagate"`` (its flag is 0)."""
         n = flat.numel()
+        # two-level with a per-shard decision: dense on some shards only, so every rank reads its gradient
         read = (kind == AgreementKind.CALL and n > 0
-                and not (self.nonfinite == "propagate" and self.algorithm.propagates_nonfinite))
+                and not (self.nonfinite == "propagate" and self.algorithm.propagates_nonfinite
+                         and not self._decides_per_shard()))
         flags = self._agree(kind, n, dtype, k, step, _nonfinite_flag(flat) if read else 0)
         if kind == AgreementKind.REUSED:
             agreed_n, agreed_dtype, agreed_device = self._agreed
@@ -616,13 +592,14 @@ class SparseAllreduce:
                 self._handshake(n, grad.dtype, k, step)
                 prepare(part, part_k, work_dtype)
             self._handshake(n, grad.dtype, k, step)
-            self._agreed = key
-            pending, self._pending_residual = self._pending_residual, None
+            pending = self._pending_residual
+            if pending is not None and pending.numel() != n:
+                # N and the save's fingerprint are agreed by now: every rank raises this
+                raise AgreedValueError(f"the loaded state_dict holds the residual of a tensor of N={pending.numel()}, "
+                                       f"this call's tensor has N={n}: the state_dict belongs to another tensor")
+            self._agreed, self._pending_residual = key, None
             self._residual = torch.zeros(part, dtype=work_dtype, device=grad.device)
             if pending is not None:
-                if pending.numel() != n:
-                    raise ValueError(f"the loaded residual has {pending.numel()} elements but the gradient "
-                                     f"has {n}: the state_dict belongs to another tensor")
                 pending = pending.reshape(-1).to(device=grad.device, dtype=work_dtype)
                 self._residual.copy_(pending[lo:hi])
                 if part != n:   # two-level: what lies outside the shard goes to its owner
@@ -633,72 +610,38 @@ class SparseAllreduce:
             prepare(part, part_k, work_dtype)
         return self._residual
 
-    # -- two levels ------------------------------------------------------------------------
-    def _reduce_two_level(self, flat: torch.Tensor, acc: torch.Tensor, k: int, work_out: torch.Tensor,
-                          lo: int, hi: int) -> float:
-        """Dense inside the node, the algorithm between nodes: ``acc = residual + node sum of this
-        rank's shard`` by the node's one-round reduce-scatter straight from the gradient
-        (:func:`~sparsecomm.comm.collectives.direct_reduce_scatter_into_`: no copy of it), the
-        algorithm among the n owners of the shard (one per node) into the shard of ``work_out``,
-        and the node's one-round all-gather of the reduced shards into ``work_out``. Returns the
-        seconds of the residual add (the "add" phase: this rank's own slice)."""
-        n = flat.numel()
-        source = flat
-        if flat.dtype != work_out.dtype or self._carry is not None:
-            # half gradients are summed in float32; a carried residual joins the gradient (never
-            # the caller's tensor itself)
-            if work_out.data_ptr() != flat.data_ptr():
-                work_out.copy_(flat)
-            if self._carry is not None:
-                work_out.add_(self._carry)
-                self._carry = None
-            source = work_out
-        inter = self.nodes.inter
-        start = time.perf_counter()
-        self.nodes.reduce_scatter_into_(source, n, acc)
-        add_s = time.perf_counter() - start
-        shard = work_out[lo:hi]
-        if hi > lo:
-            if inter is None:       # one node: the node's sum is the result; nothing is held back
-                shard.copy_(acc)
-                acc.zero_()
-            else:
-                self.algorithm.reduce(acc, k, shard)
-        if self.algorithm.last_nnz is None or inter is None:
-            # two-level reports the nonzeros of this rank's shard of the result (counting the whole
-            # result would read N values more per call)
-            self.algorithm.last_nnz = int(torch.count_nonzero(shard))
-        self.nodes.allgather_(work_out, n)
-        return add_s
-
-    def _level_stats(self) -> list:
-        """Snapshots of the intra- and inter-node Comms' counters (two-level), else []."""
-        if self.nodes is None:
-            return []
-        return [None if c is None else c.stats.snapshot() for c in (self.nodes.intra, self.nodes.inter)]
-
-    def _two_level_stats(self, before: list, n: int, k: int, shard_n: int) -> dict[str, Any]:
-        """The call's two-level figures: bytes and rounds inside the node and between nodes apart
-        (``intra_*``, ``inter_*``: what this rank sent on its node's links and on the network),
-        and the totals over all three Comms (``bytes_sent``, ``rounds``, ``comm_s``)."""
-        out: dict[str, Any] = {"hierarchy": "node", "topology": str(self.nodes.topology),
-                               "shard_n": shard_n, "k_total": k}
-        for level, comm, snap in zip(("intra", "inter"), (self.nodes.intra, self.nodes.inter), before):
-            spent = (comm.stats - snap) if comm is not None else None
-            for field in ("bytes_sent", "bytes_recv", "rounds"):
-                value = 0 if spent is None else getattr(spent, field)
-                out[f"{level}_{field}"] = value
-                out[field] = out.get(field, self.last_stats[field]) + value
-            out["comm_s"] = out.get("comm_s", self.last_stats["comm_s"]) + (0.0 if spent is None else spent.comm_s)
-        return out
-
     def _handshake(self, n: int, dtype: torch.dtype, k: int, step: int) -> None:
         """The first call's agreement record: this rank's signature taken afresh and kept for
         the later calls' records; raises on any difference."""
         revision = self.algorithm.wire_revision
         algorithm_id = f"{self.algorithm_name}/{revision}" if revision else self.algorithm_name
-        self._signature = signature(algorithm_id, self.options_text(), self.density)
+        per_shard = self._decides_per_shard()
+        self._signature = signature(self.algorithm_name if per_shard else algorithm_id, self.options_text(),
+                                    self.density)
         self._agree(AgreementKind.HANDSHAKE, n, dtype, k, step, 0)
+        if per_shard:
+            self._agree_per_shard(algorithm_id)
+
+    def _decides_per_shard(self) -> bool:
+        """Two-level with an algorithm that decides for its tensor (``prepare``: auto, by the
+        shard's length and the inter-node group's measured links): each inter-node group may then
+        decide otherwise, so only the ranks that hold one shard must agree on the decision."""
+        return self.nodes is not None and callable(getattr(self.algorithm, "prepare", None))
+
+    def _agree_per_shard(self, algorithm_id: str) -> None:
+        """One more small all-gather of the handshake (on every rank, from the same table): the
+        same AgreedValueError on every rank unless the ranks of each inter-node group have the same
+        ``algorithm_id`` (the algorithm's decision, or which saved decision it resumes)."""
+        mine = torch.tensor([zlib.crc32(algorithm_id.encode()), self.nodes.topology.local_rank], dtype=torch.int64)
+        sides: dict[int, dict[int, list[int]]] = {}
+        for rank, (crc, local) in enumerate(self.comm.allgather_small(mine).tolist()):
+            sides.setdefault(local, {}).setdefault(crc, []).append(rank)
+        split = [f"local rank {local}: " + " / ".join(f"ranks {ranks}" for ranks in by_crc.values())
+                 for local, by_crc in sorted(sides.items()) if len(by_crc) > 1]
+        if split:
+            raise AgreedValueError(f"the ranks that hold one shard between nodes decided differently for it "
+                                   f"({self.algorithm_name}, {'; '.join(split)}): every rank must call the same "
+                                   "reducer with the same tensor, and every rank resume from the same save or none")
 
     def _agree(self, kind: AgreementKind, n: int, dtype: torch.dtype, k: int, step: int, flag: int) -> list[int]:
         """This call's agreement record, all-gathered and compared (sparsecomm/_agreement.py):

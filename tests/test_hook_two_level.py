@@ -34,14 +34,14 @@ def _net():
     return Net()
 
 
-def _build(algorithm, nodes, per_node, hook=True):
+def _build(algorithm, nodes, per_node, hook=True, hierarchy="node"):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     model = DDP(_net(), bucket_cap_mb=0.01, find_unused_parameters=True)
     state = None
     if hook:
         density = 1.0 if algorithm == "dense" else 0.05
-        state = sc.DDPHookState(algorithm, density, hierarchy="node", topology=sc.Topology(nodes, per_node))
+        state = sc.DDPHookState(algorithm, density, hierarchy=hierarchy, topology=sc.Topology(nodes, per_node))
         model.register_comm_hook(state, sc.ddp_hook)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     return model, state, optimizer
@@ -194,3 +194,26 @@ def test_options_that_depend_on_the_ranks_are_checked_against_the_nodes():
     sc.DDPHookState("spardl", 0.05, hierarchy="node", topology=sc.Topology(2, 3), teams=2)
     with pytest.raises(ValueError, match="teams"):
         sc.DDPHookState("spardl", 0.05, hierarchy="node", topology=sc.Topology(2, 3), teams=3)
+
+
+def _auto_hierarchy(rank, world_size):
+    model, state, optimizer = _build("topka", 2, 2, hierarchy="auto")
+    for step in range(3):
+        _step(model, optimizer, rank, step)
+    choices = sorted({str(stats.get("hierarchy", "flat")) for stats in state.last_stats.values()})
+    params = _params(model)
+    saved = state.local_state_dict()
+    state.close()
+    return params, choices, saved["hierarchy"]
+
+
+@pytest.mark.distributed
+def test_the_hook_with_hierarchy_auto_decides_the_same_everywhere():
+    """hierarchy="auto" through the hook: each bucket's reducer decides flat or two-level on
+    the measured links; every rank ends with the same parameters, the checkpoint says auto."""
+    results = spawn(_auto_hierarchy, 4, timeout=180)
+    first = torch.load(io.BytesIO(results[0][0]))
+    for params, choices, saved in results:
+        assert all(torch.equal(a, b) for a, b in zip(torch.load(io.BytesIO(params)), first))
+        assert choices == results[0][1] and set(choices) <= {"flat", "node"}, choices
+        assert saved == "auto"

@@ -350,7 +350,7 @@ def test_rules_on_a_planted_package(tmp_path):
 ROOMS = {
     "sparsecomm": "face",
     "sparsecomm.hook": "hook", "sparsecomm.fsdp": "hook", "sparsecomm._bucket_layout": "hook", "sparsecomm.bucket_worker": "hook",
-    "sparsecomm.reducer": "reducer", "sparsecomm._agreement": "reducer",
+    "sparsecomm.reducer": "reducer", "sparsecomm._agreement": "reducer", "sparsecomm._two_level": "reducer",
     "sparsecomm._checkpoint": "values", "sparsecomm.density": "values",
     "sparsecomm.costmodel": "costmodel",
     "sparsecomm.algorithms": "algorithms",

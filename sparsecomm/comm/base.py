@@ -258,7 +258,7 @@ class Comm(ABC):
         """Raise :class:`CommAbortedError` if the Comm was aborted."""
         if self._broken is not None:
             failed, cause = parse_abort(self._broken)
-            raise aborted_error(f"rank {self.rank} of {self.size}: this Comm was aborted ({self._broken}); "
+            raise aborted_error(f"{self.who()}: this Comm was aborted ({self._broken}); "
                                 "build a new Comm on every rank to continue", failed, cause)
 
     def abort(self, cause: str) -> None:
@@ -267,7 +267,7 @@ class Comm(ABC):
         Idempotent: only the first cause is kept."""
         if self._broken is not None:
             return
-        self._broken = format_abort(self.rank, cause)
+        self._broken = format_abort(self.root_rank(self.rank), cause)
         if self.size > 1:
             try:
                 self._publish_abort(self._broken)
@@ -282,7 +282,7 @@ class Comm(ABC):
         if self._broken is None:
             self._broken = message
         failed, cause = parse_abort(message)
-        return aborted_error(f"rank {self.rank} of {self.size}: {message}", failed, cause)
+        return aborted_error(f"{self.who()}: {message}", failed, cause)
 
     def check_message_size(self, n: int, peer: int) -> int:
         """``n``, the size ``peer`` announced for a variable-size message, if the current call can
@@ -306,7 +306,24 @@ class Comm(ABC):
         every one of them when it fails (the two-level reducer does)."""
         index = check_groups(groups, self.size, self.rank)
         self.check_usable()
-        return self._split([list(map(int, g)) for g in groups], index, local)
+        groups = [list(map(int, g)) for g in groups]
+        sub = self._split(groups, index, local)
+        sub.root_ranks = [self.root_rank(r) for r in groups[index]]
+        return sub
+
+    #: a Comm made by :meth:`split`: the rank of each of its ranks in the first Comm it was split
+    #: from; errors name ranks by it (a rank's number in a group names another process)
+    root_ranks: list[int] | None = None
+
+    def root_rank(self, rank: int) -> int:
+        """``rank``'s number in the Comm this one was split from (itself when not split)."""
+        return rank if self.root_ranks is None else self.root_ranks[rank]
+
+    def who(self) -> str:
+        """This rank, as errors name it."""
+        if self.root_ranks is None:
+            return f"rank {self.rank} of {self.size}"
+        return f"rank {self.root_rank(self.rank)} ({self.rank} of {self.size} in its group)"
 
     def _split(self, groups: list[list[int]], index: int, local: bool) -> "Comm":
         raise NotImplementedError(f"{type(self).__name__} cannot be split into groups; use a TorchComm, "

@@ -223,7 +223,7 @@ class MPIComm(Comm):
                         return
                 except MPI.Exception as e:  # e.g. a truncated message: never a raw MPI error
                     self._give_up(reqs, peers)
-                    raise CommError(f"rank {self.rank} of {self.size}: {what} failed: {e}") from e
+                    raise CommError(f"{self.who()}: {what} failed: {e}") from e
                 now = time.monotonic()
                 if now >= next_look:
                     next_look = now + POLL_SLICE_S
@@ -239,8 +239,8 @@ class MPIComm(Comm):
             pending = self._give_up(reqs, peers)
             if poll is not None:
                 pending.update(poll(final=True))
-            raise CommTimeoutError(f"rank {self.rank} of {self.size}: {what} timed out after "
-                                   f"{self.timeout:g} s; still waiting on peer(s) {sorted(pending)}")
+            raise CommTimeoutError(f"{self.who()}: {what} timed out after {self.timeout:g} s; "
+                                   f"still waiting on peer(s) {sorted(map(self.root_rank, pending))}")
         finally:
             if state["published"]:
                 self._ctl_send(sorted(others), _WAIT_TAG, f"{state['seq']}||")  # done waiting

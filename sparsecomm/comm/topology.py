@@ -31,15 +31,22 @@ from .shared_memory import NodeSharedMemory
 __all__ = ["Topology", "NodeComms"]
 
 
-def _env_int(env: Mapping[str, str], *names: str) -> int | None:
+def _env_int(env: Mapping[str, str], *names: str) -> tuple[int | None, str]:
+    """The first of ``names`` that is set (non-empty), as an int, and its name."""
     for name in names:
         text = env.get(name)
         if text not in (None, ""):
             try:
-                return int(text)
+                return int(text), name
             except ValueError:
                 raise ValueError(f"Topology.from_env: {name}={text!r} is not an integer") from None
-    return None
+    return None, names[0]
+
+
+def _env_check(ok: bool, what: str) -> None:
+    if not ok:
+        raise ValueError(f"Topology.from_env: {what}: the launcher's variables do not describe one rank of "
+                         "equal nodes; pass Topology(nodes=..., ranks_per_node=...) instead")
 
 
 @dataclass(frozen=True)
@@ -84,25 +91,33 @@ class Topology:
         ``LOCAL_WORLD_SIZE``, ``LOCAL_RANK`` and ``GROUP_RANK`` (or ``NODE_RANK``). A ValueError
         says which variable is missing or inconsistent."""
         env = os.environ if env is None else env
-        world = _env_int(env, "WORLD_SIZE")
-        local_size = _env_int(env, "LOCAL_WORLD_SIZE")
+        world, _ = _env_int(env, "WORLD_SIZE")
+        local_size, _ = _env_int(env, "LOCAL_WORLD_SIZE")
         if world is None or local_size is None:
             raise ValueError("Topology.from_env: WORLD_SIZE and LOCAL_WORLD_SIZE are not set (torchrun and "
                              "python -m sparsecomm.launch set them); pass Topology(nodes=..., ranks_per_node=...) "
                              "instead")
-        if local_size < 1 or world % local_size:
+        _env_check(world >= 1, f"WORLD_SIZE={world} is not >= 1")
+        _env_check(local_size >= 1, f"LOCAL_WORLD_SIZE={local_size} is not >= 1")
+        if world % local_size:
             raise ValueError(f"Topology.from_env: WORLD_SIZE={world} is not a multiple of LOCAL_WORLD_SIZE="
                              f"{local_size}: nodes of unequal size cannot run a two-level reduction "
                              "(every shard needs an owner on every node); use hierarchy='flat'")
-        local = _env_int(env, "LOCAL_RANK")
-        node = _env_int(env, "GROUP_RANK", "NODE_RANK")
+        nodes = world // local_size
+        local, _ = _env_int(env, "LOCAL_RANK")
+        node, node_name = _env_int(env, "GROUP_RANK", "NODE_RANK")
         if local is None or node is None:
-            rank = _env_int(env, "RANK")
+            rank, _ = _env_int(env, "RANK")
             if rank is None:
                 raise ValueError("Topology.from_env: neither LOCAL_RANK and GROUP_RANK (or NODE_RANK) nor RANK "
                                  "is set")
+            _env_check(0 <= rank < world, f"RANK={rank} is not in [0, WORLD_SIZE={world})")
             node, local = divmod(rank, local_size)
-        return cls(world // local_size, local_size, node, local)
+        else:
+            _env_check(0 <= local < local_size, f"LOCAL_RANK={local} is not in [0, LOCAL_WORLD_SIZE={local_size})")
+            _env_check(0 <= node < nodes, f"{node_name}={node} is not in [0, {nodes}) (WORLD_SIZE={world} / "
+                                          f"LOCAL_WORLD_SIZE={local_size} nodes)")
+        return cls(nodes, local_size, node, local)
 
     def place(self, rank: int) -> tuple[int, int]:
         """(node, local rank) of ``rank``: the given ones, else torchrun's layout."""

@@ -419,11 +419,11 @@ class TorchComm(Comm):
         if first is None:
             return
         if failed:
-            raise CommError(f"rank {self.rank} of {self.size}: {what} failed with peer(s) "
-                            f"{sorted(failed)}: {first}") from first
+            raise CommError(f"{self.who()}: {what} failed with peer(s) "
+                            f"{sorted(map(self.root_rank, failed))}: {first}") from first
         raise CommTimeoutError(
-            f"rank {self.rank} of {self.size}: {what} timed out after {self.timeout:g} s; "
-            f"still waiting on peer(s) {sorted(pending)}") from first
+            f"{self.who()}: {what} timed out after {self.timeout:g} s; "
+            f"still waiting on peer(s) {sorted(map(self.root_rank, pending))}") from first
 
     def _post(self, post, what: str, peers):
         """Post operations; a backend error at posting (a connection a peer closed) is a
@@ -431,8 +431,8 @@ class TorchComm(Comm):
         try:
             return post()
         except RuntimeError as e:
-            error = CommError(f"rank {self.rank} of {self.size}: posting {what} with peer(s) "
-                              f"{sorted(set(peers))} failed: {e}")
+            error = CommError(f"{self.who()}: posting {what} with peer(s) "
+                              f"{sorted(set(map(self.root_rank, peers)))} failed: {e}")
             raise self._failed(error, _ABORT_GRACE_S) from e
 
     def _on_device(self, t: torch.Tensor, what: str) -> None:
