@@ -4,13 +4,12 @@ Starts ``P`` ranks on loopback (no shaped link: the phases inside a node and the
 are what it isolates), splits them into nodes of ``L`` and times, per rank, after one warm-up
 call, the median of 3 calls of:
 
-* the node's reduce-scatter (``sparsecomm.comm.collectives.bruck_reduce_scatter_`` as the
-  reducer calls it), the algorithm between nodes on the rank's shard, the node's all-gather
-  (``allgather_slices_``);
+* the node's reduce-scatter (``NodeComms.reduce_scatter_into_``: through the node's shared
+  memory segment, or one round of messages with ``SPARSECOMM_NODE_SHM=0``), the algorithm
+  between nodes on the rank's shard, the node's all-gather (``NodeComms.allgather_``);
 * the whole two-level call and the whole flat call (a barrier before each).
 
-The phases are timed by wrapping the functions the reducer module calls, in this process
-only. Usage::
+The phases are timed by wrapping the methods of this process's ``NodeComms`` and algorithm. Usage::
 
     python benchmarks/two_level_phases.py [--n 15M] [--nproc 4] [--nproc-per-node 2] [--algorithm topka]
 """
@@ -23,7 +22,6 @@ import time
 import torch
 import torch.distributed as dist
 
-import sparsecomm.reducer as reducer_module
 from sparsecomm import SparseAllreduce, Topology
 from sparsecomm.bench.common import bench_gradient, parse_size
 from sparsecomm.comm.torch_comm import TorchComm
@@ -43,8 +41,8 @@ def _rank(rank: int, size: int, n: int, per_node: int, algorithm: str) -> dict[s
     comm = TorchComm()
     nodes = Topology(size // per_node, per_node).split(comm)
     table: dict[str, list[float]] = {}
-    reducer_module.bruck_reduce_scatter_ = _timed(table, "node reduce-scatter", reducer_module.bruck_reduce_scatter_)
-    reducer_module.allgather_slices_ = _timed(table, "node all-gather", reducer_module.allgather_slices_)
+    nodes.reduce_scatter_into_ = _timed(table, "node reduce-scatter", nodes.reduce_scatter_into_)
+    nodes.allgather_ = _timed(table, "node all-gather", nodes.allgather_)
     two_level = SparseAllreduce(algorithm, 0.01, comm=comm, hierarchy="node", topology=nodes)
     two_level.algorithm.reduce = _timed(table, "algorithm between nodes", two_level.algorithm.reduce)
     flat = SparseAllreduce(algorithm, 0.01, comm=comm)
