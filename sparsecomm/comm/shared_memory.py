@@ -130,12 +130,14 @@ class NodeSharedMemory:
         comm = self.comm
         n = tensor.numel()
         slots = self._slots(n, tensor.dtype)
-        slots[comm.rank].copy_(tensor)
-        self._barrier()
         bounds = _bounds(n, comm.size)
         lo, hi = bounds[comm.rank], bounds[comm.rank + 1]
+        # the peers' slices only: this rank's own slice is read from the tensor itself
+        slots[comm.rank, :lo].copy_(tensor[:lo])
+        slots[comm.rank, hi:].copy_(tensor[hi:])
+        self._barrier()
         for q in range(comm.size):
-            acc.add_(slots[q, lo:hi])
+            acc.add_(tensor[lo:hi] if q == comm.rank else slots[q, lo:hi])
         self._count(n - (hi - lo), tensor.dtype)
 
     def allgather_(self, tensor: torch.Tensor) -> None:
