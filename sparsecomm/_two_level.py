@@ -83,14 +83,20 @@ def reduce_two_level(nodes: NodeComms, algorithm, flat: torch.Tensor, acc: torch
         if carry is not None:
             work_out.add_(carry)
         source = work_out
+    # the algorithm adds this rank's own slice in its first selection pass (one pass over the
+    # shard less) where it can: on CPU, in the working dtype
+    fuse = (nodes.inter is not None and hi > lo and source.device.type == "cpu" and source.dtype == acc.dtype
+            and algorithm.takes_grad())
     start = time.perf_counter()
-    nodes.reduce_scatter_into_(source, n, acc)
+    nodes.reduce_scatter_into_(source, n, acc, own=not fuse)
     add_s = time.perf_counter() - start
     shard = work_out[lo:hi]
     if hi > lo:
         if nodes.inter is None:     # one node: the node's sum is the result; nothing is held back
             shard.copy_(acc)
             acc.zero_()
+        elif fuse:   # safe when the shard is the gradient's own memory: read before written
+            algorithm.reduce(acc, k, shard, grad=source[lo:hi])
         else:
             algorithm.reduce(acc, k, shard)
     if algorithm.last_nnz is None or nodes.inter is None:

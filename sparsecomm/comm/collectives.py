@@ -311,9 +311,11 @@ def _slice_buffers(peer: int, count: int, dtype: torch.dtype, device, into: torc
     return header, body, [(peer, header)] + ([(peer, body)] if body is not None else [])
 
 
-def direct_reduce_scatter_into_(comm: PeerGroup, tensor: torch.Tensor, n: int, acc: torch.Tensor) -> None:
+def direct_reduce_scatter_into_(comm: PeerGroup, tensor: torch.Tensor, n: int, acc: torch.Tensor,
+                                own: bool = True) -> None:
     """``acc += `` the sum over ranks of their slice ``rank`` of ``tensor`` (:func:`block_bounds`),
-    in rank order, in ONE round: every rank sends each peer that peer's slice straight from
+    the peers' in rank order, then this rank's own (``own=False``: not added, for a caller that
+    adds it fused with its next pass), in ONE round: every rank sends each peer that peer's slice straight from
     ``tensor`` (a header message ``[Kind.DENSE, value dtype, N = n, count]``, then the slice's own
     bytes: no copy) and receives its own slice from each peer. For the few fast-linked ranks of
     a node (two-level reduction): (P - 1)/P of the tensor leaves each rank, like a ring or
@@ -333,12 +335,13 @@ def direct_reduce_scatter_into_(comm: PeerGroup, tensor: torch.Tensor, n: int, a
     comm.exchange(sends, recvs)
     for q in range(size):
         if q == rank:
-            acc.add_(tensor[lo:hi])
             continue
         header, body = got[q]
         check_header(header, receiver=rank, sender=q, kind=Kind.DENSE, n=n, value_dtype=tensor.dtype, count=hi - lo)
         if body is not None:
             acc.add_(body.view(tensor.dtype))
+    if own:
+        acc.add_(tensor[lo:hi])
 
 
 def direct_allgather_slices_(comm: PeerGroup, tensor: torch.Tensor, n: int) -> torch.Tensor:

@@ -14,8 +14,8 @@ alternate calls: a rank writes a buffer only after every rank passed the previou
 barriers, so no slot is written while a peer still reads it. It is unlinked once every rank
 has mapped it (nothing is left behind, even when a process dies later). The barriers are one
 round of one-byte messages on the node's Comm: they have its deadline and its abort, so a
-rank that fails between them makes its peers raise. Summation is in rank order, as in the
-message path (:func:`~sparsecomm.comm.collectives.direct_reduce_scatter_into_`), so both give
+rank that fails between them makes its peers raise. Summation is in the message path's order
+(the peers' slices in rank order, then the rank's own) (:func:`~sparsecomm.comm.collectives.direct_reduce_scatter_into_`), so both give
 the same bits.
 """
 
@@ -124,9 +124,10 @@ class NodeSharedMemory:
         return self._storage[start:start + size * slot].view(size, slot)[:, :need].view(dtype)
 
     # -- the two steps ------------------------------------------------------------------------
-    def reduce_scatter_into_(self, tensor: torch.Tensor, acc: torch.Tensor) -> None:
+    def reduce_scatter_into_(self, tensor: torch.Tensor, acc: torch.Tensor, own: bool = True) -> None:
         """``acc += `` the sum over the node's ranks of their slice ``rank`` of ``tensor``
-        (contiguous slices whose lengths differ by at most one), in rank order."""
+        (contiguous slices whose lengths differ by at most one): the peers' in rank order, then
+        this rank's own unless ``own=False`` (the caller adds it, fused with its next pass)."""
         comm = self.comm
         n = tensor.numel()
         slots = self._slots(n, tensor.dtype)
@@ -137,7 +138,10 @@ class NodeSharedMemory:
         slots[comm.rank, hi:].copy_(tensor[hi:])
         self._barrier()
         for q in range(comm.size):
-            acc.add_(tensor[lo:hi] if q == comm.rank else slots[q, lo:hi])
+            if q != comm.rank:
+                acc.add_(slots[q, lo:hi])
+        if own:
+            acc.add_(tensor[lo:hi])
         self._count(n - (hi - lo), tensor.dtype)
 
     def allgather_(self, tensor: torch.Tensor) -> None:

@@ -193,16 +193,19 @@ class NodeComms:
     #: the node's segment when its ranks share a host (sparsecomm/comm/shared_memory.py), else None
     shared: NodeSharedMemory | None = None
 
-    def reduce_scatter_into_(self, tensor: torch.Tensor, n: int, acc: torch.Tensor) -> None:
+    def reduce_scatter_into_(self, tensor: torch.Tensor, n: int, acc: torch.Tensor, own: bool = True) -> None:
         """``acc +=`` the node's sum of this rank's slice (slice ``local_rank`` of
-        :func:`~sparsecomm.comm.collectives.block_bounds`) of ``tensor``, in rank order: through
-        shared memory for CPU tensors when the node has it, else one round of messages."""
+        :func:`~sparsecomm.comm.collectives.block_bounds`) of ``tensor``: the peers' slices in
+        rank order, then its own (``own=False``: left to the caller, who adds it fused with the
+        algorithm's first selection); through shared memory for CPU tensors when the node has
+        it, else one round of messages."""
         if self.intra is None:
-            acc.add_(tensor)
+            if own:
+                acc.add_(tensor)
         elif self.shared is not None and tensor.device.type == "cpu":
-            self.shared.reduce_scatter_into_(tensor, acc)
+            self.shared.reduce_scatter_into_(tensor, acc, own)
         else:
-            direct_reduce_scatter_into_(self.intra, tensor, n, acc)
+            direct_reduce_scatter_into_(self.intra, tensor, n, acc, own)
 
     def allgather_(self, tensor: torch.Tensor, n: int) -> None:
         """Every node rank's slice of ``tensor`` to all of them, in place."""
