@@ -43,7 +43,7 @@ def _rank(rank: int, size: int, n: int, per_node: int, algorithm: str) -> dict[s
     table: dict[str, list[float]] = {}
     nodes.reduce_scatter_into_ = _timed(table, "node reduce-scatter", nodes.reduce_scatter_into_)
     nodes.allgather_ = _timed(table, "node all-gather", nodes.allgather_)
-    two_level = SparseAllreduce(algorithm, 0.01, comm=comm, hierarchy="node", topology=nodes)
+    two_level = SparseAllreduce(algorithm, 0.01, comm=comm, hierarchy="node", nodes=nodes)
     two_level.algorithm.reduce = _timed(table, "algorithm between nodes", two_level.algorithm.reduce)
     flat = SparseAllreduce(algorithm, 0.01, comm=comm)
     grad, out = bench_gradient(rank, 0, n), torch.empty(n)

@@ -83,7 +83,7 @@ def train(mode: str, topology: sc.Topology, args, data, rank: int, world: int) -
     else:
         algorithm = mode.split("+", 1)[1]
         model = shard_model(model, sc.fsdp.node_mesh(topology))
-        state = sc.FSDPHookState(algorithm, 1.0 if algorithm == "dense" else args.density, topology=topology)
+        state = sc.FSDPHookState(algorithm, 1.0 if algorithm == "dense" else args.density, nodes=topology)
         sc.fsdp.register_hook(model, state)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     curve, reached, spent = [], None, 0.0

@@ -27,15 +27,15 @@ __all__ = ["HIERARCHIES", "check_hierarchy", "node_comms", "candidate_node_comms
 HIERARCHIES = ("flat", "node", "auto")
 
 
-def check_hierarchy(hierarchy: Any, topology: Any) -> None:
-    """A ValueError unless ``hierarchy`` is one of :data:`HIERARCHIES` and ``topology`` fits it."""
+def check_hierarchy(hierarchy: Any, nodes: Any) -> None:
+    """A ValueError unless ``hierarchy`` is one of :data:`HIERARCHIES` and ``nodes`` (a Topology
+    or NodeComms) fits it."""
     if hierarchy not in HIERARCHIES:
         raise ValueError(f"hierarchy must be one of {', '.join(map(repr, HIERARCHIES))}, got {hierarchy!r}")
-    if topology is not None and not isinstance(topology, (Topology, NodeComms)):
-        raise ValueError(f"topology must be a sparsecomm.Topology, got {type(topology).__name__}")
-    if topology is not None and hierarchy == "flat":
-        raise ValueError("a topology is only used with hierarchy='node' or 'auto'; pass one of them too, or no "
-                         "topology")
+    if nodes is not None and not isinstance(nodes, (Topology, NodeComms)):
+        raise ValueError(f"nodes must be a sparsecomm.Topology (or the NodeComms of one), got {type(nodes).__name__}")
+    if nodes is not None and hierarchy == "flat":
+        raise ValueError("nodes is only used with hierarchy='node' or 'auto'; pass one of them too, or no nodes")
 
 
 def node_comms(comm: Comm, topology: "Topology | NodeComms | None") -> NodeComms:

@@ -18,7 +18,7 @@ Usage (every rank, the same calls in the same order)::
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    state = sparsecomm.FSDPHookState("topka", 0.01, topology=topology)
+    state = sparsecomm.FSDPHookState("topka", 0.01, nodes=topology)
     sparsecomm.fsdp.register_hook(model, state)           # collective: builds the Comms
 
 Averaging. FSDP leaves the hook the reduce-scatter output already divided as 1-D FSDP over L
@@ -158,8 +158,9 @@ class FSDPHookState:
     Args:
         algorithm: a name from :func:`sparsecomm.algorithms.names` (run flat between nodes).
         density: fraction of a shard's elements each rank selects, in (0, 1].
-        topology: a :class:`~sparsecomm.Topology` (default: :meth:`Topology.from_env`), or
-            :class:`~sparsecomm.NodeComms` already split from ``comm``.
+        nodes: the cluster's shape, a :class:`~sparsecomm.Topology` (default:
+            :meth:`Topology.from_env`), or :class:`~sparsecomm.NodeComms` already split from
+            ``comm`` (not ``topology``: that is skcompress's option).
         nonfinite: ``"propagate"`` (default) or ``"raise"`` (see the module docstring).
         comm: the world :class:`~sparsecomm.comm.Comm` (every rank, numbered as torch's default
             group); default: a TorchComm over the default process group, built by register_hook.
@@ -168,13 +169,14 @@ class FSDPHookState:
         **options: options of the algorithm, validated here.
     """
 
-    def __init__(self, algorithm: str, density: float, topology: Topology | NodeComms | None = None,
+    def __init__(self, algorithm: str, density: float, nodes: Topology | NodeComms | None = None,
                  nonfinite: str = "propagate", comm: Comm | None = None,
                  density_schedule: DensitySchedule | None = None, **options: Any):
         check_density(density)
         check_nonfinite(nonfinite)
-        if topology is not None and not isinstance(topology, (Topology, NodeComms)):
-            raise ValueError(f"topology must be a sparsecomm.Topology or NodeComms, got {type(topology).__name__}")
+        if nodes is not None and not isinstance(nodes, (Topology, NodeComms)):
+            raise ValueError(f"nodes must be a sparsecomm.Topology or NodeComms, got {type(nodes).__name__}")
+        topology = nodes
         self._options_checked = algorithms.get(algorithm)(None, **options)  # comm-less: checks only
         self.algorithm = algorithm
         self.density = float(density)
@@ -208,7 +210,7 @@ class FSDPHookState:
         if self._nodes is None:
             if isinstance(self.topology, NodeComms):
                 if self._comm is not None and self.topology.world is not self._comm:
-                    raise ValueError("the NodeComms given as topology were split from another Comm than comm")
+                    raise ValueError("the NodeComms given as nodes were split from another Comm than comm")
                 self._nodes = self.topology
             else:
                 if self._comm is None:

@@ -131,19 +131,21 @@ class DDPHookState:
             the algorithm among the ranks of the same local rank on the other nodes (density is
             per shard: a node sends about ``density * N`` elements' worth, not L times that),
             and the node all-gathers the reduced shards (:class:`~sparsecomm.SparseAllreduce`).
-        topology: a :class:`~sparsecomm.Topology` for ``hierarchy="node"``; default: torchrun's
-            variables (:meth:`Topology.from_env`), read here.
+        nodes: the cluster's shape for ``hierarchy="node"`` / ``"auto"``: a
+            :class:`~sparsecomm.Topology`; default: torchrun's variables (:meth:`Topology.from_env`),
+            read here. (Not ``topology``: that is skcompress's option.)
         **options: options of the algorithm, validated here.
     """
 
     def __init__(self, algorithm: str, density: float, process_group: Any = None, warmup_steps: int = 0,
                  comm: Comm | None = None, async_comm: bool = True, nonfinite: str = "propagate",
                  density_schedule: DensitySchedule | None = None, hierarchy: str = "flat",
-                 topology: Topology | None = None, **options: Any):
+                 nodes: Topology | None = None, **options: Any):
         check_density(density)
-        check_hierarchy(hierarchy, topology)
-        if isinstance(topology, NodeComms):
-            raise ValueError("DDPHookState takes a Topology (it splits its own Comm), not NodeComms")
+        check_hierarchy(hierarchy, nodes)
+        if isinstance(nodes, NodeComms):
+            raise ValueError("DDPHookState takes a Topology as nodes (it splits its own Comm), not NodeComms")
+        topology = nodes
         self.hierarchy = hierarchy
         if hierarchy == "node":
             self.topology = topology or Topology.from_env()
@@ -306,7 +308,7 @@ class DDPHookState:
         comm = self.comm
         reducer = SparseAllreduce(self.algorithm, self.density, comm=comm, nonfinite=self.nonfinite,
                                   density_schedule=self.density_schedule, hierarchy=self.hierarchy,
-                                  topology=self._nodes, **self.options)
+                                  nodes=self._nodes, **self.options)
         algorithm_state = self._loose_algorithm_states.pop(j, {})
         pieces = [(entry, self._loose_residuals.pop(entry[0], None)) for entry in bucket.entries]
         if algorithm_state or any(piece is not None for _, piece in pieces):
@@ -497,11 +499,11 @@ class DDPHookState:
                 "placement": (self.hierarchy, self.topology)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        hierarchy, topology = state.get("placement", ("flat", None))
+        hierarchy, nodes = state.get("placement", ("flat", None))
         self.__init__(state["algorithm"], state["density"], process_group=None,
                       warmup_steps=state["warmup_steps"], async_comm=state["async_comm"],
                       nonfinite=state["nonfinite"], density_schedule=state["density_schedule"],
-                      hierarchy=hierarchy, topology=topology, **state["options"])
+                      hierarchy=hierarchy, nodes=nodes, **state["options"])
         self.load_state_dict(state)
 
     def close(self) -> None:

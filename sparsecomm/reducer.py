@@ -168,10 +168,11 @@ class SparseAllreduce:
             all-gather (docs/architecture.md, "Two levels"), or ``"auto"``: the one the cost
             model predicts faster on the measured links, decided before the first call, the
             same on every rank, kept in ``state_dict()`` (flat without a topology).
-        topology: for ``"node"`` / ``"auto"``: a :class:`~sparsecomm.Topology` (split here:
-            collective), or the :class:`~sparsecomm.NodeComms` of one ``Topology.split(comm)``
-            shared by every reducer of the job (one set of process groups, links measured once);
-            default: torchrun's variables (:meth:`Topology.from_env`).
+        nodes: the cluster's shape for ``"node"`` / ``"auto"``: a :class:`~sparsecomm.Topology`
+            (split here: collective), or the :class:`~sparsecomm.NodeComms` of one
+            ``Topology.split(comm)`` shared by every reducer of the job (one set of process groups,
+            links measured once); default: torchrun's variables (:meth:`Topology.from_env`).
+            (Not ``topology``: that is skcompress's option, passed through ``**options``.)
         **options: the algorithm's own options (validated by it).
 
     ``reducer(grad, out=buf)`` writes the result into ``buf`` (same shape, ``grad``'s dtype or
@@ -185,10 +186,11 @@ class SparseAllreduce:
 
     def __init__(self, algorithm: str, density: float, comm: Comm | None = None, nonfinite: str = "propagate",
                  density_schedule: DensitySchedule | None = None, hierarchy: str = "flat",
-                 topology: "Topology | NodeComms | None" = None, **options: Any):
+                 nodes: "Topology | NodeComms | None" = None, **options: Any):
         check_density(density)
         check_nonfinite(nonfinite)
-        check_hierarchy(hierarchy, topology)
+        check_hierarchy(hierarchy, nodes)
+        topology = nodes
         cls = algorithms.get(algorithm)
         if comm is None and isinstance(topology, NodeComms):
             comm = topology.world

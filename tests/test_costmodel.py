@@ -187,7 +187,7 @@ def test_two_level_traffic_equals_counted(name, nodes, per):
     n = 6007
 
     def fn(comm):
-        red = sc.SparseAllreduce(name, 0.05, comm=comm, hierarchy="node", topology=sc.Topology(nodes, per))
+        red = sc.SparseAllreduce(name, 0.05, comm=comm, hierarchy="node", nodes=sc.Topology(nodes, per))
         red(_grad(comm.rank, n))
         s = red.last_stats
         return s["intra_bytes_sent"], s["inter_bytes_sent"], s["intra_rounds"] + s["inter_rounds"]

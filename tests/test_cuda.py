@@ -281,7 +281,7 @@ def _two_level_history(name, nodes, per_node, n, dtype, device, steps=2):
     grads = [make_gradients("random", n, nodes * per_node, step, dtype, seed=13) for step in range(steps)]
 
     def rank(comm):
-        reducer = sc.SparseAllreduce(name, 0.01, comm=comm, hierarchy="node", topology=sc.Topology(nodes, per_node))
+        reducer = sc.SparseAllreduce(name, 0.01, comm=comm, hierarchy="node", nodes=sc.Topology(nodes, per_node))
         runs = []
         for step in range(steps):
             out = reducer(grads[step][comm.rank].to(device))
@@ -390,7 +390,7 @@ def test_fsdp_hook_on_a_gpu_model(nccl_world):
     fully_shard(model, mesh=mesh)
     world = TorchComm()
     nodes = sc.NodeComms(sc.Topology(1, 1, 0, 0), world, None, world)
-    state = sc.FSDPHookState("topka", 0.05, topology=nodes, comm=world)
+    state = sc.FSDPHookState("topka", 0.05, nodes=nodes, comm=world)
     sc.fsdp.register_hook(model, state)
     seen = {}
     inner = state._reduce

@@ -123,7 +123,7 @@ def _dense_and_sparse_worker(rank: int, world_size: int, nodes: int, per_node: i
     out["hsdp"] = (_local(hsdp), _local_grads(hsdp))
     # dense through the hook on the node's 1-D mesh
     model = _sharded(sc.fsdp.node_mesh(topology))
-    state = sc.FSDPHookState("dense", 1.0, topology=topology)
+    state = sc.FSDPHookState("dense", 1.0, nodes=topology)
     sc.fsdp.register_hook(model, state)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     for step in range(steps):
@@ -131,7 +131,7 @@ def _dense_and_sparse_worker(rank: int, world_size: int, nodes: int, per_node: i
     out["hook"] = (_local(model), _local_grads(model))
     # a sparse algorithm: trains and conserves
     model = _sharded(sc.fsdp.node_mesh(topology))
-    state = sc.FSDPHookState("topka", 0.1, topology=topology)
+    state = sc.FSDPHookState("topka", 0.1, nodes=topology)
     sc.fsdp.register_hook(model, state)
     log: list = []
     _record(state, log)
@@ -181,7 +181,7 @@ RESUME_STEPS, RESUME_AT = 6, 3
 def _resume_worker(rank: int, world_size: int, saved=None):
     topology = sc.Topology(2, 2)
     model = _sharded(sc.fsdp.node_mesh(topology))
-    state = sc.FSDPHookState("topka", 0.1, topology=topology)
+    state = sc.FSDPHookState("topka", 0.1, nodes=topology)
     if saved is None:
         sc.fsdp.register_hook(model, state)
         opt = torch.optim.SGD(model.parameters(), lr=0.5)
@@ -194,9 +194,9 @@ def _resume_worker(rank: int, world_size: int, saved=None):
     params, hook_state = _tensors(saved[rank])
     # another rank's state, or another configuration's, is refused before anything changes
     with pytest.raises(ValueError, match=f"holds the state of rank {(rank + 1) % world_size}"):
-        sc.FSDPHookState("topka", 0.1, topology=topology).load_state_dict(saved[(rank + 1) % world_size][1])
+        sc.FSDPHookState("topka", 0.1, nodes=topology).load_state_dict(saved[(rank + 1) % world_size][1])
     with pytest.raises(ValueError, match="density"):
-        sc.FSDPHookState("topka", 0.2, topology=topology).load_state_dict(hook_state)
+        sc.FSDPHookState("topka", 0.2, nodes=topology).load_state_dict(hook_state)
     with torch.no_grad():
         for p, value in zip(model.parameters(), params):
             p.to_local().copy_(value)
@@ -211,7 +211,7 @@ def _resume_worker(rank: int, world_size: int, saved=None):
         _step(model, opt, rank, step)
     # only rank 0 resumes, the others start fresh: the same error on every rank, at once
     mixed = _sharded(sc.fsdp.node_mesh(topology))
-    state = sc.FSDPHookState("topka", 0.1, topology=topology)
+    state = sc.FSDPHookState("topka", 0.1, nodes=topology)
     if rank == 0:
         state.load_state_dict(hook_state)
     sc.fsdp.register_hook(mixed, state)
@@ -246,12 +246,12 @@ def _nonfinite_worker(rank: int, world_size: int):
 
     out = {"hsdp": backward(_sharded(init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))))}
     model = _sharded(sc.fsdp.node_mesh(topology))
-    state = sc.FSDPHookState("topka", 0.1, topology=topology)
+    state = sc.FSDPHookState("topka", 0.1, nodes=topology)
     sc.fsdp.register_hook(model, state)
     out["propagate"] = backward(model)
     out["residuals"] = [s["residual"] for s in state.local_state_dict()["reducers"].values()]
     model = _sharded(sc.fsdp.node_mesh(topology))
-    sc.fsdp.register_hook(model, sc.FSDPHookState("topka", 0.1, topology=topology, nonfinite="raise"))
+    sc.fsdp.register_hook(model, sc.FSDPHookState("topka", 0.1, nodes=topology, nonfinite="raise"))
     try:
         backward(model)
         out["raise"] = None
@@ -307,7 +307,7 @@ class _FailingReducer:
 def _failing_worker(rank: int, world_size: int, kill_mark: str | None = None):
     topology = sc.Topology(2, 2)
     model = _sharded(sc.fsdp.node_mesh(topology))
-    state = sc.FSDPHookState("topka", 0.1, topology=topology)
+    state = sc.FSDPHookState("topka", 0.1, nodes=topology)
     sc.fsdp.register_hook(model, state)
     if rank == 1:  # the last Linear's reducer fails at its second call (the first module of step 1)
         name = sorted(state._reducers)[-1]
@@ -367,13 +367,13 @@ def _refusal_worker(rank: int, world_size: int):
     from torch.distributed.device_mesh import init_device_mesh
 
     with pytest.raises(ValueError, match="fully_shard"):
-        sc.fsdp.register_hook(_model(), sc.FSDPHookState("dense", 1.0, topology=sc.Topology(2, 1)))
+        sc.fsdp.register_hook(_model(), sc.FSDPHookState("dense", 1.0, nodes=sc.Topology(2, 1)))
     hsdp = _sharded(init_device_mesh("cpu", (2, 1), mesh_dim_names=("replicate", "shard")))
     with pytest.raises(ValueError, match="native HSDP"):
-        sc.fsdp.register_hook(hsdp, sc.FSDPHookState("dense", 1.0, topology=sc.Topology(2, 1)))
+        sc.fsdp.register_hook(hsdp, sc.FSDPHookState("dense", 1.0, nodes=sc.Topology(2, 1)))
     flat = _sharded(init_device_mesh("cpu", (2,)))
     with pytest.raises(ValueError, match="sharded over ranks"):
-        sc.fsdp.register_hook(flat, sc.FSDPHookState("dense", 1.0, topology=sc.Topology(2, 1)))
+        sc.fsdp.register_hook(flat, sc.FSDPHookState("dense", 1.0, nodes=sc.Topology(2, 1)))
     # bfloat16 reduce dtype: reduced in float32, rounded once; HSDP rounds its sum first
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -387,7 +387,7 @@ def _refusal_worker(rank: int, world_size: int):
                 fully_shard(sub, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
         if hooked:
-            sc.fsdp.register_hook(model, sc.FSDPHookState("dense", 1.0, topology=sc.Topology(2, 1)))
+            sc.fsdp.register_hook(model, sc.FSDPHookState("dense", 1.0, nodes=sc.Topology(2, 1)))
         nn.functional.cross_entropy(model(x).float(), y).backward()
         return _local_grads(model)
 
@@ -405,7 +405,7 @@ def _refusal_worker(rank: int, world_size: int):
                 fully_shard(sub, mesh=mesh, reshard_after_forward=False)
         fully_shard(model, mesh=mesh, reshard_after_forward=False)
         if hooked:
-            sc.fsdp.register_hook(model, sc.FSDPHookState("dense", 1.0, topology=sc.Topology(2, 1)))
+            sc.fsdp.register_hook(model, sc.FSDPHookState("dense", 1.0, nodes=sc.Topology(2, 1)))
         for micro in range(2):
             model.set_requires_gradient_sync(micro == 1)
             xm, ym = _batch(rank, 1 + micro)
@@ -416,6 +416,6 @@ def _refusal_worker(rank: int, world_size: int):
         assert torch.equal(a, b), "accumulated gradients differ from HSDP's"
     # float64 gradients: refused on every rank, naming the setting to change
     model = _sharded(sc.fsdp.node_mesh(sc.Topology(2, 1))).double()
-    sc.fsdp.register_hook(model, sc.FSDPHookState("dense", 1.0, topology=sc.Topology(2, 1)))
+    sc.fsdp.register_hook(model, sc.FSDPHookState("dense", 1.0, nodes=sc.Topology(2, 1)))
     with pytest.raises(ValueError, match="reduce_dtype=torch.float32"):
         nn.functional.cross_entropy(model(x.double()), y).backward()

@@ -28,7 +28,7 @@ def _grad(rank: int) -> torch.Tensor:
 
 def _run(links, state=None, measure=True):
     def fn(comm):
-        red = sc.SparseAllreduce("topka", 0.01, comm=comm, hierarchy="auto", topology=sc.Topology(2, 2))
+        red = sc.SparseAllreduce("topka", 0.01, comm=comm, hierarchy="auto", nodes=sc.Topology(2, 2))
         if state is not None and state[comm.rank] is not None:
             red.load_state_dict(state[comm.rank])
         out = red(_grad(comm.rank))
@@ -48,7 +48,7 @@ def _run(links, state=None, measure=True):
 def _fixed_run(hierarchy):
     def fn(comm):
         topology = sc.Topology(2, 2) if hierarchy == "node" else None
-        return sc.SparseAllreduce("topka", 0.01, comm=comm, hierarchy=hierarchy, topology=topology)(_grad(comm.rank))
+        return sc.SparseAllreduce("topka", 0.01, comm=comm, hierarchy=hierarchy, nodes=topology)(_grad(comm.rank))
     return simulate(4, fn).results
 
 

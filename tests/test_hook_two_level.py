@@ -41,7 +41,7 @@ def _build(algorithm, nodes, per_node, hook=True, hierarchy="node"):
     state = None
     if hook:
         density = 1.0 if algorithm == "dense" else 0.05
-        state = sc.DDPHookState(algorithm, density, hierarchy=hierarchy, topology=sc.Topology(nodes, per_node))
+        state = sc.DDPHookState(algorithm, density, hierarchy=hierarchy, nodes=sc.Topology(nodes, per_node))
         model.register_comm_hook(state, sc.ddp_hook)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     return model, state, optimizer
@@ -141,12 +141,12 @@ def test_two_level_dense_hook_averages_like_ddp():
 
 def test_flat_checkpoint_is_refused_by_a_two_level_hook_and_back():
     flat = sc.DDPHookState("topka", 0.05)
-    node = sc.DDPHookState("topka", 0.05, hierarchy="node", topology=sc.Topology(2, 2))
+    node = sc.DDPHookState("topka", 0.05, hierarchy="node", nodes=sc.Topology(2, 2))
     with pytest.raises(ValueError, match="hierarchy 'flat'.*'node, 2 nodes x 2 ranks'"):
         node.load_state_dict(flat.local_state_dict())
     with pytest.raises(ValueError, match="hierarchy 'node, 2 nodes x 2 ranks'.*'flat'"):
         flat.load_state_dict(node.local_state_dict())
-    other = sc.DDPHookState("topka", 0.05, hierarchy="node", topology=sc.Topology(1, 4))
+    other = sc.DDPHookState("topka", 0.05, hierarchy="node", nodes=sc.Topology(1, 4))
     with pytest.raises(ValueError, match="1 nodes x 4 ranks"):
         other.load_state_dict(node.local_state_dict())
 
@@ -171,7 +171,7 @@ def test_a_residual_outside_the_shard_reaches_its_owner(nodes, per_node):
     n, size = 101, nodes * per_node
 
     def run(comm):
-        reducer = sc.SparseAllreduce("topka", 0.1, comm, hierarchy="node", topology=sc.Topology(nodes, per_node))
+        reducer = sc.SparseAllreduce("topka", 0.1, comm, hierarchy="node", nodes=sc.Topology(nodes, per_node))
         gen = torch.Generator().manual_seed(comm.rank)
         loaded = torch.randint(-4, 5, (n,), generator=gen).float()   # values in every position
         grad = torch.randint(-4, 5, (n,), generator=gen).float()
@@ -191,9 +191,9 @@ def test_a_residual_outside_the_shard_reaches_its_owner(nodes, per_node):
 
 def test_options_that_depend_on_the_ranks_are_checked_against_the_nodes():
     """Two-level spardl runs among one rank per node: its teams must divide the nodes, not P."""
-    sc.DDPHookState("spardl", 0.05, hierarchy="node", topology=sc.Topology(2, 3), teams=2)
+    sc.DDPHookState("spardl", 0.05, hierarchy="node", nodes=sc.Topology(2, 3), teams=2)
     with pytest.raises(ValueError, match="teams"):
-        sc.DDPHookState("spardl", 0.05, hierarchy="node", topology=sc.Topology(2, 3), teams=3)
+        sc.DDPHookState("spardl", 0.05, hierarchy="node", nodes=sc.Topology(2, 3), teams=3)
 
 
 def _auto_hierarchy(rank, world_size):

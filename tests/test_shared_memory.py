@@ -31,8 +31,8 @@ def _both_paths(rank, world_size, algorithm, n, dtype):
         messages = sc.Topology(2, 2).split(comm)
     finally:
         del os.environ["SPARSECOMM_NODE_SHM"]
-    a = sc.SparseAllreduce(algorithm, 0.05, comm, hierarchy="node", topology=shared)
-    b = sc.SparseAllreduce(algorithm, 0.05, comm, hierarchy="node", topology=messages)
+    a = sc.SparseAllreduce(algorithm, 0.05, comm, hierarchy="node", nodes=shared)
+    b = sc.SparseAllreduce(algorithm, 0.05, comm, hierarchy="node", nodes=messages)
     same = True
     for step in range(3):
         # a larger tensor on the last call: the segment grows
@@ -64,7 +64,7 @@ def _fails_between_barriers(rank, world_size):
     comm = TorchComm(timeout=60)
     nodes = sc.Topology(2, 2).split(comm)
     assert nodes.shared is not None
-    reducer = sc.SparseAllreduce("topka", 0.05, comm, hierarchy="node", topology=nodes)
+    reducer = sc.SparseAllreduce("topka", 0.05, comm, hierarchy="node", nodes=nodes)
     reducer(torch.ones(1000))
     if rank == 1:   # after the node's reduce-scatter, before its all-gather: rank 0 waits at the barrier
         def broken(*args, **kwargs):

@@ -63,7 +63,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 def _reducer(comm, algorithm: str, nodes: int, per: int, **options) -> SparseAllreduce:
     return SparseAllreduce(algorithm, _density(algorithm), comm=comm, hierarchy="node",
-                           topology=Topology(nodes, per), **options)
+                           nodes=Topology(nodes, per), **options)
 
 
 def _run(nodes: int, per: int, algorithm: str, grads, **options) -> list[dict]:
@@ -386,9 +386,9 @@ def test_hierarchy_and_topology_arguments_are_checked(monkeypatch):
     def rank(comm):
         errors = []
         other = comm.split([[0, 1, 2, 3]])
-        for kwargs in ({"hierarchy": "nodes"}, {"topology": Topology(2, 2)}, {"hierarchy": "node", "topology": (2, 2)},
+        for kwargs in ({"hierarchy": "nodes"}, {"nodes": Topology(2, 2)}, {"hierarchy": "node", "nodes": (2, 2)},
                        {"hierarchy": "node"},   # from torchrun's environment, which is not set here
-                       {"hierarchy": "node", "topology": Topology(2, 2).split(comm), "comm": other}):
+                       {"hierarchy": "node", "nodes": Topology(2, 2).split(comm), "comm": other}):
             try:
                 SparseAllreduce("topka", DENSITY, **{"comm": comm, **kwargs})
                 errors.append(None)
@@ -400,8 +400,8 @@ def test_hierarchy_and_topology_arguments_are_checked(monkeypatch):
         # the hierarchies' list grows with the library; the refused value is named
         assert errors[0].startswith("hierarchy must be one of 'flat', 'node'") and errors[0].endswith("got 'nodes'")
         assert errors[1:] == [
-            "a topology is only used with hierarchy='node' or 'auto'; pass one of them too, or no topology",
-            "topology must be a sparsecomm.Topology, got tuple",
+            "nodes is only used with hierarchy='node' or 'auto'; pass one of them too, or no nodes",
+            "nodes must be a sparsecomm.Topology (or the NodeComms of one), got tuple",
             "Topology.from_env: WORLD_SIZE and LOCAL_WORLD_SIZE are not set (torchrun and python -m sparsecomm.launch "
             "set them); pass Topology(nodes=..., ranks_per_node=...) instead",
             "the NodeComms given were split from another Comm than the one passed as comm"]
@@ -417,7 +417,7 @@ def test_ranks_that_disagree_on_the_hierarchy_raise_the_same_error():
         if comm.rank == 3:
             reducer = SparseAllreduce("topka", DENSITY, comm=comm)
         else:
-            reducer = SparseAllreduce("topka", DENSITY, comm=comm, hierarchy="node", topology=nodes)
+            reducer = SparseAllreduce("topka", DENSITY, comm=comm, hierarchy="node", nodes=nodes)
         try:
             reducer(torch.ones(N))
         except ValueError as exc:
@@ -479,7 +479,7 @@ def _gloo_uninterrupted(rank, world_size):
     nodes = Topology.from_env({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "RANK": str(rank)}).split(comm)
     out = {}
     for algorithm, options in GLOO_ALGORITHMS:
-        reducer = SparseAllreduce(algorithm, DENSITY, comm=comm, hierarchy="node", topology=nodes, **options)
+        reducer = SparseAllreduce(algorithm, DENSITY, comm=comm, hierarchy="node", nodes=nodes, **options)
         results = []
         for call in range(GLOO_CALLS):
             results.append(reducer(_gloo_grads(rank, call)))
@@ -496,7 +496,7 @@ def _gloo_resumed(rank, world_size, saved):
     nodes = Topology(2, 2).split(comm)
     out = {}
     for algorithm, options in GLOO_ALGORITHMS:
-        reducer = SparseAllreduce(algorithm, DENSITY, comm=comm, hierarchy="node", topology=nodes, **options)
+        reducer = SparseAllreduce(algorithm, DENSITY, comm=comm, hierarchy="node", nodes=nodes, **options)
         reducer.load_state_dict(torch.load(io.BytesIO(saved[rank][algorithm, "state"])))
         out[algorithm] = _saved([reducer(_gloo_grads(rank, call)) for call in range(SAVE_AFTER, GLOO_CALLS)])
     return out
@@ -537,7 +537,7 @@ def _gloo_fail_together(rank, world_size, victim_rank, how):
 
     comm = TorchComm(timeout=2.0 if how == "kill" else 60)
     nodes = Topology(2, 2).split(comm)
-    reducer = SparseAllreduce("topka", DENSITY, comm=comm, hierarchy="node", topology=nodes)
+    reducer = SparseAllreduce("topka", DENSITY, comm=comm, hierarchy="node", nodes=nodes)
     grad = _gloo_grads(rank, 0)
     reducer(grad)
     dist.barrier()
@@ -595,3 +595,16 @@ def test_a_killed_rank_fails_every_survivor_within_the_timeout():
     # it from rank 0, not from a timeout of its own
     assert "peer(s) [2]" in outs[0]["msg"] and "peer(s) [2]" in outs[3]["msg"], outs
     assert outs[1]["type"] == "CommAbortedError" and "rank 0 failed: CommError" in outs[1]["msg"], outs[1]
+
+
+def test_skcompress_keeps_its_own_topology_option_in_two_levels():
+    """``topology`` is skcompress's option (all-gather or parameter server): two-level reduction
+    takes the cluster's shape as ``nodes``, so both can be given."""
+    def rank(comm):
+        reducer = SparseAllreduce("skcompress", DENSITY, comm=comm, hierarchy="node", nodes=Topology(2, 2),
+                                  topology="ps")
+        return reducer.algorithm.options["topology"], reducer(torch.ones(N)).sum().item()
+
+    results = simulate(4, rank).results
+    assert {r[0] for r in results} == {"ps"}
+

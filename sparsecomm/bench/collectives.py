@@ -133,7 +133,7 @@ def _reducer(label: str, density: float, comm, nodes: NodeComms | None = None) -
     """The reducer of ``label``: flat, or two-level over ``nodes`` (split once, shared)."""
     name, options = _variant(label)
     if nodes is not None:
-        return SparseAllreduce(name, density, comm=comm, hierarchy="node", topology=nodes, **options)
+        return SparseAllreduce(name, density, comm=comm, hierarchy="node", nodes=nodes, **options)
     return SparseAllreduce(name, density, comm=comm, **options)
 
 
