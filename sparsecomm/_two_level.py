@@ -76,8 +76,8 @@ def reduce_two_level(nodes: NodeComms, algorithm, flat: torch.Tensor, acc: torch
     n = flat.numel()
     source = flat
     if flat.dtype != work_out.dtype or carry is not None:
-        # half gradients are summed in float32; a carried residual joins the gradient (never the
-        # caller's tensor itself)
+        # half gradients are summed in float32; a carried residual joins the gradient in the
+        # result buffer (the caller's gradient only when it is also out=, which the result overwrites)
         if work_out.data_ptr() != flat.data_ptr():
             work_out.copy_(flat)
         if carry is not None:
