@@ -96,7 +96,7 @@ def _build(method: str, task: Task, density: float, schedule_steps: int, topolog
         state.register(ddp)
     else:
         schedule = schedule_preset(preset, schedule_steps) if preset else None
-        placed = {} if topology is None else {"hierarchy": "node", "topology": topology}
+        placed = {} if topology is None else {"hierarchy": "node", "nodes": topology}
         state = DDPHookState(name, 1.0 if name == "dense" else density, density_schedule=schedule, **placed)
         ddp.register_comm_hook(state, ddp_hook)
     return ddp, state, task.optimizer(list(ddp.parameters()))
