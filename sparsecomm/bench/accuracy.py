@@ -59,6 +59,7 @@ from ..density import DensitySchedule
 from ..testing import spawn
 from . import baselines
 from .common import hierarchies_of
+from .plots import pyplot
 from .tasks import TASKS, Task, make_task
 
 __all__ = ["main", "run_rank", "time_to_target", "schedule_preset", "format_table"]
@@ -259,11 +260,8 @@ def format_table(report: dict) -> str:
 def plot(report: dict, path: Path) -> Path | None:
     """Accuracy against training wall time and against updates, one line per method
     (PyTorch's hooks dashed, the target dotted), in the style of the collectives' plots."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         print("matplotlib is not installed: no plot (pip install matplotlib)")
         return None
     fig, axes = plt.subplots(1, 2, figsize=(15, 5.2))

@@ -88,7 +88,7 @@ from . import baselines
 from .baselines import TorchHook, bucket_shapes, is_baseline, powersgd_counts
 from .common import bench_gradient, hierarchies_of
 from .links import LinkCounter, interface_tx_bytes
-from .plots import line_plot
+from .plots import line_plot, pyplot
 
 __all__ = ["main"]
 
@@ -494,11 +494,8 @@ def _write(report: dict, out_dir: Path) -> list[Path]:
                        else f"collectives_P{report['P']}.json")
     per_p.write_text(json.dumps(report, indent=1))
     written.append(per_p)
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         print("matplotlib is not installed: skipping the PNG plots")
         return written
     rows, dens = report["rows"], report["densities"]

@@ -5,7 +5,19 @@ from pathlib import Path
 
 from .baselines import is_baseline
 
-__all__ = ["line_plot"]
+__all__ = ["line_plot", "pyplot"]
+
+
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend, or None when matplotlib is not installed
+    (every plot is optional)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
 
 
 def line_plot(plt, path: Path, series: dict[str, list[tuple[float, float]]], xlabel: str, title: str,

@@ -36,7 +36,7 @@ from .. import costmodel
 from ..algorithms.auto import choose_algorithm, choose_layout
 from ..comm.collectives import block_bounds
 from ..reducer import k_for
-from .plots import line_plot
+from .plots import line_plot, pyplot
 
 __all__ = ["main", "ROWS", "run", "CLUSTER_ROWS", "run_cluster"]
 
@@ -154,11 +154,8 @@ def run_cluster(nodes: list[int], per: int, N: int, densities: list[float], band
 
 
 def _cluster_plot(report: dict, bw: str, density: float, path: Path) -> Path | None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     series = {}
     for r in report["rows"]:
@@ -222,11 +219,8 @@ def crossovers(report: dict, bw: str, density: float) -> dict:
 
 
 def _plot(report: dict, bw: str, density: float, path: Path) -> Path | None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     series = {}
     for r in report["rows"]:
