@@ -28,6 +28,7 @@ import tempfile
 import torch
 
 from .base import Comm
+from .collectives import block_bounds
 
 __all__ = ["NodeSharedMemory"]
 
@@ -35,10 +36,6 @@ __all__ = ["NodeSharedMemory"]
 SHM_DIR = "/dev/shm"
 #: bytes of the probe file's name sent to the peers
 _NAME = 48
-
-
-def _bounds(n: int, size: int) -> list[int]:
-    return [q * n // size for q in range(size + 1)]
 
 
 class NodeSharedMemory:
@@ -131,7 +128,7 @@ class NodeSharedMemory:
         comm = self.comm
         n = tensor.numel()
         slots = self._slots(n, tensor.dtype)
-        bounds = _bounds(n, comm.size)
+        bounds = block_bounds(n, comm.size)
         lo, hi = bounds[comm.rank], bounds[comm.rank + 1]
         # the peers' slices only: this rank's own slice is read from the tensor itself
         slots[comm.rank, :lo].copy_(tensor[:lo])
@@ -149,7 +146,7 @@ class NodeSharedMemory:
         comm = self.comm
         n = tensor.numel()
         slots = self._slots(n, tensor.dtype)
-        bounds = _bounds(n, comm.size)
+        bounds = block_bounds(n, comm.size)
         lo, hi = bounds[comm.rank], bounds[comm.rank + 1]
         slots[comm.rank, lo:hi].copy_(tensor[lo:hi])
         self._barrier()
