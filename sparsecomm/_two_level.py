@@ -18,13 +18,19 @@ import torch
 from .comm.base import Comm
 from .comm.topology import NodeComms, Topology
 
-__all__ = ["HIERARCHIES", "check_hierarchy", "node_comms", "candidate_node_comms", "reduce_two_level",
+__all__ = ["HIERARCHIES", "node_text", "check_hierarchy", "node_comms", "candidate_node_comms", "reduce_two_level",
            "level_snapshots", "level_stats"]
 
 #: the values of the ``hierarchy`` option: one level of equal peers, dense inside a node and the
 #: algorithm between nodes, or the one of the two the cost model predicts faster
 #: (``SparseAllreduce._choose_hierarchy``)
 HIERARCHIES = ("flat", "node", "auto")
+
+
+def node_text(topology: Topology) -> str:
+    """How a checkpoint and the handshake name two levels on ``topology``:
+    ``node, <n> nodes x <L> ranks`` (the reducer's and the DDP hook's states must say the same)."""
+    return f"node, {topology}"
 
 
 def check_hierarchy(hierarchy: Any, nodes: Any) -> None:

@@ -82,7 +82,7 @@ from ._checkpoint import (CHECKPOINT_VERSION, check_owner, check_version, finger
                           pack_rank_part, unpack_rank_part)
 from .density import DensitySchedule, as_schedule, check_density
 from .comm.topology import NodeComms, Topology
-from ._two_level import check_hierarchy
+from ._two_level import check_hierarchy, node_text
 from .reducer import SparseAllreduce, check_nonfinite
 
 __all__ = ["DDPHookState", "ddp_hook"]
@@ -490,7 +490,7 @@ class DDPHookState:
     def _hierarchy_text(self) -> str:
         """What a checkpoint says of the hierarchy: ``flat``, ``node, <topology>`` or ``auto``
         (each bucket's reducer decides at its first call; a resumed one decides again)."""
-        return {"flat": "flat", "node": f"node, {self.topology}"}.get(self.hierarchy, "auto")
+        return {"flat": "flat", "node": node_text(self.topology)}.get(self.hierarchy, "auto")
 
     def __getstate__(self) -> dict[str, Any]:
         # process groups, communicators and the worker thread cannot be pickled;

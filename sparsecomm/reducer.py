@@ -70,7 +70,7 @@ from .density import DensitySchedule, as_schedule, check_density
 from .errors import AgreedValueError
 from .formats.header import AgreementKind
 from .comm.topology import NodeComms, Topology
-from ._two_level import (candidate_node_comms, check_hierarchy, level_snapshots, level_stats,
+from ._two_level import (candidate_node_comms, node_text, check_hierarchy, level_snapshots, level_stats,
                          node_comms, reduce_two_level)
 
 __all__ = ["SparseAllreduce", "k_for", "check_nonfinite"]
@@ -662,7 +662,7 @@ class SparseAllreduce:
 
     @staticmethod
     def _node_text(nodes: NodeComms | None) -> str:
-        return "" if nodes is None else f"node, {nodes.topology}"
+        return "" if nodes is None else node_text(nodes.topology)
 
     def _placement(self) -> str:
         """What a state_dict saves of the hierarchy: "flat", "node, <topology>", or "auto"
