@@ -56,12 +56,13 @@ def bench_topk(n: int, repeats: int, check: bool) -> List[Dict]:
         k = max(1, int(density * n))
         ours = cuda_time(lambda: ops.topk(x, k), repeats)
         theirs = cuda_time(lambda: torch.topk(x.abs(), k, sorted=False), repeats)
+        impl = cuda_time(lambda: ops.torch_implementation("topk")(x, k), repeats)
         if check:
             v, i = ops.topk(x, k)
             cv, ci = ops.topk(x.cpu(), k)
             assert torch.equal(i.cpu(), ci) and torch.equal(v.cpu(), cv), "CUDA top-k differs from the CPU kernel"
         rows.append({"op": "topk", "n": n, "k": k, "density": density, "s": ours, "torch_topk_s": theirs,
-                     "read_pass_s": read, "speedup_vs_torch_topk": theirs / ours, "read_passes": ours / read,
+                     "read_pass_s": read, "torch_impl_s": impl, "speedup_vs_torch_topk": theirs / ours, "read_passes": ours / read,
                      "hbm_read_GBps": n * 4 / read / 1e9})
     return rows
 
@@ -72,7 +73,9 @@ def bench_merge(n: int, repeats: int) -> Dict:
     idx = [torch.randperm(n, device="cuda", generator=g)[:k].sort().values for _ in range(parts)]
     val = [torch.randn(k, device="cuda", generator=g) for _ in range(parts)]
     t = cuda_time(lambda: ops.merge_add_many(idx, val, n), repeats)
-    return {"op": "merge_add_many", "n": n, "parts": parts, "k": k, "s": t, "entries_per_s": parts * k / t}
+    impl = cuda_time(lambda: ops.torch_implementation("merge_add_many")(idx, val, n), repeats)
+    return {"op": "merge_add_many", "n": n, "parts": parts, "k": k, "s": t, "torch_impl_s": impl,
+            "entries_per_s": parts * k / t}
 
 
 def bench_sketch(n: int, repeats: int) -> List[Dict]:
@@ -80,8 +83,12 @@ def bench_sketch(n: int, repeats: int) -> List[Dict]:
     table = torch.zeros(7, 10_000, device="cuda")
     build = cuda_time(lambda: ops.sketch_build_(table.zero_(), x, 5), repeats)
     est = cuda_time(lambda: ops.sketch_estimate(table, n, 5), repeats)
-    return [{"op": "sketch_build_", "n": n, "rows": 7, "cols": 10_000, "s": build, "coords_per_s": n / build},
-            {"op": "sketch_estimate", "n": n, "rows": 7, "cols": 10_000, "s": est, "coords_per_s": n / est}]
+    build_impl = cuda_time(lambda: ops.torch_implementation("sketch_build_")(table.zero_(), x, 5), repeats)
+    est_impl = cuda_time(lambda: ops.torch_implementation("sketch_estimate")(table, n, 5), repeats)
+    return [{"op": "sketch_build_", "n": n, "rows": 7, "cols": 10_000, "s": build, "torch_impl_s": build_impl,
+             "coords_per_s": n / build},
+            {"op": "sketch_estimate", "n": n, "rows": 7, "cols": 10_000, "s": est, "torch_impl_s": est_impl,
+             "coords_per_s": n / est}]
 
 
 def main(argv=None) -> int:
@@ -103,17 +110,20 @@ def main(argv=None) -> int:
             "cuda_kernels": ops.CUDA_KERNELS, "repeats": args.repeats, "rows": rows}
     print(f"# {info['device']}, torch {info['torch']} (CUDA {info['cuda']}), "
           f"sparsecomm CUDA kernels: {info['cuda_kernels']}, medians of {args.repeats}")
-    print("| op | N | k / parts | time ms | vs torch.topk | read passes | rate |")
-    print("|---|---|---|---|---|---|---|")
+    print("| op | N | k / parts | time ms | torch impl ms | vs torch.topk | read passes | rate |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r["op"] == "topk":
-            print(f"| topk | {format_size(r['n'])} | {r['k']} | {r['s'] * 1e3:.3f} | {r['speedup_vs_torch_topk']:.2f}x "
+            print(f"| topk | {format_size(r['n'])} | {r['k']} | {r['s'] * 1e3:.3f} | {r['torch_impl_s'] * 1e3:.3f} "
+                  f"| {r['speedup_vs_torch_topk']:.2f}x "
                   f"| {r['read_passes']:.2f} (read {r['read_pass_s'] * 1e3:.3f} ms, {r['hbm_read_GBps']:.0f} GB/s) | |")
         elif r["op"] == "merge_add_many":
-            print(f"| merge_add_many | {format_size(r['n'])} | {r['parts']} x {r['k']} | {r['s'] * 1e3:.3f} | | "
+            print(f"| merge_add_many | {format_size(r['n'])} | {r['parts']} x {r['k']} | {r['s'] * 1e3:.3f} "
+                  f"| {r['torch_impl_s'] * 1e3:.3f} | | "
                   f"| {r['entries_per_s'] / 1e9:.2f} G entries/s |")
         else:
-            print(f"| {r['op']} | {format_size(r['n'])} | {r['rows']} x {r['cols']} | {r['s'] * 1e3:.3f} | | "
+            print(f"| {r['op']} | {format_size(r['n'])} | {r['rows']} x {r['cols']} | {r['s'] * 1e3:.3f} "
+                  f"| {r['torch_impl_s'] * 1e3:.3f} | | "
                   f"| {r['coords_per_s'] / 1e9:.2f} G coords/s |")
     if args.json:
         with open(args.json, "w") as f:

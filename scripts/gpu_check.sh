@@ -4,12 +4,14 @@
 #   bash scripts/gpu_check.sh [OUT_DIR]        (default OUT_DIR: gpu_check_results)
 #
 # On a machine with a CUDA GPU, a torch built with CUDA and nvcc:
+#   0. checks that extensions built with this machine's compiler raise C++ errors as Python
+#      exceptions (scripts/extension_toolchain_check.py), else switches to /usr/bin/g++;
 #   1. builds the extension without the CUDA kernels and runs tests/test_cuda.py: every op's
 #      torch implementation on CUDA against the CPU kernel, every algorithm on CUDA tensors
 #      (simulated P up to 16 on the one GPU, NCCL at P = 1), the DDP hook on a GPU model, the
 #      FSDP2 hook on FSDP's CUDA all-reduce stream (its result must be the sharded gradient);
-#   2. rebuilds with SPARSECOMM_CUDA_KERNELS=1 and runs the same tests against the CUDA
-#      kernels (bit for bit), plus the device rules;
+#   2. rebuilds with the CUDA kernels (SPARSECOMM_CUDA_KERNELS=1, the default where nvcc
+#      exists) and runs the same tests against them (bit for bit), plus the device rules;
 #   3. runs benchmarks/bench_cuda.py (top-k against torch.topk and one HBM read pass at
 #      N = 25M..140M, merge and sketch throughput).
 # Everything it prints goes to OUT_DIR too (summary.txt, one log per step, bench_cuda.json).
@@ -45,6 +47,19 @@ say "$("$PY" -c 'import torch; print("device:", torch.cuda.get_device_name(), "|
 say "$( (command -v nvcc || echo /usr/local/cuda/bin/nvcc) | head -n 1): $(nvcc --version 2>/dev/null | tail -n 1)"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rs)
+
+export MAX_JOBS=${MAX_JOBS:-$(nproc)}  # parallel compiles (torch's BuildExtension with ninja)
+
+# 0. a toolchain whose extensions raise their errors: one image's default g++ (a wrapper in
+#    /opt/gcc) builds extensions that crash on every C++ exception; its /usr/bin/g++ works
+if "$PY" scripts/extension_toolchain_check.py > "$OUT/toolchain.log" 2>&1; then
+  say "PASS toolchain (${CXX:-default c++})"
+elif [ -x /usr/bin/g++ ] && CXX=/usr/bin/g++ CC=/usr/bin/gcc "$PY" scripts/extension_toolchain_check.py >> "$OUT/toolchain.log" 2>&1; then
+  export CXX=/usr/bin/g++ CC=/usr/bin/gcc
+  say "PASS toolchain: the default compiler's extensions crash on C++ exceptions; building with /usr/bin/g++"
+else
+  say "FAIL toolchain: extensions built here crash or do not raise (see $OUT/toolchain.log)"; status=1
+fi
 
 # 1. the torch implementations on CUDA (what users get without the CUDA kernels)
 step build_torch_impl env SPARSECOMM_CUDA_KERNELS=0 "$PY" setup.py -q build_ext --inplace --force

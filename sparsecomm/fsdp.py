@@ -148,8 +148,14 @@ def _flag(tensor: torch.Tensor) -> int:
 
 
 def _param_groups(module) -> list:
-    """The FSDP parameter groups of ``module`` (torch's FSDPParamGroup objects)."""
-    return list(module._get_fsdp_state()._fsdp_param_groups)
+    """The FSDP parameter groups of ``module`` (torch's FSDPParamGroup objects): a list in torch
+    2.13, a single group or None in older releases (2.11)."""
+    state = module._get_fsdp_state()
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is not None:
+        return list(groups)
+    group = getattr(state, "_fsdp_param_group", None)
+    return [] if group is None else [group]
 
 
 class FSDPHookState:

@@ -514,3 +514,12 @@ def test_environment_variable(monkeypatch):
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_torch_implementation_is_the_fallback_and_names_what_exists():
+    x = _vector("ties", 5000, torch.float32, seed=9)
+    ref_v, ref_i = ops.topk(x, 37)  # the C kernel on CPU
+    v, i = ops.torch_implementation("topk")(x, 37)
+    assert torch.equal(i, ref_i) and torch.equal(_bits(v), _bits(ref_v))
+    with pytest.raises(ValueError, match="no op 'topk_fast'.*known: block_topk"):
+        ops.torch_implementation("topk_fast")

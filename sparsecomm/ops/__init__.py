@@ -55,7 +55,7 @@ from ._wire import __all__ as _wire_all
 from ._wire import WIRE_FIELDS, WIRE_PREFIX_NBYTES, WireResult, wire_check, wire_check_densestream
 
 __all__ = [*_coo_all, *_stream_all, *_sketch_all, *_densestream_all, *_skcompress_all, *_wire_all, "use_torch_ops",
-           "torch_ops_enabled", "CUDA_KERNELS", "advise_huge"]
+           "torch_ops_enabled", "CUDA_KERNELS", "advise_huge", "torch_implementation"]
 
 #: True when the extension was built with the CUDA kernels of csrc/cuda (opt-in at build time:
 #: SPARSECOMM_CUDA_KERNELS=1, see setup.py); CUDA tensors then run them, else the torch
@@ -64,5 +64,15 @@ CUDA_KERNELS: bool = bool(getattr(_C, "CUDA_KERNELS", 0))
 if not CUDA_KERNELS:
     _torch_impl.register("cuda")
 else:
-    _torch_impl.register("cuda", _torch_impl.CUDA_GAPS)
+    _torch_impl.register("cuda", _torch_impl.cuda_gaps())
 _apply_environment()
+
+
+def torch_implementation(name: str):
+    """The torch implementation of the op ``name`` (what CUDA tensors run in a build without
+    the CUDA kernels), callable on any device: for comparisons and benchmarks."""
+    table = _torch_impl.impls()
+    if name not in table:
+        raise ValueError(f"sparsecomm.ops has no op {name!r} with a torch implementation; "
+                         f"known: {', '.join(sorted(table))}")
+    return table[name]

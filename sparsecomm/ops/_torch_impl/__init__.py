@@ -68,9 +68,12 @@ def impls() -> Dict[str, Callable]:
     }
 
 
-#: ops that csrc/cuda has no kernel for: with the CUDA kernels built, CUDA tensors still run
-#: these torch implementations (docs/kernels.md, "GPU")
-CUDA_GAPS = ("topk_accum_", "scatter_set_", "nonfinite_flags")
+def cuda_gaps() -> list:
+    """The ops the extension registered no CUDA kernel for: with the CUDA kernels built, CUDA
+    tensors still run these torch implementations (docs/kernels.md, "GPU"). Asked of the
+    dispatcher rather than listed, so an op added without a CUDA kernel is never left with none."""
+    return [name for name in impls()
+            if not torch._C._dispatch_has_kernel_for_dispatch_key(f"sparsecomm::{name}", "CUDA")]
 
 
 def register(device: str = "cuda", names: Optional[Sequence[str]] = None) -> None:

@@ -127,4 +127,7 @@ def qsgd_dequantize(packed, scales, n: int, bits: int, bucket_size: int, dtype: 
     if p is not None:
         raise ValueError(f"{WIRE_PREFIX}{op}: scales is malformed at position {p} (must be finite and >= 0)")
     sc = scales.double().repeat_interleave(bucket_size)[:n]
-    return ((q[:n] - s).double() * sc / s).to(dtype)
+    # divided by a tensor, not a Python number: CUDA divides by a host scalar as a product with
+    # its reciprocal, which rounds differently from the C kernel's division
+    divisor = torch.full((), float(s), dtype=torch.float64, device=sc.device)
+    return ((q[:n] - s).double() * sc / divisor).to(dtype)
