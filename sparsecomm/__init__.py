@@ -4,7 +4,7 @@ Quick use::
 
     import sparsecomm as sc
     state = sc.DDPHookState("topka", density=0.01)
-    model.register_comm_hook(state, sc.ddp_hook)
+    sc.register(model, state)        # model.register_comm_hook(state, sc.ddp_hook), 1 process too
 
 or, functionally, ``sc.SparseAllreduce("topka", 0.01, comm)(grad)``.
 """
@@ -12,7 +12,7 @@ or, functionally, ``sc.SparseAllreduce("topka", 0.01, comm)(grad)``.
 from __future__ import annotations
 
 from . import algorithms, comm, formats, ops
-from .hook import DDPHookState, ddp_hook
+from .hook import DDPHookState, ddp_hook, register
 from . import fsdp
 from .fsdp import FSDPHookState
 from .reducer import SparseAllreduce, k_for
@@ -21,6 +21,6 @@ from .comm.topology import NodeComms, Topology
 
 from ._version import __version__
 
-__all__ = ["algorithms", "comm", "formats", "ops", "SparseAllreduce", "k_for", "DDPHookState", "ddp_hook", "FSDPHookState", "fsdp",
+__all__ = ["algorithms", "comm", "formats", "ops", "SparseAllreduce", "k_for", "DDPHookState", "ddp_hook", "register", "FSDPHookState", "fsdp",
            "DensitySchedule", "Topology", "NodeComms", "__version__"]
 

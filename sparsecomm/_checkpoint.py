@@ -116,3 +116,39 @@ def unpack_rank_part(what: str, packed: dict[str, Any], rank: int | None) -> dic
     if not isinstance(local, dict):
         raise ValueError(f"this {what} state_dict's part {key} is not a state: {type(local).__name__}")
     return local
+
+
+def gather_rank_parts(what: str, packed: dict[str, Any], comm) -> dict[str, Any]:
+    """Every rank's :func:`pack_rank_part` dict merged at rank 0 of ``comm`` (collective), for
+    frameworks that write one checkpoint file from rank 0 (Lightning's ``save_checkpoint``,
+    Accelerate's ``save_state``) and hand that file to every rank on resume, where
+    :func:`unpack_rank_part` picks the rank's own part. Rank 0 gets ``rank0`` ... ``rank<P-1>``;
+    the other ranks get their own dict back (what they would have written).
+
+    The parts travel as opaque bytes: rank 0 stores them and never decodes a peer's. Every
+    rank first shares (world size, fingerprint): ranks of different saves (a state stepped more
+    on some ranks) raise the same ValueError everywhere, before any part moves."""
+    rank, size = comm.rank, comm.size
+    mine = packed.get(f"rank{rank}")
+    if not isinstance(mine, (bytes, bytearray)):
+        raise ValueError(f"{what}: this state's part is not keyed by this rank ({rank}): "
+                         f"build the Comm before gathering (keys: {sorted(packed)})")
+    if size == 1:
+        return packed
+    scope = comm.new_scope(f"{what} checkpoint gather")
+    with comm.call_scope(scope, agreed=lambda exc: isinstance(exc, ValueError)):
+        header = torch.tensor([int(packed["world_size"]), int(packed["fingerprint"])], dtype=torch.int64)
+        every = comm.allgather_small(header.to(comm.device)).cpu()
+        if not bool((every == every[0]).all()):
+            differing = [r for r in range(size) if not torch.equal(every[r], every[0])]
+            raise ValueError(f"{what}: the ranks' states are of different saves (world size, fingerprint per "
+                             f"rank: {every.tolist()}; ranks {differing} differ from rank 0): call the save at "
+                             "the same point on every rank")
+        if rank != 0:
+            comm.exchange_var([(0, torch.frombuffer(bytearray(mine), dtype=torch.uint8).to(comm.device))], [])
+            return packed
+        received = comm.exchange_var([], list(range(1, size)))
+    merged = dict(packed)
+    for peer, payload in zip(range(1, size), received):
+        merged[f"rank{peer}"] = payload.cpu().numpy().tobytes()
+    return merged

@@ -78,14 +78,14 @@ from . import algorithms
 from ._bucket_layout import BucketLayout, LayoutBucket
 from .bucket_worker import BucketWorker
 from .comm.base import Comm
-from ._checkpoint import (CHECKPOINT_VERSION, check_owner, check_version, fingerprint, loaded_fingerprint,
-                          pack_rank_part, unpack_rank_part)
+from ._checkpoint import (CHECKPOINT_VERSION, check_owner, check_version, fingerprint, gather_rank_parts,
+                          loaded_fingerprint, pack_rank_part, unpack_rank_part)
 from .density import DensitySchedule, as_schedule, check_density
 from .comm.topology import NodeComms, Topology
 from ._two_level import check_hierarchy, node_text
 from .reducer import SparseAllreduce, check_nonfinite
 
-__all__ = ["DDPHookState", "ddp_hook"]
+__all__ = ["DDPHookState", "ddp_hook", "register"]
 
 
 #: the keys of every local_state_dict() of CHECKPOINT_VERSION; their names are the checkpoint's
@@ -432,6 +432,21 @@ class DDPHookState:
         keys beside it are the same on every rank."""
         return pack_rank_part("DDPHookState", self.local_state_dict())
 
+    def gathered_state_dict(self) -> dict[str, Any]:
+        """:meth:`state_dict` with every rank's part at rank 0, for frameworks that write one
+        checkpoint file from rank 0 and give that file to every rank on resume (Lightning,
+        Accelerate: ``sparsecomm.integrations``). Collective: call it on every rank, at the same
+        point. Rank 0 gets ``rank0`` ... ``rank<P-1>`` (the other ranks their own part);
+        :meth:`load_state_dict` of that one dict on every rank takes the rank's own. Rank 0
+        holds every rank's residuals meanwhile (P times one rank's). Without a process group
+        (a 1-process run) it is :meth:`state_dict`."""
+        rank, size = self._rank_and_size()
+        if size is None or size == 1:
+            return self.state_dict()
+        comm = self.comm     # built first: the packed part is keyed by the Comm's rank
+        packed = self.state_dict()
+        return gather_rank_parts("DDPHookState", packed, comm)
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (or :meth:`local_state_dict`) of this rank, before the
         first step. Refused with a ValueError that says what to do: another rank's state (when
@@ -543,3 +558,61 @@ def ddp_hook(state: DDPHookState, bucket: dist.GradBucket) -> torch.futures.Futu
 # would leave them as strings and make register_comm_hook reject the hook).
 ddp_hook.__annotations__ = {"state": DDPHookState, "bucket": dist.GradBucket,
                             "return": torch.futures.Future[torch.Tensor]}
+
+
+_told_one_process = False
+
+
+def _unwrap_compiled(model: Any) -> Any:
+    """The module inside torch.compile's wrapper (``OptimizedModule._orig_mod``)."""
+    inner = getattr(model, "_orig_mod", None)
+    return inner if isinstance(inner, torch.nn.Module) and type(model).__name__ == "OptimizedModule" else model
+
+
+def register(model: torch.nn.Module, state: DDPHookState) -> DDPHookState:
+    """Register :func:`ddp_hook` with ``state`` on ``model`` and return ``state``, whose
+    ``state_dict()`` / ``load_state_dict()`` save and restore the hook (``gathered_state_dict()``
+    where one file is written from rank 0).
+
+    ``model``: a ``DistributedDataParallel`` (also inside ``torch.compile``'s wrapper), as after
+    ``DDP(model)``, ``accelerator.prepare(model)`` or Lightning's DDP strategy. A bare module is
+    what a 1-process run of the same script leaves (Accelerate's ``prepare`` with one process, a
+    script that wraps in DDP only when ``WORLD_SIZE > 1``): with no process group, or a group of
+    one rank, there is nothing to reduce, so this says so once (a UserWarning) and returns
+    ``state`` unregistered; a bare module while several ranks run is refused (its gradients
+    would not be averaged at all). When ``state`` has no process group and no Comm of its own it
+    takes DDP's (``DDP(model, process_group=...)``), so the hook reduces over DDP's ranks.
+    Raises TypeError for anything else (an FSDP2 module: :func:`sparsecomm.fsdp.register_hook`)."""
+    global _told_one_process
+    if not isinstance(state, DDPHookState):
+        raise TypeError(f"sparsecomm.register(model, state): state must be a sparsecomm.DDPHookState, got "
+                        f"{type(state).__name__} (build one: sparsecomm.DDPHookState('topka', density=0.01))")
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"sparsecomm.register(model, state): model must be a torch.nn.Module wrapped in "
+                        f"DistributedDataParallel, got {type(model).__name__}")
+    target = _unwrap_compiled(model)
+    if isinstance(target, torch.nn.parallel.DistributedDataParallel):
+        group = getattr(target, "process_group", None)
+        if state.process_group is None and state._comm is None and group is not None \
+                and dist.is_initialized() and group is not dist.group.WORLD \
+                and dist.get_world_size(group) != dist.get_world_size():
+            state.process_group = group
+            if state.hierarchy == "flat":
+                state._options_checked.check_size(dist.get_world_size(group))
+        target.register_comm_hook(state, ddp_hook)
+        return state
+    if type(target).__name__.startswith("FSDP") or hasattr(target, "_get_fsdp_state"):
+        raise TypeError("sparsecomm.register(model, state) takes a DistributedDataParallel model; this is an FSDP "
+                        "module: use sparsecomm.fsdp.register_hook(model, sparsecomm.FSDPHookState(...))")
+    ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if ranks > 1:
+        raise ValueError(f"sparsecomm.register(model, state): model is a bare {type(target).__name__} but "
+                         f"{ranks} ranks are running: its gradients would not be averaged at all. Wrap it "
+                         "first: model = torch.nn.parallel.DistributedDataParallel(model) (or "
+                         "accelerator.prepare(model)), then register")
+    if not _told_one_process:
+        _told_one_process = True
+        warnings.warn(f"sparsecomm.register: {type(target).__name__} is not DistributedDataParallel and this is "
+                      "a 1-process run: there is nothing to reduce, so the hook is not registered and the "
+                      "gradients stay this process's own", UserWarning, stacklevel=2)
+    return state
