@@ -35,6 +35,12 @@ if command -v mpicc >/dev/null 2>&1 && ! "$VENV/bin/python" -c "import mpi4py" >
   echo "setup: installing mpi4py"
   $PIP install -q "mpi4py>=3.1"
 fi
+# the frameworks of sparsecomm.integrations (tests/test_lightning.py, tests/test_accelerate.py),
+# installed with the pinned torch on the same command line so pip cannot swap it for another build
+if ! "$VENV/bin/python" -c "import lightning, accelerate" >/dev/null 2>&1; then
+  echo "setup: installing lightning and accelerate (keeping $TORCH_SPEC)"
+  $PIP install -q "$TORCH_SPEC" "lightning==2.6.6" "accelerate==1.15.0"
+fi
 echo "setup: building and installing sparsecomm (editable)"
 # --no-build-isolation: compile against the torch in this venv (see _build/backend.py)
 $PIP install -q --no-build-isolation -e .
