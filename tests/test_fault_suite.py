@@ -249,6 +249,45 @@ def test_stopped_peer_with_a_stale_wait_is_a_timeout_not_a_reorder():
     assert "different orders" not in out["msg"] and 2.9 < out["s"] < 3.0 + LIMIT_S, out
 
 
+def _lag_behind_a_silent_rank(rank, world_size, timeout):
+    """Call 1: rank 1 exchanges with ranks 0 and 2, rank 2 with rank 1 only; rank 0 stays
+    silent (as a stopped rank). Rank 2 finishes call 1 and waits on rank 1 in call 2, while rank
+    1, its messages with rank 2 done, still waits on rank 0 in call 1: a lag, not a reorder."""
+    from sparsecomm.comm.torch_comm import TorchComm
+
+    comm = TorchComm(timeout=timeout)
+    scope = comm.new_scope("lag test")
+    t0 = time.monotonic()
+    try:
+        if rank == 0:
+            time.sleep(timeout + 2.0)
+            return {"type": None}
+        peers = [0, 2] if rank == 1 else [1]
+        for _ in range(2):
+            with comm.call_scope(scope):
+                comm.exchange([(q, torch.ones(4, dtype=torch.uint8)) for q in peers],
+                              [(q, torch.empty(4, dtype=torch.uint8)) for q in peers])
+            peers = [1] if rank == 2 else peers
+        out = {"type": None}
+    except Exception as exc:  # noqa: BLE001
+        out = {"type": type(exc).__name__, "msg": str(exc)}
+    out["s"] = time.monotonic() - t0
+    comm.close()
+    return out
+
+
+@pytest.mark.distributed
+def test_a_rank_lagging_behind_a_silent_peer_is_a_timeout_not_a_reorder():
+    """Before: rank 1 saw rank 2 wait on it in call 2 while it waited in call 1 and raised "ranks
+    called the collectives in different orders" (the torchrun stop test's rare failure). Only a
+    peer this rank still waits for counts now: rank 1's messages with rank 2 have arrived."""
+    outs = spawn(_lag_behind_a_silent_rank, 3, 3.0, timeout=120)
+    for rank in (1, 2):   # its own timeout, or the other survivor's relayed (whichever fires first)
+        assert "Timeout" in outs[rank]["type"] and "different orders" not in outs[rank]["msg"], outs
+        assert "still waiting on peer(s) [0]" in outs[rank]["msg"] or "still waiting on peer(s) [1]" in \
+            outs[rank]["msg"], outs
+
+
 def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 

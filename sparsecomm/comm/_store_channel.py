@@ -47,6 +47,16 @@ class ActiveRound:
         self.suspect: tuple | None = None   # (peer, peer's seq, peer's label, peer's beat)
 
 
+def same_scope(label: str, other: str) -> bool:
+    """Whether two waits (``Comm.waiting_in``: "<scope> [#id] call <n>") are calls of one scope.
+
+    Such a pair is a lag, never a reorder: a rank still in call n of a scope while its peer waits
+    in call n + 1 has received the peer's messages of call n (the peer finished it) and waits on a
+    third rank, stopped or slow. Only that third rank's silence decides, as a timeout. Calls of
+    different scopes (reducer A on one rank, B on the other) are the reorder."""
+    return label.rpartition(" call ")[0] == other.rpartition(" call ")[0] != ""
+
+
 def read_abort(store) -> str | None:
     """The abort a rank published in ``store``, or None (a job for the channel thread)."""
     if not store.check(["abort"]):
@@ -296,7 +306,8 @@ class StoreChannel:
             seq, _, rest = text.partition("|")
             their_peers, _, rest = rest.partition("|")
             label, _, beat = rest.rpartition("|")
-            if seq and str(self.rank) in their_peers.split(",") and label != active.label:
+            if seq and str(self.rank) in their_peers.split(",") and label != active.label \
+                    and not same_scope(label, active.label):
                 return (q, seq, label, beat)
         return None
 
