@@ -348,7 +348,7 @@ class EmulatedNetwork:
         c10d names the peer of every socket its store accepts (``getnameinfo``); a name not in
         the file would fall through to DNS, whose server a namespace cannot reach
         (EAI_AGAIN), and every rank would print "The hostname of the client socket cannot be
-        retrieved". An address not in the file is now answered at once, as a number.
+        retrieved". An address not in the file is answered at once, as a number.
         """
         def read(path: str, default: str) -> str:
             try:
