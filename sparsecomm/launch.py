@@ -16,7 +16,11 @@ of a node share its network card: two ranks of a node sending to other nodes at 
 half the rate each. Between two ranks of one node, traffic goes to the node's own address,
 which the kernel delivers over the namespace's loopback, never through the shaped link
 (measured: 100 MB between two ranks of a node in 0.03 s, 27 Gbit/s, with no byte through the
-node's shaped ``tc`` queue; 0.96 Gbit/s between nodes over 1gbit). This needs root and
+node's shaped ``tc`` queue; 0.96 Gbit/s between nodes over 1gbit). Every node's namespace
+names the emulated addresses in a ``hosts`` file of its own and looks names up there only
+(``/etc/netns/<namespace>/``, which ``ip netns exec`` mounts over /etc): c10d looks up the
+name of every peer it accepts, and the namespaces cannot reach this machine's DNS server
+(:meth:`EmulatedNetwork.name_files`). This needs root and
 iproute2. ``--bandwidth none`` runs all ranks on plain loopback.
 
 Each rank gets the variables torchrun sets on N nodes (MASTER_ADDR (node 0's address),
@@ -91,6 +95,9 @@ _OWN_NAMESPACE = re.compile(r"sc(\d+)(?:[rn]\d+|br)")
 _OWN_HOST_LINK = re.compile(r"sc(\d+)h")
 _PR_SET_PDEATHSIG = 1
 _CLONE_NEWNET = 0x40000000
+#: ``ip netns exec NAME`` bind-mounts the files of /etc/netns/NAME over those of /etc for the
+#: command it runs: a node's ``hosts`` file there names the emulated addresses
+_NETNS_ETC = "/etc/netns"
 
 
 class LaunchError(RuntimeError):
@@ -170,7 +177,8 @@ def _process_alive(pid: int) -> bool:
 
 
 def _kill_namespace(name: str) -> None:
-    """SIGKILL every process inside network namespace ``name``, then delete the namespace.
+    """SIGKILL every process inside network namespace ``name``, then delete the namespace and
+    its files under /etc/netns.
 
     A namespace (and its veth links) lives on as long as a process is inside it.
     """
@@ -181,6 +189,7 @@ def _kill_namespace(name: str) -> None:
         except (ProcessLookupError, ValueError):
             pass
     subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    shutil.rmtree(os.path.join(_NETNS_ETC, name), ignore_errors=True)
 
 
 def remove_stale_namespaces() -> list[str]:
@@ -188,10 +197,13 @@ def remove_stale_namespaces() -> list[str]:
 
     A launcher killed with SIGKILL cannot remove its network; the next launch does, here:
     every ``sc<pid>r<rank>``/``sc<pid>n<node>``/``sc<pid>br`` namespace and ``sc<pid>h`` link
-    whose ``<pid>`` is not a running process goes (processes still inside are killed first). Those of a live
+    whose ``<pid>`` is not a running process goes (processes still inside are killed first, its
+    /etc/netns folder with it). Those of a live
     launch, including one starting concurrently, are left alone. Returns what was removed.
     """
-    names = [line.split()[0] for line in _run(["ip", "netns", "list"]).splitlines() if line.strip()]
+    names = {line.split()[0] for line in _run(["ip", "netns", "list"]).splitlines() if line.strip()}
+    with contextlib.suppress(OSError):   # a hosts folder whose namespace is gone already
+        names.update(os.listdir(_NETNS_ETC))
     links = [line.split(":")[1].strip().split("@")[0]
              for line in _run(["ip", "-o", "link", "show"]).splitlines() if line.count(":") >= 2]
     alive: dict[int, bool] = {}
@@ -323,6 +335,51 @@ class EmulatedNetwork:
                 _run(["ip", "-n", bridge_ns, "link", "set", "host", "up"])
                 _run(["ip", "addr", "add", f"{self.host_address}/24", "dev", host])
                 _run(["ip", "link", "set", host, "up"])
+            self._name_addresses()
+
+    def name_files(self) -> dict[str, str]:
+        """The files every node's namespace gets over /etc (``ip netns exec`` mounts them):
+
+        * ``hosts``: this machine's /etc/hosts, then a name for every emulated address (the
+          node's namespace name; the mpi host link's name), also in its IPv4-mapped IPv6
+          form, the form in which c10d's dual-stack store socket sees its peers;
+        * ``nsswitch.conf``: this machine's, with names looked up in that file only.
+
+        c10d names the peer of every socket its store accepts (``getnameinfo``); a name not in
+        the file would fall through to DNS, whose server a namespace cannot reach
+        (EAI_AGAIN), and every rank would print "The hostname of the client socket cannot be
+        retrieved". An address not in the file is answered at once, as a number.
+        """
+        def read(path: str, default: str) -> str:
+            try:
+                with open(path) as f:
+                    return f.read()
+            except OSError:
+                return default
+
+        named = [(self.address(node), self.namespace(node)) for node in range(self.nodes)]
+        if self.host_link:
+            named.append((self.host_address, self.host_interface))
+        lines = [f"{prefix}{address} {name}" for address, name in named for prefix in ("", "::ffff:")]
+        hosts = (read("/etc/hosts", "127.0.0.1 localhost\n").rstrip("\n") +
+                 "\n# sparsecomm.launch: the emulated nodes\n" + "\n".join(lines) + "\n")
+        nsswitch = [line for line in read("/etc/nsswitch.conf", "").splitlines()
+                    if line.split(":")[0].strip() != "hosts"]
+        return {"hosts": hosts, "nsswitch.conf": "\n".join([*nsswitch, "hosts: files"]) + "\n"}
+
+    def _name_addresses(self) -> None:
+        """Write :meth:`name_files` into /etc/netns/<namespace>/ of every node."""
+        files = self.name_files()
+        for node in range(self.nodes):
+            folder = os.path.join(_NETNS_ETC, self.namespace(node))
+            try:
+                os.makedirs(folder, exist_ok=True)
+                for name, text in files.items():
+                    with open(os.path.join(folder, name), "w") as f:
+                        f.write(text)
+            except OSError as exc:
+                raise NetworkSetupError(f"cannot write {folder} (the names of the emulated addresses): "
+                                        f"{exc}") from exc
 
     def _add_namespace(self, name: str) -> None:
         _run(["ip", "netns", "add", name])
