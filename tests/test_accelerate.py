@@ -176,3 +176,20 @@ def test_importing_it_without_accelerate_names_the_extra(monkeypatch):
     monkeypatch.delitem(sys.modules, "sparsecomm.integrations.accelerate", raising=False)
     with pytest.raises(ImportError, match=r"pip install sparsecomm\[accelerate\]"):
         importlib.import_module("sparsecomm.integrations.accelerate")
+
+
+def test_save_state_on_the_main_process_only_times_out_saying_so(accelerate, fresh_accelerate_state, monkeypatch):
+    from accelerate import Accelerator
+
+    from sparsecomm.comm import CommTimeoutError, simulate
+    from sparsecomm.integrations.accelerate import HookCheckpoint
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    accelerator = Accelerator(cpu=True)
+
+    def main_process_saves(comm):   # rank 1 never joins, as under `if accelerator.is_main_process`
+        if comm.rank == 0:
+            HookCheckpoint(sc.DDPHookState("topka", 0.05, comm=comm), accelerator).state_dict()
+
+    with pytest.raises(CommTimeoutError, match="call save_state on every process, not only under"):
+        simulate(2, main_process_saves, timeout=0.5)

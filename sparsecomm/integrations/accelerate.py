@@ -81,7 +81,12 @@ class HookCheckpoint:
 
     def state_dict(self) -> dict[str, Any]:
         _check_one_writer(self.accelerator)   # before the collective: the same answer on every rank
-        return self.state.gathered_state_dict()
+        try:
+            return self.state.gathered_state_dict()
+        except TimeoutError as exc:   # the Comm's CommTimeoutError: its message, and the likely cause
+            raise type(exc)(f"{exc} (saving the hook's state, which accelerator.save_state gathers from every "
+                            "process: call save_state on every process, not only under `if "
+                            "accelerator.is_main_process`)") from exc
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.state.load_state_dict(state_dict)
