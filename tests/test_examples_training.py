@@ -1,6 +1,7 @@
 """The training examples run end to end; the digits example converges with spardl at 1%.
 
-About 40-60 s on a 2-core machine (the digits run is most of it).
+About 40-60 s on a 2-core machine (the digits run is most of it), and 30 s more for the
+Accelerate example's three runs (save, resume, one process), when Accelerate is installed.
 """
 
 from __future__ import annotations
