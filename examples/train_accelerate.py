@@ -68,6 +68,9 @@ def run(args: argparse.Namespace) -> None:
                               gradient_accumulation_steps=args.accumulate, mixed_precision=args.mixed_precision)
     torch.set_num_threads(max(1, args.threads))
     rank, world = accelerator.process_index, accelerator.num_processes
+    # rank 0 only: accelerator.print prints on each node's first process (every rank under
+    # sparsecomm.launch, whose ranks are nodes of their own)
+    say = (lambda *a, **k: print(*a, **k, flush=True)) if accelerator.is_main_process else (lambda *a, **k: None)
     found = find_cifar(args.data_dir)
     if accelerator.is_main_process:
         _common.banner(train_image.describe_data(args))
@@ -91,7 +94,7 @@ def run(args: argparse.Namespace) -> None:
                                  None if args.steps is None else args.steps * args.accumulate, args.seed + rank))
     per_epoch = max(1, len(x) // args.batch)
     total_steps = len(order) // args.accumulate
-    accelerator.print(f"{args.model} on {world} process(es) ({accelerator.distributed_type.value}, "
+    say(f"{args.model} on {world} process(es) ({accelerator.distributed_type.value}, "
                       f"{accelerator.device}, mixed precision {accelerator.mixed_precision}): {name} at density "
                       f"{state.density:g}, {len(x)} images per process, batch {args.batch} x {args.accumulate} "
                       f"accumulated, {total_steps} optimizer steps"
@@ -110,12 +113,12 @@ def run(args: argparse.Namespace) -> None:
         if accelerator.sync_gradients:
             step = (micro + 1) // args.accumulate
             epoch_bytes += sum(s["bytes_sent"] for s in state.last_stats.values())
-            accelerator.print(f"step {step}/{total_steps}: loss {loss.item():.6f}, {reduced(state)}")
+            say(f"step {step}/{total_steps}: loss {loss.item():.6f}, {reduced(state)}")
             if args.save_state and (step % args.save_every == 0 or step == total_steps):
                 accelerator.save_state(os.path.join(args.save_state, f"step{step}"))
-                accelerator.print(f"saved {os.path.join(args.save_state, f'step{step}')}")
+                say(f"saved {os.path.join(args.save_state, f'step{step}')}")
         if (micro + 1) % per_epoch == 0 or micro + 1 == len(order):
-            accelerator.print(f"epoch {micro // per_epoch + 1}: {len(epoch_losses)} micro-batches in "
+            say(f"epoch {micro // per_epoch + 1}: {len(epoch_losses)} micro-batches in "
                               f"{time.perf_counter() - start:.1f} s, mean loss "
                               f"{sum(epoch_losses) / len(epoch_losses):.4f}, rank 0 sent {epoch_bytes / 1e6:.4f} MB")
             epoch_bytes, epoch_losses, start = 0, [], time.perf_counter()
@@ -129,7 +132,7 @@ def run(args: argparse.Namespace) -> None:
     counts = torch.tensor([float((logits.argmax(1).cpu() == test_y[share]).sum()), float(len(logits))],
                           device=accelerator.device)
     counts = accelerator.reduce(counts, reduction="sum")
-    accelerator.print(f"test accuracy {100 * counts[0].item() / counts[1].item():.2f}% "
+    say(f"test accuracy {100 * counts[0].item() / counts[1].item():.2f}% "
                       f"({int(counts[1].item())} images); hook steps {state.step}")
     state.close()
     accelerator.end_training()
