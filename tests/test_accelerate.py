@@ -87,18 +87,29 @@ def _train(rank, world_size, checkpoint_dir, resume):
                      sum(s["bytes_sent"] for s in stats)))
         if not resume and micro + 1 == SAVE_AT:
             accelerator.save_state(checkpoint_dir)
+    refused = None
+    if not resume:   # the same run as 2 nodes of 1 process, each node's first process writing a file
+        from sparsecomm.integrations.accelerate import HookCheckpoint
+
+        accelerator.project_configuration.save_on_each_node = True
+        os.environ["LOCAL_WORLD_SIZE"] = "1"
+        try:
+            HookCheckpoint(state, accelerator).state_dict()
+        except ValueError as exc:
+            refused = str(exc)
     state.close()
     params = torch.cat([p.detach().reshape(-1) for p in accelerator.unwrap_model(model).parameters()])
     # numpy, not a tensor: Accelerate imports torch.multiprocessing, whose pickling would hand the
     # parent a shared-memory handle that dies with this process
-    return params.numpy(), seen, accelerator.distributed_type.value
+    return params.numpy(), seen, accelerator.distributed_type.value, refused
 
 
 def test_two_processes_reduce_every_optimizer_step_and_resume_bit_identically(accelerate, tmp_path):
     checkpoint_dir = str(tmp_path / "checkpoint")
     first = spawn(_train, 2, checkpoint_dir, False, timeout=240)
-    for params, seen, mode in first:
+    for params, seen, mode, refused in first:
         assert mode == "MULTI_CPU"
+        assert "(save_on_each_node=True) on several nodes" in refused   # on every rank, before any message
         # no_sync on the accumulating micro-batches: the hook runs on the synchronizing ones only,
         # reducing every bucket, and counts optimizer steps
         assert [s[0] for s in seen] == [(m + 1) % ACCUM == 0 for m in range(MICRO)]
