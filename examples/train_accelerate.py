@@ -32,6 +32,7 @@ from one, with the same data order (each rank's batches are a fixed sequence of
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import subprocess
 import sys
@@ -60,9 +61,8 @@ def reduced(state: sc.DDPHookState) -> str:
 
 
 def run(args: argparse.Namespace) -> None:
+    from sparsecomm.integrations.accelerate import register   # first: without Accelerate it names the pip extra
     from accelerate import Accelerator
-
-    from sparsecomm.integrations.accelerate import register
 
     accelerator = Accelerator(cpu=args.cpu or not torch.cuda.is_available(),
                               gradient_accumulation_steps=args.accumulate, mixed_precision=args.mixed_precision)
@@ -168,6 +168,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.steps is not None and args.steps < 1 or args.accumulate < 1 or args.save_every < 1:
         parser.error("--steps, --accumulate and --save-every must be at least 1")
+    if importlib.util.find_spec("accelerate") is None:
+        parser.error("this example needs Hugging Face Accelerate: pip install sparsecomm[accelerate]")
     if args.algorithm not in sc.algorithms.names():
         parser.error(f"--algorithm {args.algorithm}: a sparsecomm algorithm ({', '.join(sc.algorithms.names())}); "
                      "PyTorch's own hooks go through DistributedDataParallelKwargs(comm_hook=...) instead")
