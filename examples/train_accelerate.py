@@ -70,7 +70,9 @@ def run(args: argparse.Namespace) -> None:
     rank, world = accelerator.process_index, accelerator.num_processes
     # rank 0 only: accelerator.print prints on each node's first process (every rank under
     # sparsecomm.launch, whose ranks are nodes of their own)
-    say = (lambda *a, **k: print(*a, **k, flush=True)) if accelerator.is_main_process else (lambda *a, **k: None)
+    def say(text: str) -> None:
+        if accelerator.is_main_process:
+            print(text, flush=True)
     found = find_cifar(args.data_dir)
     if accelerator.is_main_process:
         _common.banner(train_image.describe_data(args))
@@ -95,10 +97,10 @@ def run(args: argparse.Namespace) -> None:
     per_epoch = max(1, len(x) // args.batch)
     total_steps = len(order) // args.accumulate
     say(f"{args.model} on {world} process(es) ({accelerator.distributed_type.value}, "
-                      f"{accelerator.device}, mixed precision {accelerator.mixed_precision}): {name} at density "
-                      f"{state.density:g}, {len(x)} images per process, batch {args.batch} x {args.accumulate} "
-                      f"accumulated, {total_steps} optimizer steps"
-                      + (f", resumed from {args.resume} after step {done // args.accumulate}" if done else ""))
+        f"{accelerator.device}, mixed precision {accelerator.mixed_precision}): {name} at density "
+        f"{state.density:g}, {len(x)} images per process, batch {args.batch} x {args.accumulate} "
+        f"accumulated, {total_steps} optimizer steps"
+        + (f", resumed from {args.resume} after step {done // args.accumulate}" if done else ""))
     model.train()
     epoch_bytes, epoch_losses, start = 0, [], time.perf_counter()
     for micro in range(done, len(order)):
@@ -119,8 +121,8 @@ def run(args: argparse.Namespace) -> None:
                 say(f"saved {os.path.join(args.save_state, f'step{step}')}")
         if (micro + 1) % per_epoch == 0 or micro + 1 == len(order):
             say(f"epoch {micro // per_epoch + 1}: {len(epoch_losses)} micro-batches in "
-                              f"{time.perf_counter() - start:.1f} s, mean loss "
-                              f"{sum(epoch_losses) / len(epoch_losses):.4f}, rank 0 sent {epoch_bytes / 1e6:.4f} MB")
+                f"{time.perf_counter() - start:.1f} s, mean loss "
+                f"{sum(epoch_losses) / len(epoch_losses):.4f}, rank 0 sent {epoch_bytes / 1e6:.4f} MB")
             epoch_bytes, epoch_losses, start = 0, [], time.perf_counter()
 
     # evaluation on the bare module (the hook stays on the DDP wrapper); each process a share of the test set
@@ -133,7 +135,7 @@ def run(args: argparse.Namespace) -> None:
                           device=accelerator.device)
     counts = accelerator.reduce(counts, reduction="sum")
     say(f"test accuracy {100 * counts[0].item() / counts[1].item():.2f}% "
-                      f"({int(counts[1].item())} images); hook steps {state.step}")
+        f"({int(counts[1].item())} images); hook steps {state.step}")
     state.close()
     accelerator.end_training()
 
