@@ -27,7 +27,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from ..hook import DDPHookState, register
+from .. import DDPHookState, register
 
 try:
     from lightning.pytorch.strategies import DDPStrategy
