@@ -156,10 +156,7 @@ def _without_nproc(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _common.add_common_args(parser, steps=None, epochs=1, batch=32, lr=0.05)
-    parser.add_argument("--model", choices=["vgg16", "vgg19", "resnet20"], default="resnet20")
-    parser.add_argument("--train-size", type=int, default=5000, help="generated data only")
-    parser.add_argument("--test-size", type=int, default=1000, help="generated data only")
+    train_image.add_image_args(parser)
     parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per optimizer step")
     parser.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"], default="no",
                         help="Accelerate's autocast of the forward pass (the gradients stay float32)")

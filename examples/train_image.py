@@ -89,12 +89,18 @@ def run_rank(rank: int, world: int, args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_image_args(parser: argparse.ArgumentParser) -> None:
+    """The training arguments of the image examples (this one, train_accelerate.py): the common
+    ones, the model and the generated data's size."""
     _common.add_common_args(parser, steps=None, epochs=1, batch=32, lr=0.05)
     parser.add_argument("--model", choices=["vgg16", "vgg19", "resnet20"], default="resnet20")
     parser.add_argument("--train-size", type=int, default=5000, help="generated data only")
     parser.add_argument("--test-size", type=int, default=1000, help="generated data only")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_image_args(parser)
     parser.add_argument("--algorithms", nargs="+", default=None,
                         help="compare these in turn (from the same weights; 'all' = dense, every algorithm and "
                              "the PyTorch hooks); default: just --algorithm")
