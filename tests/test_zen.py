@@ -154,24 +154,32 @@ def test_auto_picks_the_fewest_bytes_per_message():
         assert sizes[zf.choose_form(m, 4096, n, dtype)] == min(sizes.values())
 
 
-def test_fused_add_and_half_precision_through_the_reducer():
-    """SparseAllreduce (fused add) on bfloat16: the float32 sum of the selections, rounded once
-    (the DDP hook divides by P afterwards, as for every algorithm)."""
-    P, n, density = 4, 2000, 0.05
-    grads = [g.to(torch.bfloat16) for g in _grads(P, n, 3)]
+def test_fused_add_error_feedback_and_half_precision_through_the_reducer():
+    """SparseAllreduce (fused add) on bfloat16 for two steps: each step the float32 sum of every
+    rank's top-k of residual + gradient, rounded once; what was not selected carries over (the
+    DDP hook divides by P afterwards, as for every algorithm)."""
+    P, n, density, steps = 4, 2000, 0.05, 2
+    grads = [[g.to(torch.bfloat16) for g in _grads(P, n, 3 + s)] for s in range(steps)]
     k = sc.k_for(density, n)
 
     def rank(comm):
         red = sc.SparseAllreduce("zen", density, comm=comm)
-        return red(grads[comm.rank].clone())
+        return [red(grads[s][comm.rank].clone()) for s in range(steps)]
 
-    want = torch.zeros(n)
-    for g in grads:
-        idx = torch.from_numpy(ref_topk_indices(g, k))
-        want[idx] += g[idx].float()
-    want = want.to(torch.bfloat16)
-    for out in simulate(P, rank).results:
-        assert torch.equal(out, want)
+    residual = [torch.zeros(n) for _ in range(P)]
+    wants = []
+    for s in range(steps):
+        want = torch.zeros(n)
+        for r in range(P):
+            acc = residual[r] + grads[s][r].float()
+            idx = torch.from_numpy(ref_topk_indices(acc, k))
+            want[idx] += acc[idx]
+            acc[idx] = 0
+            residual[r] = acc
+        wants.append(want.to(torch.bfloat16))
+    for outs in simulate(P, rank).results:
+        for s in range(steps):
+            assert torch.equal(outs[s], wants[s]), s
 
 
 def test_hash_balances_a_hot_range_that_the_range_split_does_not():
