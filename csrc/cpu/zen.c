@@ -7,6 +7,15 @@
 #include "sparsecomm/zen.h"
 #include "common.h"
 
+/* little-endian bytes as a uint64 (bit j of the word = bit j % 8 of byte j / 8) */
+static inline uint64_t sc_zen_le64(uint64_t w) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  return __builtin_bswap64(w);
+#else
+  return w;
+#endif
+}
+
 static int check_args(int64_t n, int64_t parts, int64_t block, sc_error_info* err) {
   if (n < 0) return sc_fail(err, SC_ERR_ARG, 1, 0, n);
   if (parts < 1 || parts > SC_ZEN_MAX_PARTS) return sc_fail(err, SC_ERR_ARG, 2, 0, parts);
@@ -132,8 +141,13 @@ int sc_zen_bitmap_decode(const uint8_t* bitmap, int64_t nbytes, int64_t n, int64
     if (pad) return sc_fail(err, SC_ERR_MALFORMED, 0, nbytes - 1, bitmap[nbytes - 1]);
   }
   if (!out_idx) {
-    int64_t c = 0;
-    for (int64_t j = 0; j < nbytes; j++) c += __builtin_popcount(bitmap[j]);
+    int64_t c = 0, j = 0;
+    for (; j + 8 <= nbytes; j += 8) {
+      uint64_t w;
+      memcpy(&w, bitmap + j, 8);
+      c += __builtin_popcountll(w);
+    }
+    for (; j < nbytes; j++) c += __builtin_popcount(bitmap[j]);
     *count = c;
     return SC_OK;
   }
@@ -142,18 +156,32 @@ int sc_zen_bitmap_decode(const uint8_t* bitmap, int64_t nbytes, int64_t n, int64
   for (int64_t b = 0; b < nblocks && pos < cs; b++) {
     if (sc_zen_block_owner(seed, b, (uint64_t)parts) != (uint64_t)owner) continue;
     const int64_t lo = b * block, len = (lo + block <= n) ? block : n - lo;
-    for (int64_t t = 0; t < len; t++, pos++) {
-      /* whole zero bytes are skipped eight bits at a time */
-      if (!(pos & 7) && t + 8 <= len && bitmap[pos >> 3] == 0) {
-        t += 7;
-        pos += 7;
-        continue;
+    /* the block's bits [pos, pos + len), a byte (or its part) at a time, set bits by ctz */
+    int64_t t = 0;
+    if (!(pos & 7)) /* byte-aligned (every block when block >= 8): 64 bits at a time */
+      for (; t + 64 <= len; t += 64) {
+        uint64_t w;
+        memcpy(&w, bitmap + ((pos + t) >> 3), 8);
+        w = sc_zen_le64(w);
+        while (w) {
+          if (c >= cap) return sc_fail(err, SC_ERR_ARG, 0, c, cap);
+          out_idx[c++] = lo + t + __builtin_ctzll(w);
+          w &= w - 1;
+        }
       }
-      if (bitmap[pos >> 3] >> (pos & 7) & 1) {
+    while (t < len) {
+      const int64_t p = pos + t;
+      const int sh = (int)(p & 7);
+      const int take = (int)((8 - sh) < (len - t) ? (8 - sh) : (len - t));
+      unsigned bits = ((unsigned)bitmap[p >> 3] >> sh) & ((1u << take) - 1u);
+      while (bits) {
         if (c >= cap) return sc_fail(err, SC_ERR_ARG, 0, c, cap);
-        out_idx[c++] = lo + t;
+        out_idx[c++] = lo + t + __builtin_ctz(bits);
+        bits &= bits - 1;
       }
+      t += take;
     }
+    pos += len;
   }
   *count = c;
   return SC_OK;

@@ -65,8 +65,8 @@ static void test_partition(void) {
       }
 }
 
-static void test_bitmap(void) {
-  const int64_t n = 1003, block = 8, parts = 5;
+static void bitmap_case(int64_t n, int64_t block) {
+  const int64_t parts = 5;
   const uint64_t seed = 12345;
   int64_t* cls = xmalloc(sizeof(int64_t) * n);
   int64_t* pick = xmalloc(sizeof(int64_t) * n);
@@ -108,6 +108,13 @@ static void test_bitmap(void) {
     CHECK(sc_zen_bitmap_encode(&other, 1, n, parts, seed, block, o, bm, nb, &e) == SC_ERR_ARG);
   }
   free(cls), free(pick), free(back), free(bm);
+}
+
+/* block 8: byte steps; block 64: the decoder's 64-bit steps; n cuts the last block short */
+static void test_bitmap(void) {
+  bitmap_case(1003, 8);
+  bitmap_case(5003, 64);
+  bitmap_case(5003, 128);
 }
 
 static void test_rejects(void) {
