@@ -112,7 +112,7 @@ class Zen(Algorithm):
                 form = choose_form(mine_i.numel(), classes.sizes[rank], n, dtype)
             message = encode_pull(mine_i, mine_v, form, classes, rank) if size > 1 else None
         blocks = bruck_allgather_var(comm, message) if size > 1 else [None]
-        total, known = 0, form != "dense"
+        total, known = 0, size == 1 or form != "dense"
         with self.timed("scatter"):
             out.zero_()
             for j in range(size):  # the classes are disjoint: each owner's pairs written once
