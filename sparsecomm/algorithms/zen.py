@@ -67,6 +67,8 @@ class Zen(Algorithm):
     name = "zen"
     lossless = True
     fuses_add = True
+    # the owner hash (ops/_zen.py) and the pull forms (formats/zen.py): ranks must share both
+    wire_revision = "splitmix64-fastrange-blocks/pull-index-bitmap-dense"
     option_specs = {
         "seed": Option(DEFAULT_SEED, int, min=0, max=2**63 - 1, doc="the hash's seed, the same on every rank"),
         "block": Option(64, int, min=1, max=MAX_BLOCK, check=_power_of_two,
