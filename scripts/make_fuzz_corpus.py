@@ -243,6 +243,16 @@ def densestream_seeds():
     yield b"\x04" + struct.pack("<HB", 20, 5) + bytes([0, 2, 5, 0, 9, 2])   # raw: empty block
 
 
+def zen_seeds():
+    """[u16 n][parts - 1][log2 block][seed][owner][bitmap]: lengths around the class's
+    ceil(size / 8) (which the target's reference works out), all-zero and all-one bitmaps."""
+    for n, parts, lb, seed, owner, nbytes in [(1000, 2, 0, 7, 1, 63), (1000, 2, 0, 7, 1, 62), (100, 0, 2, 1, 0, 13),
+                                              (77, 4, 3, 9, 2, 2), (0, 0, 0, 0, 0, 0), (4099, 32, 6, 3, 5, 16)]:
+        head = struct.pack("<HBBBB", n, parts, lb, seed, owner)
+        yield head + bytes(nbytes)
+        yield head + b"\xff" * nbytes
+
+
 TARGETS = {
     "header": header_seeds,
     "coo": coo_seeds,
@@ -252,6 +262,7 @@ TARGETS = {
     "topk": topk_seeds,
     "sketch": sketch_seeds,
     "densestream": densestream_seeds,
+    "zen": zen_seeds,
 }
 
 

@@ -19,8 +19,8 @@ Three kinds of algorithms (each class's ``traffic_model``):
   rank by rank, against the bytes and rounds the simulated Comm counts (gssgd: its own
   ``rank_traffic()``, the slowest rank's figures given to every rank);
 * *sizes from the union of the ranks' index sets* (:data:`SET_BASED`:
-  ``sparcml_recursive_double``, ``sparcml_split_allgather``, ``topkdsa``, ``sparcml``): exact
-  given the ranks' selected index sets (:class:`IndexSets`) -- the real ones in the tests, a
+  ``sparcml_recursive_double``, ``sparcml_split_allgather``, ``topkdsa``, ``sparcml``, ``zen``):
+  exact given the ranks' selected index sets (:class:`IndexSets`) -- the real ones in the tests, a
   model of real gradients (:func:`model_sets`) at large P;
 * *estimated* (:data:`ESTIMATED`: ``densestream``: blocks counted as runs of consecutive
   indices, the zero-run rule ignored; ``oktopk``: the reuse step, regions assumed to hold k/P

@@ -57,6 +57,8 @@ CASES = [  # (algorithm, options, P values)
     ("sparcml_recursive_double", {}, (2, 3, 4, 6)),
     ("sparcml_split_allgather", {}, (2, 3, 4, 5)),
     ("topkdsa", {}, (3, 4)),
+    ("zen", {}, (2, 3, 5, 8)),
+    ("zen", {"block": 1, "pull_form": "bitmap"}, (3,)),
 ]
 
 
@@ -108,7 +110,8 @@ def test_each_class_states_its_own_traffic_model():
     them); a class with a traffic model defines traffic() itself, so a subclass (skcompress of
     topka) does not inherit its parent's schedule; one without says so, by name."""
     assert costmodel.EXACT == ("dense", "gssgd", "gtopk", "spardl", "topka")
-    assert costmodel.SET_BASED == ("sparcml", "sparcml_recursive_double", "sparcml_split_allgather", "topkdsa")
+    assert costmodel.SET_BASED == ("sparcml", "sparcml_recursive_double", "sparcml_split_allgather", "topkdsa",
+                                   "zen")
     assert costmodel.ESTIMATED == ("densestream", "oktopk", "skcompress")
     for name in costmodel.modelled():
         assert "traffic" in vars(algorithms.get(name)), name

@@ -115,7 +115,8 @@ def _worker(rank: int, world_size: int, algorithm: str, density: float, options:
 @pytest.mark.parametrize("world_size,algorithm,density", [(2, "topka", 0.05), (3, "topka", 0.02),
                                                            (4, "topka", 0.1), (2, "dense", 1.0),
                                                            (4, "spardl", 0.05), (3, "spardl", 0.05),
-                                                           (3, "oktopk", 0.05), (3, "densestream", 0.05)])
+                                                           (3, "oktopk", 0.05), (3, "densestream", 0.05),
+                                                           (3, "zen", 0.05)])
 def test_ddp_hook_trains_conserves_and_survives_rebuild_and_resume(world_size, algorithm, density):
     results = spawn(_worker, world_size, algorithm, density, {}, timeout=240)
     for rank, res in enumerate(results):

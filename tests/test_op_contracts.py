@@ -66,7 +66,21 @@ def _samples():
         ("skcompress_encode", (_i(3, 17, 900), _f(1, -2, 3), 1000, 1, 1, 256, 2, 0.2, 8, 0, 0, 65536)),
         ("skcompress_decode", (ops.skcompress_encode(_i(3, 17, 900), _f(1, -2, 3), 1000), 1000, 3,
                                torch.float32, 1, 1)),
+        ("zen_partition", (_i(0, 3, 17, 64, 900), _f(1, -2, 3, 4, 5), 1000, 3, 7, 4)),
+        ("zen_bitmap_encode", (ops.zen_partition(_i(0, 3, 17, 64, 900), _f(1, 2, 3, 4, 5), 1000, 3, 7, 4)[0][:1],
+                               1000, 3, 7, 4, int(_zen_owner_of_first()))),
+        ("zen_bitmap_decode", (torch.zeros(_zen_bitmap_bytes(), dtype=torch.uint8), 1000, 3, 7, 4, 0)),
     ]
+
+
+def _zen_owner_of_first():
+    """The owner of the first pair zen_partition puts first (the lowest owner with a pair)."""
+    counts = ops.zen_partition(_i(0, 3, 17, 64, 900), _f(1, 2, 3, 4, 5), 1000, 3, 7, 4)[2]
+    return int((counts > 0).nonzero()[0])
+
+
+def _zen_bitmap_bytes():
+    return ops.zen_bitmap_encode(_i(), 1000, 3, 7, 4, 0).numel()
 
 
 def _densestream_message():

@@ -140,6 +140,14 @@ BAD += [(name, options, message) for name in algorithms.names() for options, mes
         if set(options) <= set(algorithms.get(name).option_defaults)]
 BAD += [("skcompress", {"topology": "ring"}, r"topology must be 'allgather' or 'ps', got 'ring'"),
         ("skcompress", {"topology": None}, r"topology must be .*got None")]
+BAD += [  # zen: the hash's seed, its block (a power of two), the pull form
+    ("zen", {"seed": -1}, r"seed must be an int in 0\.\.9223372036854775807 .*got -1"),
+    ("zen", {"seed": 1.5}, r"seed must be .*got 1\.5"),
+    ("zen", {"block": 0}, r"block must be a power of two in 1\.\.1073741824 .*got 0"),
+    ("zen", {"block": 48}, r"block must be a power of two .*got 48"),
+    ("zen", {"block": 2**31}, r"block must be a power of two .*got 2147483648"),
+    ("zen", {"pull_form": "coo"}, r"pull_form must be 'auto', 'index', 'bitmap' or 'dense' .*got 'coo'"),
+]
 BAD += [  # auto: the alpha-beta constants (both or neither), the candidates, the compute table
     ("auto", {"alpha": -1e-6, "beta": 1e-9}, r"option alpha must be None .* got -1e-06"),
     ("auto", {"alpha": NAN, "beta": 1e-9}, r"option alpha must be .* got nan"),
@@ -315,6 +323,8 @@ REJECTS = {
               "p2": {"type": None, "range": 0.99}, "allreduce": {"type": 0, "choice": "ring"},
               "estimate": {"type": 0, "choice": "part"}, "seed": {"type": 1.0},
               "heavymix": {"type": 0, "choice": "TOPK"}},
+    "zen": {"seed": {"type": 1.0, "range": -1}, "block": {"type": 64.0, "range": 3},
+            "pull_form": {"type": 1, "choice": "coo"}},
     "auto": {"alpha": {"type": "1e-4", "range": -1e-6}, "beta": {"type": True, "range": -INF},
              "candidates": {"type": "topka", "range": ()}, "compute": {"type": [1.0], "range": {"topka": -1.0}},
              "tune": {"type": 2.0, "range": 1001}, "shortlist": {"type": None, "range": 0},

@@ -402,6 +402,55 @@ def test_sketch_errors(case):
     _check(lambda: (ops.sketch_estimate, (table, n, 1)))
 
 
+
+# ------------------------------------------------------------------ ZEN's hash partition and class bitmaps
+
+@pytest.mark.parametrize("n,parts,block,seed", [(0, 1, 1, 0), (5003, 3, 1, 9), (LARGE, 8, 64, 2**63 - 1),
+                                                (4099, 33, 4, 12345)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_zen_partition_and_bitmaps(n, parts, block, seed, dtype):
+    rng = _rng(n + parts)
+    idx = torch.from_numpy(np.sort(rng.choice(n, min(n, 2000), replace=False))).long()
+    val = torch.from_numpy(rng.standard_normal(idx.numel())).to(dtype)
+    _check(lambda: (ops.zen_partition, (idx, val, n, parts, seed, block)))
+    got, _, counts = ops.zen_partition(idx, val, n, parts, seed, block)
+    cuts = np.concatenate([[0], np.cumsum(counts.tolist())])
+    for owner in range(min(parts, 3)):
+        mine = got[cuts[owner]:cuts[owner + 1]]
+        _check(lambda: (ops.zen_bitmap_encode, (mine, n, parts, seed, block, owner)))
+        bitmap = ops.zen_bitmap_encode(mine, n, parts, seed, block, owner)
+        _check(lambda: (ops.zen_bitmap_decode, (bitmap, n, parts, seed, block, owner)))
+
+
+@pytest.mark.parametrize("case", ["order", "range", "parts", "block", "dtype", "other_class", "long_bitmap",
+                                  "padding_bit", "owner"])
+def test_zen_errors(case):
+    n, parts, block, seed = 1000, 3, 1, 5
+    idx, val = torch.tensor([1, 5, 9]), torch.ones(3)
+    if case in ("order", "range", "parts", "block", "dtype"):
+        args = {"order": (torch.tensor([1, 5, 5]), val, n, parts, seed, block),
+                "range": (torch.tensor([1, 5, n]), val, n, parts, seed, block),
+                "parts": (idx, val, n, 0, seed, block),
+                "block": (idx, val, n, parts, seed, 3),
+                "dtype": (idx.int(), val, n, parts, seed, block)}[case]
+        _check(lambda: (ops.zen_partition, args))
+        return
+    got, _, counts = ops.zen_partition(torch.arange(n), torch.ones(n), n, parts, seed, block)
+    first_of_1 = got[int(counts[0]):int(counts[0]) + 1]
+    empty = ops.zen_bitmap_encode(torch.tensor([], dtype=torch.int64), n, parts, seed, block, 0)
+    if case == "other_class":
+        _check(lambda: (ops.zen_bitmap_encode, (first_of_1, n, parts, seed, block, 0)))
+    elif case == "long_bitmap":
+        _check(lambda: (ops.zen_bitmap_decode, (torch.zeros(empty.numel() + 1, dtype=torch.uint8), n, parts, seed,
+                                                block, 0)))
+    elif case == "padding_bit":
+        assert int(counts[0]) % 8
+        bad = empty.clone()
+        bad[-1] = 0x80
+        _check(lambda: (ops.zen_bitmap_decode, (bad, n, parts, seed, block, 0)))
+    else:
+        _check(lambda: (ops.zen_bitmap_decode, (empty, n, parts, seed, block, parts)))
+
 # ------------------------------------------------------------------ every algorithm on the torch path
 
 #: extra option sets beside each algorithm's defaults (every registered algorithm runs with its

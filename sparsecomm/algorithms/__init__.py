@@ -13,6 +13,7 @@ from . import oktopk  # noqa: F401  (Ok-Topk: docs/oktopk.md)
 from . import sparcml  # noqa: F401  (sparcml_*, topkdsa and the sparcml chooser: docs/sparcml.md)
 from . import densestream  # noqa: F401  (DenseStreamAllreduce: docs/densestream.md)
 from . import skcompress  # noqa: F401  (docs/skcompress.md)
+from . import zen  # noqa: F401  (ZEN's hash-balanced sparse allreduce: docs/zen.md)
 from . import auto  # noqa: F401  (picks one of the above per tensor: docs/scale.md)
 
 __all__ = ["Algorithm", "get", "names", "register", "traffic", "modelled"]

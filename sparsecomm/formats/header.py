@@ -5,7 +5,7 @@ Layout (little-endian)::
     offset size field
     0      4    magic         0x4D435053 (bytes "SPCM")
     4      2    version       FORMAT_VERSION
-    6      1    kind          Kind (COO, DENSE, SIGNATURE, DENSE_BLOCKS, COO_CODED)
+    6      1    kind          Kind (COO, DENSE, SIGNATURE, DENSE_BLOCKS, COO_CODED, CLASS_BITMAP)
     7      1    value dtype   DTYPE_CODES
     8      1    index dtype   DTYPE_CODES (0: no indices)
     9      3    reserved      zero
@@ -55,6 +55,7 @@ class Kind(IntEnum):
     SIGNATURE = 3
     DENSE_BLOCKS = 4  # a DenseStream (formats/densestream.py)
     COO_CODED = 5  # a COO vector in a codec body (:mod:`.codec`)
+    CLASS_BITMAP = 6  # a bitmap over a ZEN hash class and its values (:mod:`.zen`)
 
 
 class AgreementKind(IntEnum):

@@ -1,4 +1,4 @@
-"""Selection, sparse-vector, sparse-stream, QSGD, Count-Sketch, DenseStream and SKCompress kernels, and
+"""Selection, sparse-vector, sparse-stream, QSGD, Count-Sketch, DenseStream, SKCompress and ZEN kernels, and
 the checks of received messages: the one face of sparsecomm's op layer (the hot path of every
 algorithm; the wire formats' validating decoders call the checks).
 
@@ -52,9 +52,11 @@ from ._stream import __all__ as _stream_all
 from ._stream import (qsgd_dequantize, qsgd_quantize, stream_add_dd_, stream_add_sd_, stream_add_ss,
                       stream_concat)
 from ._wire import __all__ as _wire_all
+from ._zen import __all__ as _zen_all
+from ._zen import zen_bitmap_decode, zen_bitmap_encode, zen_class_blocks, zen_partition
 from ._wire import WIRE_FIELDS, WIRE_PREFIX_NBYTES, WireResult, wire_check, wire_check_densestream
 
-__all__ = [*_coo_all, *_stream_all, *_sketch_all, *_densestream_all, *_skcompress_all, *_wire_all, "use_torch_ops",
+__all__ = [*_coo_all, *_stream_all, *_sketch_all, *_densestream_all, *_skcompress_all, *_wire_all, *_zen_all, "use_torch_ops",
            "torch_ops_enabled", "CUDA_KERNELS", "advise_huge", "torch_implementation"]
 
 #: True when the extension was built with the CUDA kernels of csrc/cuda (opt-in at build time:

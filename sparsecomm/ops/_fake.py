@@ -191,3 +191,19 @@ def _skcompress_encode(idx, val, n, index_codec, value_codec, q, s, t, r, m, pre
 @torch.library.register_fake("sparsecomm::skcompress_decode")
 def _skcompress_decode(body, n, count, dtype, expect_index, expect_value):
     return body.new_empty(count, dtype=torch.int64), body.new_empty(count, dtype=dtype)
+
+
+@torch.library.register_fake("sparsecomm::zen_partition")
+def _zen_partition(idx, val, n, parts, seed, block):
+    return idx.new_empty(idx.shape[0]), val.new_empty(val.shape[0]), idx.new_empty(parts)
+
+
+@torch.library.register_fake("sparsecomm::zen_bitmap_encode")
+def _zen_bitmap_encode(idx, n, parts, seed, block, owner):
+    # ceil(class size / 8): the class depends on the hash, not on the shapes
+    return idx.new_empty(torch.library.get_ctx().new_dynamic_size(), dtype=torch.uint8)
+
+
+@torch.library.register_fake("sparsecomm::zen_bitmap_decode")
+def _zen_bitmap_decode(bitmap, n, parts, seed, block, owner):
+    return bitmap.new_empty(torch.library.get_ctx().new_dynamic_size(), dtype=torch.int64)

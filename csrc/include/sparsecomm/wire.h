@@ -62,7 +62,8 @@ typedef enum {
   SC_KIND_SIGNATURE = 3,
   SC_KIND_DENSE_BLOCKS = 4, /* a DenseStream (densestream.h) */
   SC_KIND_COO_CODED = 5,    /* a COO vector in a codec body (skcompress.h) */
-  SC_KIND_LAST = 5
+  SC_KIND_CLASS_BITMAP = 6, /* a bitmap over a ZEN hash class and its values (zen.h) */
+  SC_KIND_LAST = 6
 } sc_wire_kind;
 
 /* Dtype codes on the wire (header bytes 7 and 8; sparsecomm.formats.DTYPE_CODES).

@@ -11,7 +11,7 @@ kernel bit for bit and runs every algorithm through it.
 
 One module per family of C kernels: :mod:`.coo` (top-k, COO merges, scatters, gathers),
 :mod:`.stream` (dense and sparse streams, QSGD), :mod:`.sketch` (Count-Sketch),
-:mod:`.densestream`; :mod:`.checks` holds the argument checks they share and
+:mod:`.densestream`, :mod:`.zen`; :mod:`.checks` holds the argument checks they share and
 :mod:`.splitmix` the hash QSGD and the sketch draw from.
 
 Bit-identical to the C kernels on every device: top-k and block top-k, merges (sums in
@@ -35,12 +35,14 @@ from .densestream import (densestream_add, densestream_add_into_, densestream_en
                           densestream_slice, densestream_to_coo)
 from .sketch import RUN, sketch_build_, sketch_build_coo_, sketch_estimate, sketch_estimate_at
 from .stream import qsgd_dequantize, qsgd_quantize, stream_add_dd_, stream_concat
+from .zen import zen_bitmap_decode, zen_bitmap_encode, zen_partition
 
 __all__ = ["topk", "block_topk", "topk_accum_", "merge_add", "merge_add_many", "scatter_add_", "scatter_set_",
            "gather", "nonfinite_flags", "stream_add_dd_",
            "stream_concat", "qsgd_quantize", "qsgd_dequantize", "sketch_build_coo_", "sketch_build_",
            "sketch_estimate_at", "sketch_estimate", "densestream_encode_coo", "densestream_encode_dense",
-           "densestream_add", "densestream_slice", "densestream_add_into_", "densestream_to_coo", "impls",
+           "densestream_add", "densestream_slice", "densestream_add_into_", "densestream_to_coo", "zen_partition", "zen_bitmap_encode",
+           "zen_bitmap_decode", "impls",
            "register", "RUN"]
 
 
@@ -65,6 +67,7 @@ def impls() -> Dict[str, Callable]:
         "densestream_encode_coo": densestream_encode_coo, "densestream_encode_dense": densestream_encode_dense,
         "densestream_add": densestream_add, "densestream_slice": densestream_slice,
         "densestream_add_into_": _no_return(densestream_add_into_), "densestream_to_coo": densestream_to_coo,
+        "zen_partition": zen_partition, "zen_bitmap_encode": zen_bitmap_encode, "zen_bitmap_decode": zen_bitmap_decode,
     }
 
 

@@ -1,0 +1,167 @@
+"""``zen``: the hash-balanced sparse allreduce of "ZEN: Empowering Distributed Training with
+Sparsity-driven Data Synchronization" (Wang et al., OSDI 2025).
+
+The observation it fixes: splitting the index space into P equal ranges (SparCML's split
+all-gather, ``sparcml_split_allgather``; DenseStream; Ok-Topk's boundaries partly) puts most
+non-zeros of a real gradient into the few ranges of its hot layers, and the owner of a hot
+range sends and receives far more than the others. ZEN partitions by a *hash* of the index
+instead, so every owner gets about k/P of every rank's selection wherever the non-zeros lie.
+
+One call (after the local top-k, the same selection as ``topka``: fused with the gradient's
+add; what is not selected stays in the residual):
+
+1. *Partition*: the selected pairs are split by owner in one stable pass
+   (:func:`sparsecomm.ops.zen_partition`; owner of index i: the hash class of its block
+   ``i >> log2(block)``, ``fastrange(splitmix64(seed + block))``, :mod:`sparsecomm.ops._zen`).
+2. *Push*: every rank sends each owner its pairs (COO, one round of ``exchange_var``); the
+   owner adds the P lists in rank order (:func:`sparsecomm.ops.merge_add_many`: float32 sums
+   for half types, rounded once), so every owner's sum has the same bits wherever it is read.
+3. *Pull*: every owner's reduced pairs go to every rank (Bruck all-gather of variable-size
+   blocks, :func:`sparsecomm.comm.collectives.bruck_allgather_var`), each in the form of
+   fewest bytes for its fill (:mod:`sparsecomm.formats.zen`: an index list, a bitmap over the
+   owner's hash class with the values, or the dense values of the class); every rank writes
+   the P disjoint results into ``out``.
+
+Lossless: ``out`` is exactly the sum of the ranks' selections (the reducer divides by P).
+
+Options: ``seed`` (the hash's seed; every rank must use the same, as for every option),
+``block`` (a power of two: indices hashed in blocks of ``block``, so a class is a list of whole
+blocks whose bitmap is cheap to build and read; 1 is the paper's per-index hash),
+``pull_form`` (``"auto"``: per message the fewest bytes; or one form for every message).
+
+Cost per rank: one push round of P - 1 COO messages (plus its size round), then ceil(log2 P)
+rounds for the pull sizes and ceil(log2 P) for the pull blocks; about 2 (P-1)/P k (c + s)
+bytes sent when the selections barely overlap, balanced across ranks by the hash.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import ops
+from ..comm.collectives import bruck_allgather_var
+from ..formats.coo import coo_nbytes
+from ..formats.header import index_dtype_for
+from ..formats.zen import (PULL_FORMS, ZenClasses, choose_form, decode_pull, decode_push, encode_pull, encode_push,
+                           pull_form_of, pull_nbytes)
+from ..options import Option
+from ..traffic import IndexSets, Traffic
+from .base import Algorithm, register
+
+__all__ = ["Zen", "DEFAULT_SEED", "MAX_BLOCK"]
+
+#: the hash's default seed (any fixed value: it only has to be the same on every rank)
+DEFAULT_SEED = 0x5A454E
+MAX_BLOCK = 1 << 30
+
+
+def _power_of_two(value: int, options: Any) -> bool:
+    return value & (value - 1) == 0
+
+
+@register
+class Zen(Algorithm):
+    name = "zen"
+    lossless = True
+    fuses_add = True
+    # the owner hash (ops/_zen.py) and the pull forms (formats/zen.py): ranks must share both
+    wire_revision = "splitmix64-fastrange-blocks/pull-index-bitmap-dense"
+    option_specs = {
+        "seed": Option(DEFAULT_SEED, int, min=0, max=2**63 - 1, doc="the hash's seed, the same on every rank"),
+        "block": Option(64, int, min=1, max=MAX_BLOCK, check=_power_of_two,
+                        what=f"a power of two in 1..{MAX_BLOCK}", doc="indices hashed together"),
+        "pull_form": Option("auto", str, choices=("auto",) + PULL_FORMS,
+                            doc="the pull messages' form; auto: the fewest bytes per message"),
+    }
+
+    def __init__(self, comm, **options: Any):
+        super().__init__(comm, **options)
+        self._classes: ZenClasses | None = None
+
+    def classes(self, n: int, size: int, device: torch.device) -> ZenClasses:
+        """The hash classes of [0, n) among ``size`` owners (built once per n and device)."""
+        c = self._classes
+        if c is None or c.n != n or c.parts != size or c.starts.device != device:
+            c = self._classes = ZenClasses.build(n, size, self.options["seed"], self.options["block"], device)
+        return c
+
+    def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor, grad: torch.Tensor | None = None) -> None:
+        comm, n, rank, size = self.comm, acc.numel(), self.comm.rank, self.comm.size
+        seed, block, dtype = self.options["seed"], self.options["block"], acc.dtype
+        with self.timed("select"):
+            values, indices = self.select_topk(acc, k, grad, clear=True)
+            classes = self.classes(n, size, acc.device)
+            indices, values, counts = ops.zen_partition(indices, values, n, size, seed, block)
+        cuts = np.concatenate([[0], np.cumsum(counts.tolist())]).tolist()
+        peers = [j for j in range(size) if j != rank]
+        sends = [(j, encode_push(indices[cuts[j]:cuts[j + 1]], values[cuts[j]:cuts[j + 1]], n, rank))
+                 for j in peers]
+        received = dict(zip(peers, comm.exchange_var(sends, peers))) if peers else {}
+        with self.timed("merge"):
+            itype = index_dtype_for(n)
+            lists = [(indices[cuts[rank]:cuts[rank + 1]].to(itype), values[cuts[rank]:cuts[rank + 1]]) if j == rank
+                     else decode_push(received[j], classes=classes, value_dtype=dtype, receiver=rank, sender=j)
+                     for j in range(size)]
+            if size == 1:
+                mine_i, mine_v = lists[0]
+            else:
+                mine_i, mine_v = ops.merge_add_many([x[0] for x in lists], [x[1] for x in lists], n)
+            form = self.options["pull_form"]
+            if form == "auto":
+                form = choose_form(mine_i.numel(), classes.sizes[rank], n, dtype)
+            message = encode_pull(mine_i, mine_v, form, classes, rank) if size > 1 else None
+        blocks = bruck_allgather_var(comm, message) if size > 1 else [None]
+        total, known = 0, size == 1 or form != "dense"
+        with self.timed("scatter"):
+            out.zero_()
+            for j in range(size):  # the classes are disjoint: each owner's pairs written once
+                if j == rank:
+                    i, v = mine_i, mine_v
+                else:
+                    i, v = decode_pull(blocks[j], classes=classes, value_dtype=dtype, receiver=rank, sender=j)
+                    known &= pull_form_of(blocks[j]) != "dense"  # a dense class carries its zeros
+                ops.scatter_set_(out, i, v)
+                total += i.numel()
+        self.last_nnz = total if known else None
+
+    traffic_model = "set-based"
+    traffic_needs_sets = True
+
+    @classmethod
+    def traffic(cls, P: int, N: int, k: int, sets: IndexSets, dtype: torch.dtype = torch.float32,
+                **options: Any) -> Traffic:
+        """The push round and the pull all-gather, sizes from the ranks' index sets (hashed at the
+        sets' length: exact when the sets are at N, ``scale`` 1)."""
+        opts = {key: options.get(key, spec.default) for key, spec in cls.option_specs.items()}
+        seed, block, form = opts["seed"], opts["block"], opts["pull_form"]
+        t = Traffic(P)
+        if P == 1:
+            return t
+        n = sets.n
+        classes = ZenClasses.build(n, P, seed, block)
+        pieces = []   # pieces[r][c]: rank r's indices of class c
+        for r in range(P):
+            idx = torch.as_tensor(np.asarray(sets.sets[r], dtype=np.int64))
+            got, _, counts = ops.zen_partition(idx, torch.zeros(idx.numel()), n, P, seed, block)
+            cuts = np.concatenate([[0], np.cumsum(counts.tolist())]).tolist()
+            pieces.append([got[cuts[c]:cuts[c + 1]].numpy() for c in range(P)])
+        src, dst, nb = [], [], []
+        for r in range(P):
+            for c in range(P):
+                if c != r:
+                    src.append(r)
+                    dst.append(c)
+                    nb.append(coo_nbytes(sets.count(pieces[r][c]), N, dtype))
+        t.var_round(src, dst, nb)
+        sizes = []
+        for c in range(P):
+            m = sets.count(np.unique(np.concatenate([pieces[r][c] for r in range(P)])))
+            s = sets.count(classes.sizes[c])
+            f = choose_form(m, s, N, dtype) if form == "auto" else form
+            sizes.append(pull_nbytes(f, m, s, N, dtype))
+        t.allgather_sizes()
+        t.bruck_allgather(range(P), sizes)
+        return t
