@@ -61,14 +61,15 @@ ALGORITHMS = sc.algorithms.names()
 #: the algorithms that pick entries by magnitude (every one but the dense baseline)
 SELECTING = [name for name in ALGORITHMS if name != "dense"]
 #: algorithms in which every rank lets through exactly its own k largest entries
-OWN_TOP_K = ["topka", "sparcml_recursive_double", "sparcml_split_allgather", "sparcml", "topkdsa", "densestream"]
+OWN_TOP_K = ["topka", "sparcml_recursive_double", "sparcml_split_allgather", "sparcml", "topkdsa", "densestream",
+             "zen"]
 
 
 def test_the_algorithm_lists_cover_the_registry():
     """The tables below are written by hand; a new algorithm must be placed in them."""
     assert set(ALGORITHMS) == {"dense", "topka", "spardl", "sparcml", "sparcml_recursive_double",
                                "sparcml_split_allgather", "topkdsa", "gtopk", "gssgd", "oktopk", "densestream",
-                               "skcompress", "auto"}
+                               "skcompress", "zen", "auto"}
 
 
 def _grad(n: int, rank: int, step: int, pattern: str = "random", dtype=torch.float64) -> torch.Tensor:
