@@ -80,6 +80,20 @@ def banner(text: str) -> None:
     print(f"{line}\n  {text}\n{line}", flush=True)
 
 
+def launch_on_emulated_network(cmd: list[str], args: argparse.Namespace) -> None:
+    """With ``--bandwidth``, run ``cmd`` as ``--nproc`` ranks under ``sparsecomm.launch`` on links
+    shaped to it and exit with its status; return (saying why) where shaping is impossible."""
+    if not args.bandwidth:
+        return
+    try:
+        EmulatedNetwork.check_possible()
+    except NetworkSetupError as exc:
+        print(f"cannot emulate a {args.bandwidth} network here ({exc}): running on plain loopback", flush=True)
+        return
+    print(f"running {args.nproc} ranks on an emulated {args.bandwidth} network (sparsecomm.launch)", flush=True)
+    sys.exit(launch(cmd, args.nproc, args.bandwidth))
+
+
 def start(script: str, argv: list[str] | None, args: argparse.Namespace, spawned: Callable) -> list | None:
     """Run ``spawned(rank, world, args)`` on every rank: under a launcher, through one, or spawned."""
     for name in getattr(args, "algorithms", None) or [args.algorithm]:
@@ -90,15 +104,8 @@ def start(script: str, argv: list[str] | None, args: argparse.Namespace, spawned
             return [spawned(dist.get_rank(), dist.get_world_size(), args)]
         finally:
             dist.destroy_process_group()
-    if args.bandwidth:
-        try:
-            EmulatedNetwork.check_possible()
-        except NetworkSetupError as exc:
-            print(f"cannot emulate a {args.bandwidth} network here ({exc}): running on plain loopback", flush=True)
-        else:
-            print(f"running {args.nproc} ranks on an emulated {args.bandwidth} network (sparsecomm.launch)", flush=True)
-            cmd = [sys.executable, os.path.abspath(script), *(sys.argv[1:] if argv is None else argv)]
-            sys.exit(launch(cmd, args.nproc, args.bandwidth))
+    launch_on_emulated_network([sys.executable, os.path.abspath(script), *(sys.argv[1:] if argv is None else argv)],
+                               args)
     from sparsecomm.testing import spawn
 
     return spawn(spawned, args.nproc, args, timeout=3600)

@@ -45,7 +45,6 @@ import _common  # noqa: E402
 import models  # noqa: E402
 import train_image  # noqa: E402
 from sparsecomm.bench.tasks import find_cifar, load_cifar  # noqa: E402
-from sparsecomm.launch import EmulatedNetwork, NetworkSetupError, launch  # noqa: E402
 
 import sparsecomm as sc  # noqa: E402
 
@@ -177,15 +176,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     print(train_image.describe_data(args), flush=True)  # loud before any process starts
     cmd = [os.path.abspath(__file__), *_without_nproc(sys.argv[1:] if argv is None else argv)]
-    if args.bandwidth:
-        try:
-            EmulatedNetwork.check_possible()
-        except NetworkSetupError as exc:
-            print(f"cannot emulate a {args.bandwidth} network here ({exc}): running on plain loopback", flush=True)
-        else:
-            print(f"running {args.nproc} processes on an emulated {args.bandwidth} network (sparsecomm.launch)",
-                  flush=True)
-            sys.exit(launch([sys.executable, *cmd], args.nproc, args.bandwidth))
+    _common.launch_on_emulated_network([sys.executable, *cmd], args)
     # torchrun's launcher: it sets the variables Accelerate reads and picks a free port (--standalone)
     sys.exit(subprocess.call([sys.executable, "-m", "torch.distributed.run", "--standalone",
                               "--nproc-per-node", str(args.nproc), *cmd]))
