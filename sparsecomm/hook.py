@@ -594,8 +594,7 @@ def register(model: torch.nn.Module, state: DDPHookState) -> DDPHookState:
     if isinstance(target, torch.nn.parallel.DistributedDataParallel):
         group = getattr(target, "process_group", None)
         if state.process_group is None and state._comm is None and group is not None \
-                and dist.is_initialized() and group is not dist.group.WORLD \
-                and dist.get_world_size(group) != dist.get_world_size():
+                and dist.is_initialized() and group is not dist.group.WORLD:
             state.process_group = group
             if state.hierarchy == "flat":
                 state._options_checked.check_size(dist.get_world_size(group))

@@ -104,6 +104,24 @@ def _one_rank_group(rank, world_size):
     return state.step
 
 
+def _ddp_on_a_group_of_its_own(rank, world_size):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    group = dist.new_group(list(range(world_size)))
+    model = DDP(_net(), process_group=group)
+    state = sc.register(model, sc.DDPHookState("topka", 0.05))
+    x, y = _batch(rank, 0)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    adopted = state.process_group is group
+    state.close()
+    return adopted, state.step
+
+
+def test_the_hook_reduces_over_the_group_ddp_was_given():
+    assert spawn(_ddp_on_a_group_of_its_own, 2, timeout=120) == [(True, 1), (True, 1)]
+
+
 def test_a_compiled_ddp_model_of_one_rank_gets_the_hook():
     assert spawn(_one_rank_group, 1, timeout=120) == [1]
 
