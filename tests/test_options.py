@@ -143,9 +143,11 @@ BAD += [("skcompress", {"topology": "ring"}, r"topology must be 'allgather' or '
 BAD += [  # zen: the hash's seed, its block (a power of two), the pull form
     ("zen", {"seed": -1}, r"seed must be an int in 0\.\.9223372036854775807 .*got -1"),
     ("zen", {"seed": 1.5}, r"seed must be .*got 1\.5"),
-    ("zen", {"block": 0}, r"block must be a power of two in 1\.\.1073741824 .*got 0"),
-    ("zen", {"block": 48}, r"block must be a power of two .*got 48"),
-    ("zen", {"block": 2**31}, r"block must be a power of two .*got 2147483648"),
+    ("zen", {"block": 0}, r"block must be 'auto' or a power of two in 1\.\.1073741824 .*got 0"),
+    ("zen", {"block": 48}, r"block must be 'auto' or a power of two .*got 48"),
+    ("zen", {"block": 2**31}, r"block must be 'auto' or a power of two .*got 2147483648"),
+    ("zen", {"block": "fine"}, r"block must be 'auto' or a power of two .*got 'fine'"),
+    ("zen", {"block": True}, r"block must be 'auto' or a power of two .*got True"),
     ("zen", {"pull_form": "coo"}, r"pull_form must be 'auto', 'index', 'bitmap' or 'dense' .*got 'coo'"),
 ]
 BAD += [  # auto: the alpha-beta constants (both or neither), the candidates, the compute table

@@ -182,11 +182,30 @@ def test_fused_add_error_feedback_and_half_precision_through_the_reducer():
             assert torch.equal(outs[s], wants[s]), s
 
 
+def _push_and_total_received(P: int, grads: list, name: str, density: float, **options):
+    """Per rank: the bytes it receives in the push round (the one ``exchange_var``: every rank's
+    pairs to their owners; the range split's split round) and over the whole call."""
+    def rank(comm):
+        pushed = []
+        exchange_var = comm.exchange_var
+
+        def counting(sends, sources):
+            got = exchange_var(sends, sources)
+            pushed.append(sum(t.numel() for t in got))
+            return got
+
+        comm.exchange_var = counting
+        red = sc.SparseAllreduce(name, density, comm=comm, **options)
+        red(grads[comm.rank].clone())
+        return sum(pushed), red.last_stats["bytes_recv"]
+    got = simulate(P, rank).results
+    return np.array([r[0] for r in got], dtype=np.float64), np.array([r[1] for r in got], dtype=np.float64)
+
+
 def test_hash_balances_a_hot_range_that_the_range_split_does_not():
-    """Every rank's non-zeros in one contiguous eighth of the vector. The push round (the one
-    ``exchange_var``: every rank's pairs to their owners) is counted per receiver: with the range
-    split one owner receives nearly all of it; with the hash every owner about the same. Over
-    the whole call (push and pull) zen's receivers stay balanced too."""
+    """Every rank's non-zeros in one contiguous eighth of the vector: with the range split one
+    owner receives nearly all of the push round; with the hash every owner about the same, and
+    over the whole call (push and pull) zen's receivers stay balanced too."""
     P, n, density = 8, 1 << 20, 0.005
     g = torch.Generator().manual_seed(5)
     grads = []
@@ -194,28 +213,39 @@ def test_hash_balances_a_hot_range_that_the_range_split_does_not():
         x = torch.zeros(n)
         x[n // 2:n // 2 + n // 8] = torch.randn(n // 8, generator=g)
         grads.append(x)
-
-    def received(name):
-        def rank(comm):
-            pushed = []
-            exchange_var = comm.exchange_var
-
-            def counting(sends, sources):
-                got = exchange_var(sends, sources)
-                pushed.append(sum(t.numel() for t in got))
-                return got
-
-            comm.exchange_var = counting
-            red = sc.SparseAllreduce(name, density, comm=comm)
-            red(grads[comm.rank].clone())
-            return sum(pushed), red.last_stats["bytes_recv"]
-        got = simulate(P, rank).results
-        return np.array([r[0] for r in got], dtype=np.float64), np.array([r[1] for r in got], dtype=np.float64)
-
-    (zen_push, zen_total), (split_push, _) = received("zen"), received("sparcml_split_allgather")
+    zen_push, zen_total = _push_and_total_received(P, grads, "zen", density)
+    split_push, _ = _push_and_total_received(P, grads, "sparcml_split_allgather", density)
     assert zen_push.max() <= 1.2 * zen_push.mean(), zen_push.tolist()
     assert zen_total.max() <= 1.2 * zen_total.mean(), zen_total.tolist()
     assert split_push.max() >= 4.0 * split_push.mean(), split_push.tolist()
+
+
+def test_auto_block_is_the_largest_that_leaves_128_blocks_per_owner():
+    """block="auto": the largest power of two <= 64 with k >= 128 P block, else 1."""
+    ref = lambda k, p: max([1] + [b for b in (1, 2, 4, 8, 16, 32, 64) if k >= 128 * p * b])  # noqa: E731
+    from sparsecomm.algorithms.zen import auto_block
+    for k, p in [(150_000, 8), (15_000, 8), (2048, 8), (2047, 8), (69, 8), (65536, 8), (65535, 8), (10**9, 1024),
+                 (1, 1), (0, 3), (128 * 33 * 16, 33)]:
+        assert auto_block(k, p) == ref(k, p), (k, p)
+
+
+def test_auto_block_balances_a_short_hot_run_that_blocks_of_64_do_not():
+    """Every rank selects the same contiguous run of 2048 indices (k = 2048, P = 8): blocks of
+    64 deal its 32 blocks to 8 owners, and the busiest receives far more than the mean; the
+    automatic block (2 here) deals 1024 blocks and stays balanced."""
+    P, n = 8, 1 << 16
+    k = 2048
+    grads = []
+    for r in range(P):
+        x = torch.zeros(n)
+        x[20_000:20_000 + k] = torch.arange(1, k + 1, dtype=torch.float32) + r
+        grads.append(x)
+    density = k / n
+    coarse, _ = _push_and_total_received(P, grads, "zen", density, block=64)
+    auto, auto_total = _push_and_total_received(P, grads, "zen", density)
+    assert coarse.max() >= 1.5 * coarse.mean(), coarse.tolist()
+    assert auto.max() <= 1.2 * auto.mean(), auto.tolist()
+    assert auto_total.max() <= 1.2 * auto_total.mean(), auto_total.tolist()
 
 
 # -- malformed messages -------------------------------------------------------------------

@@ -25,8 +25,9 @@ add; what is not selected stays in the residual):
 Lossless: ``out`` is exactly the sum of the ranks' selections (the reducer divides by P).
 
 Options: ``seed`` (the hash's seed; every rank must use the same, as for every option),
-``block`` (a power of two: indices hashed in blocks of ``block``, so a class is a list of whole
-blocks whose bitmap is cheap to build and read; 1 is the paper's per-index hash),
+``block`` (``"auto"``, the default: :func:`auto_block` of k and P; or a power of two: indices
+hashed in blocks of ``block``, so a class is a list of whole blocks whose bitmap is cheap to
+build and read; 1 is the paper's per-index hash),
 ``pull_form`` (``"auto"``: per message the fewest bytes; or one form for every message).
 
 Cost per rank: one push round of P - 1 COO messages (plus its size round), then ceil(log2 P)
@@ -51,15 +52,42 @@ from ..options import Option
 from ..traffic import IndexSets, Traffic
 from .base import Algorithm, register
 
-__all__ = ["Zen", "DEFAULT_SEED", "MAX_BLOCK"]
+__all__ = ["Zen", "DEFAULT_SEED", "MAX_BLOCK", "AUTO_MAX_BLOCK", "BLOCKS_PER_OWNER", "auto_block"]
 
 #: the hash's default seed (any fixed value: it only has to be the same on every rank)
 DEFAULT_SEED = 0x5A454E
 MAX_BLOCK = 1 << 30
+#: the largest block ``"auto"`` chooses: a skipped block costs the bitmap codecs one hash, so
+#: 64 indices per hash keep them near one read pass of the bitmap's 64-bit words
+AUTO_MAX_BLOCK = 64
+#: ``"auto"``'s balance floor: every owner gets at least this many blocks' worth of one rank's k
+#: even when the k selected indices are one contiguous run (the worst layout for blocks)
+BLOCKS_PER_OWNER = 128
 
 
-def _power_of_two(value: int, options: Any) -> bool:
-    return value & (value - 1) == 0
+def auto_block(k: int, parts: int) -> int:
+    """The block of ``block="auto"``: the largest power of two up to :data:`AUTO_MAX_BLOCK`
+    with ``k >= BLOCKS_PER_OWNER * parts * block`` (1 when none is).
+
+    Why: the hash deals *blocks* to owners, so an owner's share of a selection that covers B
+    blocks is binomial, about B / P +- sqrt(B / P) blocks; a real gradient's top-k sits in its
+    few hot layers, and a coarse block leaves few blocks to deal (ResNet-20's top 0.1% at P = 8
+    covered 12 blocks of 64 in all: the busiest owner received 2.2x the mean, docs/zen.md). With
+    at least 128 blocks per owner in the contiguous worst case the spread is within about 1.1x
+    for P up to 8. The block only needs to be large when the pull's class bitmaps pay (fill
+    m / s above about 1/32, i.e. k large against N / P), and then k is large and so is the block;
+    a small k gets a small block and a small class table (N / block <= 128 P / density)."""
+    block = AUTO_MAX_BLOCK
+    while block > 1 and k < BLOCKS_PER_OWNER * parts * block:
+        block //= 2
+    return block
+
+
+def _block_ok(value: Any, options: Any) -> bool:
+    if value == "auto":
+        return True
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_BLOCK \
+        and value & (value - 1) == 0
 
 
 @register
@@ -71,8 +99,8 @@ class Zen(Algorithm):
     wire_revision = "splitmix64-fastrange-blocks/pull-index-bitmap-dense"
     option_specs = {
         "seed": Option(DEFAULT_SEED, int, min=0, max=2**63 - 1, doc="the hash's seed, the same on every rank"),
-        "block": Option(64, int, min=1, max=MAX_BLOCK, check=_power_of_two,
-                        what=f"a power of two in 1..{MAX_BLOCK}", doc="indices hashed together"),
+        "block": Option("auto", (int, str), check=_block_ok,
+                        what=f"'auto' or a power of two in 1..{MAX_BLOCK}", doc="indices hashed together"),
         "pull_form": Option("auto", str, choices=("auto",) + PULL_FORMS,
                             doc="the pull messages' form; auto: the fewest bytes per message"),
     }
@@ -81,19 +109,24 @@ class Zen(Algorithm):
         super().__init__(comm, **options)
         self._classes: ZenClasses | None = None
 
-    def classes(self, n: int, size: int, device: torch.device) -> ZenClasses:
-        """The hash classes of [0, n) among ``size`` owners (built once per n and device)."""
+    def block_for(self, k: int, size: int) -> int:
+        """The block this call hashes with: the option, or :func:`auto_block` of (k, P)."""
+        block = self.options["block"]
+        return auto_block(k, size) if block == "auto" else block
+
+    def classes(self, n: int, size: int, block: int, device: torch.device) -> ZenClasses:
+        """The hash classes of [0, n) among ``size`` owners (built once per n, block and device)."""
         c = self._classes
-        if c is None or c.n != n or c.parts != size or c.starts.device != device:
-            c = self._classes = ZenClasses.build(n, size, self.options["seed"], self.options["block"], device)
+        if c is None or c.n != n or c.parts != size or c.block != block or c.device != device:
+            c = self._classes = ZenClasses.build(n, size, self.options["seed"], block, device)
         return c
 
     def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor, grad: torch.Tensor | None = None) -> None:
         comm, n, rank, size = self.comm, acc.numel(), self.comm.rank, self.comm.size
-        seed, block, dtype = self.options["seed"], self.options["block"], acc.dtype
+        seed, block, dtype = self.options["seed"], self.block_for(k, size), acc.dtype
         with self.timed("select"):
             values, indices = self.select_topk(acc, k, grad, clear=True)
-            classes = self.classes(n, size, acc.device)
+            classes = self.classes(n, size, block, acc.device)
             indices, values, counts = ops.zen_partition(indices, values, n, size, seed, block)
         cuts = np.concatenate([[0], np.cumsum(counts.tolist())]).tolist()
         peers = [j for j in range(size) if j != rank]
@@ -136,11 +169,13 @@ class Zen(Algorithm):
         """The push round and the pull all-gather, sizes from the ranks' index sets (hashed at the
         sets' length: exact when the sets are at N, ``scale`` 1)."""
         opts = {key: options.get(key, spec.default) for key, spec in cls.option_specs.items()}
-        seed, block, form = opts["seed"], opts["block"], opts["pull_form"]
+        seed, form = opts["seed"], opts["pull_form"]
         t = Traffic(P)
         if P == 1:
             return t
         n = sets.n
+        # the sets' k at their length n: auto's block for it keeps the blocks per owner of (N, k)
+        block = auto_block(max(len(x) for x in sets.sets), P) if opts["block"] == "auto" else opts["block"]
         classes = ZenClasses.build(n, P, seed, block)
         pieces = []   # pieces[r][c]: rank r's indices of class c
         for r in range(P):

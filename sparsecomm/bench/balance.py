@@ -50,7 +50,7 @@ from . import tasks as task_defs
 __all__ = ["main", "PhaseCounter", "rank_gradients", "measure", "summarize", "parse_algorithm", "run_balance",
            "DEFAULT_ALGORITHMS", "DEFAULT_TASKS"]
 
-DEFAULT_ALGORITHMS = ("zen", "zen:block=16", "zen:block=1", "sparcml_split_allgather", "densestream", "oktopk",
+DEFAULT_ALGORITHMS = ("zen", "zen:block=64", "zen:block=1", "sparcml_split_allgather", "densestream", "oktopk",
                       "spardl")
 DEFAULT_TASKS = ("vgg16", "resnet20", "lstm", "mlp", "digits", "random")
 

@@ -30,8 +30,6 @@ bits whose population is the header's count. A violation raises :class:`WireForm
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from .. import ops
@@ -49,39 +47,42 @@ def _pad8(x: int) -> int:
     return (x + 7) // 8 * 8
 
 
-@dataclass
 class ZenClasses:
-    """Every owner's hash class over ``[0, n)``: ``starts`` (the first index of every block,
-    grouped by owner, ascending within one), ``block_counts`` and ``sizes`` (indices per class)
-    as Python ints, ``offsets`` where each owner's starts begin. Built once per n
-    (:meth:`build`, O(n / block)); both sides of every message derive it from the same options."""
+    """Every owner's hash class over ``[0, n)``: ``block_counts`` and ``sizes`` (indices per
+    class) as Python ints, ``offsets`` where each owner's blocks begin in :meth:`starts`.
+    Built once per (n, parts, seed, block) (:meth:`build`, O(n / block)); both sides of every
+    message derive it from the same options. The block starts themselves (n / block int64) are
+    kept only once a dense pull needs the class's indices."""
 
-    n: int
-    parts: int
-    seed: int
-    block: int
-    starts: torch.Tensor
-    block_counts: list[int]
-    offsets: list[int]
-    sizes: list[int]
+    def __init__(self, n: int, parts: int, seed: int, block: int, device: torch.device,
+                 block_counts: list[int], sizes: list[int]) -> None:
+        self.n, self.parts, self.seed, self.block, self.device = n, parts, seed, block, torch.device(device)
+        self.block_counts, self.sizes = block_counts, sizes
+        self.offsets = [0]
+        for c in block_counts:
+            self.offsets.append(self.offsets[-1] + c)
+        self._starts: torch.Tensor | None = None
 
     @classmethod
     def build(cls, n: int, parts: int, seed: int, block: int, device: torch.device | str = "cpu") -> "ZenClasses":
         starts, counts = ops.zen_class_blocks(n, parts, seed, block, device)
         block_counts = [int(c) for c in counts.tolist()]
-        offsets = [0]
-        for c in block_counts:
-            offsets.append(offsets[-1] + c)
         sizes = [c * block for c in block_counts]
         if n % block:  # the last block of [0, n) is short, and so is its owner's class
-            at = int((starts == n - n % block).nonzero()[0])
-            owner = next(c for c in range(parts) if offsets[c] <= at < offsets[c + 1])
-            sizes[owner] -= block - n % block
-        return cls(n, parts, seed, block, starts, block_counts, offsets, sizes)
+            last = ops.zen_partition(torch.tensor([n - 1], dtype=torch.int64, device=device),
+                                     torch.zeros(1, device=device), n, parts, seed, block)[2]
+            sizes[int(last.nonzero()[0])] -= block - n % block
+        return cls(n, parts, seed, block, device, block_counts, sizes)
+
+    def starts(self) -> torch.Tensor:
+        """The first index of every block, grouped by owner, ascending within one (int64)."""
+        if self._starts is None:
+            self._starts = ops.zen_class_blocks(self.n, self.parts, self.seed, self.block, self.device)[0]
+        return self._starts
 
     def indices(self, owner: int) -> torch.Tensor:
         """Owner's class, ascending (int64)."""
-        mine = self.starts[self.offsets[owner]:self.offsets[owner + 1]]
+        mine = self.starts()[self.offsets[owner]:self.offsets[owner + 1]]
         step = torch.arange(self.block, dtype=torch.int64, device=mine.device)
         return (mine.view(-1, 1) + step).reshape(-1)[:self.sizes[owner]]
 
