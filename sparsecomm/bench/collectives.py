@@ -641,7 +641,8 @@ def main(argv=None) -> int:
                          "model's parameter count and --N is refused")
     ap.add_argument("--gradients", default="random", metavar="random|TASK",
                     help="what the timing loop reduces: random (standard normal entries per rank and step, the "
-                         f"default) or the real gradients of a task of the accuracy benchmark ({', '.join(task_defs.TASKS)}): "
+                         "default) or the real gradients of a task of the accuracy benchmark "
+                         f"({', '.join(task_defs.TASKS)}): "
                          "rank 0 trains its model --gradients-warmup steps, computes two consecutive steps' gradients "
                          "of every rank on the rank's own shard (the model stepping with their mean, as under DDP) and "
                          "sends each rank its own; N is then the model's parameter count. The correctness checks stay "
@@ -653,7 +654,7 @@ def main(argv=None) -> int:
                     help=f"hidden units of {' and '.join(_HIDDEN_TASKS)} with --gradients (defaults 2048 and 256)")
     ap.add_argument("--gradients-warmup", type=int, default=None,
                     help="training steps before the two gradient steps with --gradients TASK (default 5; the "
-                         "balance benchmark's 20 gives its gradients)")
+                         "balance benchmark uses 20)")
     ap.add_argument("--density", type=float, nargs="+", default=[0.01])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default="bench_results")
@@ -708,7 +709,8 @@ def main(argv=None) -> int:
             ap.error(f"unknown --gradients {task!r}; choose random or a task: {', '.join(task_defs.TASKS)}")
         if args.N is not None:
             ap.error(f"--N is the model's parameter count with --gradients {task}; drop --N "
-                     f"(--width sets the size of {' and '.join(_WIDTH_TASKS)}, --hidden of {' and '.join(_HIDDEN_TASKS)})")
+                     f"(--width sets the size of {' and '.join(_WIDTH_TASKS)}, "
+                     f"--hidden of {' and '.join(_HIDDEN_TASKS)})")
         if args.width is not None and (task not in _WIDTH_TASKS or not args.width > 0):
             ap.error(f"--width must be > 0 and is for {' and '.join(_WIDTH_TASKS)}; {task} has no width"
                      if task not in _WIDTH_TASKS else f"--width must be > 0, got {args.width}")
@@ -738,7 +740,8 @@ def main(argv=None) -> int:
         where = (f"gloo loopback, {Topology(args.nproc // per_node, per_node)} given by --nproc-per-node "
                  "(no separate link per node)")
     cfg = {"algorithms": names, "n": n, "gradients": task, "width": args.width, "hidden": args.hidden,
-           "gradients_warmup": 5 if args.gradients_warmup is None else args.gradients_warmup, "densities": args.density, "repeats": args.repeats,
+           "gradients_warmup": 5 if args.gradients_warmup is None else args.gradients_warmup,
+           "densities": args.density, "repeats": args.repeats,
            "check_n": args.check_n, "pingpong_max": args.pingpong_max, "threads": args.threads, "where": where,
            "shuffle": args.shuffle, "hierarchies": hierarchies, "per_node": per_node}
     if launched:
