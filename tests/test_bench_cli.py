@@ -78,6 +78,48 @@ def test_collectives_cli_rejects_unknown_algorithm(tmp_path):
     assert "unknown algorithm(s) 'nosuchalgo'" in proc.stderr and "topka" in proc.stderr
 
 
+def test_collectives_on_a_tasks_real_gradients(tmp_path):
+    """--gradients digits: N is the digits MLP's parameter count, and every rank's timed gradient
+    is a real one: the first layer's weights of pixels that are zero in every digits image get
+    exactly zero gradient, which a standard normal vector never has, and the norm is far below
+    a standard normal vector's sqrt(N)."""
+    load_digits = pytest.importorskip("sklearn.datasets").load_digits
+    out = tmp_path / "out"
+    proc = _run(["collectives", "--gradients", "digits", "--gradients-warmup", "1", "--algorithms", "topka", "zen",
+                 "--density", "0.01", "--repeats", "1", "--nproc", "2", "--out", str(out), "--check-n", "2003",
+                 "--pingpong-max", str(1 << 12)], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    hidden, p = 256, 2
+    n = 64 * hidden + hidden + hidden * hidden + hidden + hidden * 10 + 10   # MLP 64-256-256-10
+    report = json.loads((out / "collectives.json").read_text())
+    assert report["N"] == n and report["gradients"]["N"] == n and report["gradients"]["source"] == "digits"
+    assert "MLP 64-256-256-10" in report["gradients"]["model"] and "MLP 64-256-256-10" in proc.stdout
+    k = math.ceil(0.01 * n)
+    by = {r["algorithm"]: r for r in report["rows"]}
+    assert all(r["N"] == n and r["k"] == k for r in report["rows"])
+    # topka all-gathers one COO message of k entries of an N-element vector
+    assert by["topka"]["bytes_sent"] == (p - 1) * coo_message_bytes(k, n, 4)
+    dead_pixels = int((load_digits().data == 0).all(axis=0).sum())   # 3 of the 64
+    assert dead_pixels > 0
+    per_rank = report["gradients"]["per_rank"]
+    assert [r["rank"] for r in per_rank] == [0, 1]
+    for r in per_rank:
+        assert all(z >= dead_pixels * hidden for z in r["zeros"]), r
+        assert all(0 < norm < 0.05 * math.sqrt(n) for norm in r["norm"]), r
+    assert per_rank[0]["norm"] != per_rank[1]["norm"]   # each rank its own shard
+
+
+def test_collectives_gradients_options_are_checked(capsys, tmp_path):
+    from sparsecomm.bench import collectives   # argparse refuses before any rank starts
+    for args, says in ((["--gradients", "digits", "--N", "1000"], "--N is the model's parameter count"),
+                       (["--gradients", "digits", "--width", "1"], "--width must be > 0 and is for vgg16"),
+                       (["--gradients", "nosuchtask"], "unknown --gradients 'nosuchtask'"),
+                       (["--width", "1"], "with random gradients use --N")):
+        with pytest.raises(SystemExit) as exit_:
+            collectives.main(["--algorithms", "topka", "--out", str(tmp_path), *args])
+        assert exit_.value.code == 2 and says in capsys.readouterr().err, args
+
+
 def test_unknown_command(tmp_path):
     proc = _run(["frobnicate"], tmp_path, timeout=60)
     assert proc.returncode == 2 and "collectives" in proc.stderr

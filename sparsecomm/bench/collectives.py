@@ -58,7 +58,18 @@ same flat gradient cut into VGG-like matrices; ``all`` includes them. They are c
 consistency across ranks and, for fp16, closeness to the mean, for PowerSGD conservation
 with its error feedback.
 
-Results travel between ranks only as plain tensors (``all_gather``), never pickled.
+``--gradients TASK`` (a task of :mod:`sparsecomm.bench.tasks`: digits, mlp, vgg16, resnet20,
+lstm; ``--width`` for vgg16 / resnet20, ``--hidden`` for mlp / digits) times the algorithms on
+real gradients instead of ``bench_gradient``'s standard normal ones: rank 0 trains the task's
+model ``--gradients-warmup`` steps and computes every rank's gradient of two consecutive steps
+on the rank's own shard, the model stepping with their mean in between as under DDP
+(:func:`sparsecomm.bench.balance.rank_gradients`, the gradients the balance benchmark counts
+bytes on), and scatters each rank its own two; N is the model's parameter count (``--N`` is
+refused). The timing loop alternates the two steps as it does with random gradients; the
+correctness checks stay on random vectors of ``--check-n``. The report's ``gradients`` field
+names the source, the model and N, and gives each rank's norm and exactly-zero entries per step.
+
+Results travel between ranks only as plain tensors (``all_gather``, ``scatter``), never pickled.
 """
 from __future__ import annotations
 
@@ -85,6 +96,8 @@ from ..launch import describe_link
 from ..reducer import SparseAllreduce, k_for
 from ..testing import spawn
 from . import baselines
+from . import tasks as task_defs
+from .balance import rank_gradients
 from .baselines import TorchHook, bucket_shapes, is_baseline, powersgd_counts
 from .common import bench_gradient, hierarchies_of
 from .links import LinkCounter, interface_tx_bytes
@@ -98,6 +111,10 @@ _FIELDS = ("wall_s", "comm_s", "bytes_sent", "rounds")
 _LINK_FIELDS = ("intra_bytes", "inter_bytes", "link_tx_bytes")
 HIERARCHY_CHOICES = ("flat", "node", "both")
 _CHECK_STEPS = 3
+#: what ``--gradients random`` times, as the report's ``gradients.model`` says it
+RANDOM_GRADIENTS = "standard normal entries, drawn per rank and step (bench_gradient)"
+#: the tasks whose model size ``--width`` / ``--hidden`` set (sparsecomm.bench.tasks.make_task)
+_WIDTH_TASKS, _HIDDEN_TASKS = ("vgg16", "resnet20"), ("mlp", "digits")
 
 
 # -- helpers shared by every rank -----------------------------------------------------------
@@ -288,6 +305,56 @@ def _pingpong(sizes: list[int], rank: int, peer: int = 1) -> list[float]:
     return t.tolist()
 
 
+def _timed_gradients(rank: int, size: int, cfg: dict, say) -> tuple[list[torch.Tensor], dict]:
+    """This rank's two float32 gradients of the timing loop and, on every rank, the report's
+    ``gradients`` entry (rank 0's is the one reported; ``per_rank`` is filled in later).
+
+    ``random``: :func:`bench_gradient` of ``cfg["n"]``. A task: rank 0 alone runs
+    :func:`rank_gradients` for all ``size`` ranks (the ranks' shards and the mean step between
+    the two steps need every rank's gradient; one process computing them costs the model's
+    warm-up once instead of once per rank on shared cores) and scatters each rank its own.
+    Rank 0 first broadcasts whether it succeeded and N, so a failure there is an error on
+    every rank at once rather than a wait for tensors that never come."""
+    task = cfg["gradients"]
+    if task == "random":
+        n = cfg["n"]
+        return [bench_gradient(rank, step, n) for step in range(2)], {"source": "random", "model": RANDOM_GRADIENTS,
+                                                                       "N": n}
+    grads, model, failure, compute_s = None, "", None, 0.0
+    if rank == 0:
+        say(f"computing every rank's {task} gradients on rank 0 ({cfg['gradients_warmup']} warm-up steps, "
+            "then two steps on each rank's shard) ...", flush=True)
+        start = time.perf_counter()
+        try:
+            grads, model = rank_gradients(task, size, warmup=cfg["gradients_warmup"], hidden=cfg["hidden"],
+                                          width=cfg["width"])
+        except Exception as exc:   # reported on every rank below, raised here with its traceback
+            failure = exc
+        compute_s = time.perf_counter() - start
+    header = torch.tensor([0, 0] if rank or failure else [1, grads[0][0].numel()], dtype=torch.int64)
+    dist.broadcast(header, 0)
+    if not header[0]:
+        if failure is not None:
+            raise RuntimeError(f"--gradients {task}: rank 0 could not compute the gradients: {failure}") from failure
+        raise RuntimeError(f"--gradients {task}: rank 0 could not compute the gradients; its error says why")
+    n = int(header[1])
+    start = time.perf_counter()
+    mine = []
+    for step in range(2):
+        buf = torch.empty(n)
+        dist.scatter(buf, [grads[r][step].contiguous() for r in range(size)] if rank == 0 else None, src=0)
+        mine.append(buf)
+    distribute_s = time.perf_counter() - start
+    del grads
+    return mine, {"source": task, "model": model, "N": n, "warmup_steps": cfg["gradients_warmup"],
+                  "computed_on": "rank 0", "compute_s": compute_s, "scatter_s": distribute_s}
+
+
+def _gradient_stats(grads: list[torch.Tensor]) -> torch.Tensor:
+    """Per step: the L2 norm and the count of exactly zero entries (float64, to gather)."""
+    return torch.tensor([[float(g.double().norm()), float((g == 0).sum())] for g in grads], dtype=torch.float64)
+
+
 def _worker(rank: int, size: int, cfg: dict) -> dict | None:
     """Everything one rank does; returns the report on rank 0 (None elsewhere)."""
     torch.set_num_threads(cfg["threads"])
@@ -308,6 +375,13 @@ def _worker(rank: int, size: int, cfg: dict) -> dict | None:
             counter.watch(nodes.intra, lambda peer: True)
         if nodes.inter is not None:
             counter.watch(nodes.inter, lambda peer: False)
+    # the timed gradients first: a task's take rank 0 a while, and a failure there should end
+    # the run before the checks and the ping-pong
+    grads, gradients = _timed_gradients(rank, size, cfg, say)
+    gradient_stats = _gather(_gradient_stats(grads))   # [P] x [step, (norm, zeros)]
+    if gradients["source"] != "random":
+        say(f"gradients: {gradients['model']}; computed on rank 0 in {gradients['compute_s']:.1f} s, "
+            f"scattered in {gradients['scatter_s']:.1f} s", flush=True)
     # entries: (algorithm, hierarchy), each algorithm's hierarchies side by side
     entries = [(a, h) for a in cfg["algorithms"] for h in hierarchies]
     label = (lambda a, h: f"{a}/{h}") if two_level else (lambda a, h: a)
@@ -339,12 +413,11 @@ def _worker(rank: int, size: int, cfg: dict) -> dict | None:
         f"alpha = {alpha * 1e6:.1f} us, beta = {beta * 1e9:.3f} ns/B ({8 / beta / 1e9 if beta else 0:.3f} Gbit/s)",
         flush=True)
     # 3. timing
-    n, dens = cfg["n"], cfg["densities"]
+    n, dens = gradients["N"], cfg["densities"]
     algos = [label(a, h) for a, h in entries]
     fields = _FIELDS + (_LINK_FIELDS if two_level else ())
     # the node's interface counter covers all its ranks: local rank 0 reads it
     reads_link = two_level and nodes.topology.local_rank == 0 and interface_tx_bytes() is not None
-    grads = [bench_gradient(rank, step, n) for step in range(2)]
     out = torch.empty(n)
     data = torch.zeros(len(algos), len(dens), cfg["repeats"], len(fields), dtype=torch.float64)
     chosen: dict = {}
@@ -412,7 +485,9 @@ def _worker(rank: int, size: int, cfg: dict) -> dict | None:
                 row.update({"hierarchy": h, **per_node[ai][di],
                             "speedup_vs_flat": flat_t / m["wall_s"] if flat_t else None})
             rows.append(row)
-    report = {"P": size, "N": n, "densities": dens, "repeats": cfg["repeats"], "alpha_s": alpha,
+    gradients["per_rank"] = [{"rank": r, "norm": stats[:, 0].tolist(), "zeros": [int(z) for z in stats[:, 1]]}
+                             for r, stats in enumerate(gradient_stats)]
+    report = {"P": size, "N": n, "gradients": gradients, "densities": dens, "repeats": cfg["repeats"], "alpha_s": alpha,
               "beta_s_per_byte": beta, "pingpong": {"bytes": sizes, "half_rtt_s": halves},
               "checks": checks, "rows": rows, "where": cfg["where"], **({"pingpong_peer": peer} if two_level else {}),
               "order": "shuffled per repeat" if cfg.get("shuffle") else "listed"}
@@ -510,7 +585,8 @@ def _write(report: dict, out_dir: Path) -> list[Path]:
         ax.bar(names, [r[key] or 0 for r in first])
         ax.set_title(label)
         plt.setp(ax.get_xticklabels(), rotation=50, ha="right", rotation_mode="anchor")
-    fig.suptitle(f"P = {report['P']}, N = {report['N']}, density {dens[0]} ({report['where']})")
+    grads = f"{report['gradients']['source']} gradients"
+    fig.suptitle(f"P = {report['P']}, N = {report['N']} ({grads}), density {dens[0]} ({report['where']})")
     fig.tight_layout()
     fig.savefig(out_dir / "collectives_bars.png", dpi=110)
     written.append(out_dir / "collectives_bars.png")
@@ -522,18 +598,25 @@ def _write(report: dict, out_dir: Path) -> list[Path]:
             series.setdefault(key(r), []).append((r["density"], r["time_s"]))
         series = {a: sorted(points) for a, points in series.items()}
         written.append(line_plot(plt, out_dir / "time_vs_density.png", series, "density",
-                                  f"P = {report['P']}, N = {report['N']} ({report['where']})", log_x=True))
+                                  f"P = {report['P']}, N = {report['N']} ({grads}; {report['where']})", log_x=True))
     by_p = {} if two_level else _runs_by_p(out_dir, report)
     if len(by_p) > 1:
         series = {a: [(p, r["time_s"]) for p, run in sorted(by_p.items()) for r in run["rows"]
                       if r["algorithm"] == a and r["density"] == dens[0]] for a in algos}
         written.append(line_plot(plt, out_dir / "time_vs_P.png", series, "P (ranks)",
-                                  f"N = {report['N']}, density {dens[0]} ({report['where']})", xticks=sorted(by_p)))
+                                  f"N = {report['N']} ({grads}), density {dens[0]} ({report['where']})",
+                                  xticks=sorted(by_p)))
     return written
 
 
+def _gradients_model(report: dict) -> str:
+    """What a report's gradients were (reports from before ``--gradients`` timed random ones)."""
+    return report.get("gradients", {}).get("model", RANDOM_GRADIENTS)
+
+
 def _runs_by_p(out_dir: Path, report: dict) -> dict[int, dict]:
-    """The ``collectives_P*.json`` runs in ``out_dir`` with this run's N, first density and link."""
+    """The ``collectives_P*.json`` runs in ``out_dir`` with this run's N, gradients, first density
+    and link."""
     runs = {}
     for path in sorted(out_dir.glob("collectives_P*.json")):
         try:
@@ -541,7 +624,7 @@ def _runs_by_p(out_dir: Path, report: dict) -> dict[int, dict]:
         except (OSError, ValueError):
             continue   # a file we did not write, or a half-written one: not ours to plot
         if (run.get("N") == report["N"] and report["densities"][0] in run.get("densities", [])
-                and run.get("where") == report["where"]):
+                and run.get("where") == report["where"] and _gradients_model(run) == _gradients_model(report)):
             runs[int(run["P"])] = run
     return runs
 
@@ -553,7 +636,25 @@ def main(argv=None) -> int:
     ap.add_argument("--algorithms", nargs="+", default=["all"],
                     help="names of sparsecomm algorithms and/or PyTorch hook baselines (torch_fp16, "
                          "torch_powersgd), or 'all' for every one of both")
-    ap.add_argument("--N", type=int, default=15_000_000)
+    ap.add_argument("--N", type=int, default=None,
+                    help="elements of the random gradients (default 15000000); with --gradients TASK, N is the "
+                         "model's parameter count and --N is refused")
+    ap.add_argument("--gradients", default="random", metavar="random|TASK",
+                    help="what the timing loop reduces: random (standard normal entries per rank and step, the "
+                         "default) or the real gradients of a task of the accuracy benchmark "
+                         f"({', '.join(task_defs.TASKS)}): "
+                         "rank 0 trains its model --gradients-warmup steps, computes two consecutive steps' gradients "
+                         "of every rank on the rank's own shard (the model stepping with their mean, as under DDP) and "
+                         "sends each rank its own; N is then the model's parameter count. The correctness checks stay "
+                         "on random vectors of --check-n")
+    ap.add_argument("--width", type=float, default=None,
+                    help=f"channel width of {' and '.join(_WIDTH_TASKS)} with --gradients (1: the paper's; the tasks' "
+                         "defaults are 0.125 and 0.5; vgg16 at width 1 has 15.2 M parameters)")
+    ap.add_argument("--hidden", type=int, default=None,
+                    help=f"hidden units of {' and '.join(_HIDDEN_TASKS)} with --gradients (defaults 2048 and 256)")
+    ap.add_argument("--gradients-warmup", type=int, default=None,
+                    help="training steps before the two gradient steps with --gradients TASK (default 5; the "
+                         "balance benchmark uses 20)")
     ap.add_argument("--density", type=float, nargs="+", default=[0.01])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default="bench_results")
@@ -596,7 +697,30 @@ def main(argv=None) -> int:
     bad = [a for a in names if not _known(a)]
     if bad:
         ap.error(f"unknown algorithm(s) {', '.join(map(repr, bad))}; known: {', '.join(known)} (or 'all')")
-    if args.repeats < 1 or args.N < 1 or args.check_n < 1:
+    task = args.gradients
+    if task == "random":
+        given = [opt for opt, v in (("--width", args.width), ("--hidden", args.hidden),
+                                    ("--gradients-warmup", args.gradients_warmup)) if v is not None]
+        if given:
+            ap.error(f"{', '.join(given)} set(s) the model of --gradients TASK; with random gradients use --N")
+        n = 15_000_000 if args.N is None else args.N
+    else:
+        if task not in task_defs.TASKS:
+            ap.error(f"unknown --gradients {task!r}; choose random or a task: {', '.join(task_defs.TASKS)}")
+        if args.N is not None:
+            ap.error(f"--N is the model's parameter count with --gradients {task}; drop --N "
+                     f"(--width sets the size of {' and '.join(_WIDTH_TASKS)}, "
+                     f"--hidden of {' and '.join(_HIDDEN_TASKS)})")
+        if args.width is not None and (task not in _WIDTH_TASKS or not args.width > 0):
+            ap.error(f"--width must be > 0 and is for {' and '.join(_WIDTH_TASKS)}; {task} has no width"
+                     if task not in _WIDTH_TASKS else f"--width must be > 0, got {args.width}")
+        if args.hidden is not None and (task not in _HIDDEN_TASKS or args.hidden < 1):
+            ap.error(f"--hidden is for {' and '.join(_HIDDEN_TASKS)}; {task} has no hidden width"
+                     if task not in _HIDDEN_TASKS else f"--hidden must be >= 1, got {args.hidden}")
+        if args.gradients_warmup is not None and args.gradients_warmup < 0:
+            ap.error(f"--gradients-warmup must be >= 0, got {args.gradients_warmup}")
+        n = None
+    if args.repeats < 1 or (n is not None and n < 1) or args.check_n < 1:
         ap.error("--repeats, --N and --check-n must be >= 1")
     bad_d = [d for d in args.density if not 0 < d <= 1]
     if bad_d:
@@ -615,7 +739,9 @@ def main(argv=None) -> int:
         per_node = args.nproc_per_node
         where = (f"gloo loopback, {Topology(args.nproc // per_node, per_node)} given by --nproc-per-node "
                  "(no separate link per node)")
-    cfg = {"algorithms": names, "n": args.N, "densities": args.density, "repeats": args.repeats,
+    cfg = {"algorithms": names, "n": n, "gradients": task, "width": args.width, "hidden": args.hidden,
+           "gradients_warmup": 5 if args.gradients_warmup is None else args.gradients_warmup,
+           "densities": args.density, "repeats": args.repeats,
            "check_n": args.check_n, "pingpong_max": args.pingpong_max, "threads": args.threads, "where": where,
            "shuffle": args.shuffle, "hierarchies": hierarchies, "per_node": per_node}
     if launched:
@@ -633,7 +759,9 @@ def main(argv=None) -> int:
     if "hierarchies" in report:
         print(f"\n{report['nodes']} nodes x {report['ranks_per_node']} ranks: flat and two-level in the same launch; "
               "bytes per node: summed over its ranks, the busiest node")
-    print(f"\nP = {report['P']}, N = {report['N']}, {report['where']}, medians of {report['repeats']} ({report['order']} order) "
+    source = report["gradients"]
+    print(f"\ngradients: {'random, ' if source['source'] == 'random' else source['source'] + ': '}{source['model']}")
+    print(f"P = {report['P']}, N = {report['N']}, {report['where']}, medians of {report['repeats']} ({report['order']} order) "
           f"(slowest rank), alpha = {report['alpha_s'] * 1e6:.1f} us, beta = {report['beta_s_per_byte'] * 1e9:.3f} ns/B")
     print(_table(report["rows"]))
     for p in _write(report, Path(args.out)):
