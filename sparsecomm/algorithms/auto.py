@@ -82,13 +82,15 @@ __all__ = ["AutoAlgorithm", "choose_algorithm", "choose_layout", "measure_links"
 #: left out: the scale study's model finds it slower than gtopk at every P up to 1024;
 #: docs/scale.md)
 CANDIDATES = ("dense", "topka", "spardl", "gtopk", "sparcml_recursive_double", "sparcml_split_allgather",
-              "topkdsa", "oktopk", "densestream")
+              "topkdsa", "oktopk", "densestream", "zen")
 
 #: local compute per element of N (ns) at densities 0.1%, 1%, 5%: the measured wall time per
 #: call at P = 4, N = 15M on the emulated 1 Gbit/s cluster (docs/benchmarks.md, docs/densestream.md
 #: Table II; 4 ranks on 2 shared cores) less the modelled wire time of its message schedule, divided by N
 #: (calibration in docs/scale.md). oktopk and densestream were not measured at 0.1%: their 1%
-#: value stands in. skcompress: simulated P = 4, N = 2M.
+#: value stands in. skcompress: simulated P = 4, N = 2M. zen: measured the same way in two launches beside
+#: sparcml_split_allgather and topka (docs/zen.md, "auto"), scaled by those two's table values over their
+#: same-launch figures, so that it compares with the table's day.
 COMPUTE_NS: dict[str, tuple[float, float, float]] = {
     "dense": (3.55, 3.15, 4.08),
     "gtopk": (3.11, 4.18, 12.49),
@@ -101,6 +103,7 @@ COMPUTE_NS: dict[str, tuple[float, float, float]] = {
     "densestream": (15.02, 15.02, 43.61),
     "gssgd": (27.88, 50.92, 156.87),
     "skcompress": (4.1, 27.5, 171.9),
+    "zen": (4.6, 7.0, 17.0),
 }
 _DENSITIES = (0.001, 0.01, 0.05)
 

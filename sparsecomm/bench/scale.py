@@ -54,6 +54,7 @@ ROWS: list[tuple[str, str, dict]] = [
     ("oktopk", "oktopk", {}),
     ("densestream", "densestream", {}),
     ("skcompress", "skcompress", {}),
+    ("zen", "zen", {}),
 ]
 
 DEFAULT_P = [2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 384, 512, 768, 1024]
@@ -108,7 +109,7 @@ def run(sizes: list[int], N: int, densities: list[float], bandwidths: dict[str, 
 
 #: the algorithms of the cluster study (their default options)
 CLUSTER_ROWS = ["dense", "topka", "spardl", "gtopk", "gssgd", "oktopk", "sparcml_recursive_double",
-                "sparcml_split_allgather", "topkdsa", "densestream"]
+                "sparcml_split_allgather", "topkdsa", "densestream", "zen"]
 
 
 def run_cluster(nodes: list[int], per: int, N: int, densities: list[float], bandwidths: dict[str, float],
