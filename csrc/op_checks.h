@@ -11,6 +11,7 @@
 
 #include "checks.h"
 #include "sparsecomm/sketch.h"
+#include "sparsecomm/zen.h"
 
 namespace sparsecomm {
 
@@ -203,6 +204,56 @@ inline Tensor sketch_indices(Device dev, const Tensor& idx, const Tensor& table,
   Placement(dev, table).check_vector(idx, op, "idx");
   index_dtype(idx, op, "idx");
   return idx.to(at::kLong).contiguous();
+}
+
+// ------------------------------------------------------------------ ZEN
+
+// What err.input of the ZEN kernels indexes.
+inline const std::string kZenPartitionNames[] = {"idx", "n", "parts", "block", "owner", "val"};
+inline const std::string kZenBitmapNames[] = {"idx", "n", "parts", "block", "owner", "bitmap"};
+
+inline void check_zen_indices(Device dev, const char* op, const Tensor& idx) {
+  Placement(dev, idx).check_vector(idx, op, "idx");
+  TORCH_CHECK_TYPE(idx.scalar_type() == at::kLong, op, ": idx must be int64, got ", idx.scalar_type());
+}
+
+inline void check_zen_parts_block(const char* op, int64_t parts, int64_t block) {
+  TORCH_CHECK_VALUE(parts >= 1 && parts <= SC_ZEN_MAX_PARTS, op, ": parts must be in 1..", SC_ZEN_MAX_PARTS,
+                    ", got ", parts);
+  TORCH_CHECK_VALUE(sc_zen_log2(block) >= 0, op, ": block must be a power of two >= 1, got ", block);
+}
+
+// zen_partition: the value type of val.
+inline sc_dtype check_zen_partition_args(Device dev, const char* op, const Tensor& idx, const Tensor& val,
+                                         int64_t n, int64_t parts, int64_t block) {
+  check_zen_indices(dev, op, idx);
+  Placement(dev, idx).check_vector(val, op, "val");
+  check_same_length(idx, val, op, "idx", "val");
+  sc_dtype vt = value_dtype(val, op, "val");
+  check_zen_parts_block(op, parts, block);
+  check_nonnegative(n, op, "n");
+  return vt;
+}
+
+// The scalars that name one owner's hash class (zen_bitmap_encode, zen_bitmap_decode).
+inline void check_zen_class_args(const char* op, int64_t n, int64_t parts, int64_t block, int64_t owner) {
+  check_nonnegative(n, op, "n");
+  check_zen_parts_block(op, parts, block);
+  TORCH_CHECK_VALUE(owner >= 0 && owner < parts, op, ": owner must be in [0, parts = ", parts, "), got ",
+                    owner);
+}
+
+inline void check_zen_bitmap(Device dev, const char* op, const Tensor& bitmap) {
+  Placement(dev, bitmap).check_vector(bitmap, op, "bitmap");
+  TORCH_CHECK_TYPE(bitmap.scalar_type() == at::kByte, op, ": bitmap must be uint8, got ", bitmap.scalar_type());
+}
+
+// The status of a bitmap encode: an index of another class is said in words (the generic
+// argument message cannot), the rest as every kernel's.
+inline void raise_zen_encode_status(int st, const char* op, const sc_error_info& e, int64_t owner, int64_t n) {
+  TORCH_CHECK_VALUE(!(st == SC_ERR_ARG && e.input == 0), op, ": idx must hold indices of owner ", owner,
+                    "'s hash class, but idx[", e.position, "] = ", e.value, " is not in it");
+  if (st) raise_status(st, op, e, InputNames{kZenBitmapNames, 6}, n);
 }
 
 }  // namespace sparsecomm

@@ -3,7 +3,7 @@
 // them (setup.py: torch with CUDA, nvcc, and SPARSECOMM_CUDA_KERNELS=1, which defines
 // SPARSECOMM_CUDA_KERNELS); otherwise CUDA tensors run the torch implementations of
 // sparsecomm/ops/_torch_impl/. The bindings mirror the CPU ones (csrc/ops.cpp,
-// ops_stream.cpp, ops_sketch.cpp): the same checks and messages (csrc/op_checks.h), outputs
+// ops_stream.cpp, ops_sketch.cpp, ops_zen.cpp): the same checks and messages (csrc/op_checks.h), outputs
 // allocated on the input's device, one kernel call on the current stream (call_kernel).
 #ifdef SPARSECOMM_CUDA_KERNELS
 
@@ -20,6 +20,7 @@
 #include "sparsecomm/cuda.h"
 #include "sparsecomm/kernels.h"
 #include "sparsecomm/sketch.h"
+#include "sparsecomm/zen.h"
 
 namespace {
 
@@ -212,6 +213,58 @@ Tensor sketch_estimate_at_cuda(const Tensor& table, const Tensor& idx, int64_t s
   return out;
 }
 
+// ------------------------------------------------------------------ ZEN
+
+std::tuple<Tensor, Tensor, Tensor> zen_partition_cuda(const Tensor& idx, const Tensor& val, int64_t n, int64_t parts,
+                                                      int64_t seed, int64_t block) {
+  const char* op = "sparsecomm.zen_partition";
+  sc_dtype vt = check_zen_partition_args(Device::Cuda, op, idx, val, n, parts, block);
+  c10::cuda::CUDAGuard guard(idx.device());
+  Tensor ic = idx.contiguous(), vc = val.contiguous();
+  Tensor oi = at::empty({ic.numel()}, ic.options());
+  Tensor ov = at::empty({vc.numel()}, vc.options());
+  Tensor counts = at::empty({parts}, ic.options());
+  call_kernel(op, {kZenPartitionNames, 6}, n, sc_cuda_zen_partition, vt, ic.data_ptr<int64_t>(), vc.data_ptr(),
+              ic.numel(), n, parts, (uint64_t)seed, block, oi.data_ptr<int64_t>(), ov.data_ptr(),
+              counts.data_ptr<int64_t>(), stream());
+  return {oi, ov, counts};
+}
+
+Tensor zen_bitmap_encode_cuda(const Tensor& idx, int64_t n, int64_t parts, int64_t seed, int64_t block,
+                              int64_t owner) {
+  const char* op = "sparsecomm.zen_bitmap_encode";
+  check_zen_indices(Device::Cuda, op, idx);
+  check_zen_class_args(op, n, parts, block, owner);
+  c10::cuda::CUDAGuard guard(idx.device());
+  Tensor ic = idx.contiguous();
+  int64_t size = 0;
+  call_kernel(op, {kZenBitmapNames, 6}, sc_cuda_zen_class_size, n, parts, (uint64_t)seed, block, owner, &size,
+              stream());
+  const int64_t nbytes = (size + 7) / 8;
+  Tensor bitmap = at::empty({nbytes}, ic.options().dtype(at::kByte));
+  sc_error_info e{0, 0, 0};
+  int st = sc_cuda_zen_bitmap_encode(ic.data_ptr<int64_t>(), ic.numel(), n, parts, (uint64_t)seed, block, owner,
+                                     bitmap.data_ptr<uint8_t>(), nbytes, stream(), &e);
+  raise_zen_encode_status(st, op, e, owner, n);
+  return bitmap;
+}
+
+Tensor zen_bitmap_decode_cuda(const Tensor& bitmap, int64_t n, int64_t parts, int64_t seed, int64_t block,
+                              int64_t owner) {
+  const char* op = "sparsecomm.zen_bitmap_decode";
+  check_zen_bitmap(Device::Cuda, op, bitmap);
+  check_zen_class_args(op, n, parts, block, owner);
+  c10::cuda::CUDAGuard guard(bitmap.device());
+  Tensor bc = bitmap.contiguous();
+  int64_t count = 0;
+  call_kernel(op, {kZenBitmapNames, 6}, sc_cuda_zen_bitmap_decode, bc.data_ptr<uint8_t>(), bc.numel(), n, parts,
+              (uint64_t)seed, block, owner, nullptr, 0, &count, stream());
+  Tensor out = at::empty({count}, bc.options().dtype(at::kLong));
+  call_kernel(op, {kZenBitmapNames, 6}, sc_cuda_zen_bitmap_decode, bc.data_ptr<uint8_t>(), bc.numel(), n, parts,
+              (uint64_t)seed, block, owner, out.data_ptr<int64_t>(), count, &count, stream());
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(sparsecomm, CUDA, m) {
@@ -230,6 +283,9 @@ TORCH_LIBRARY_IMPL(sparsecomm, CUDA, m) {
   m.impl("sketch_build_coo_", &sketch_build_coo_cuda);
   m.impl("sketch_estimate", &sketch_estimate_cuda);
   m.impl("sketch_estimate_at", &sketch_estimate_at_cuda);
+  m.impl("zen_partition", &zen_partition_cuda);
+  m.impl("zen_bitmap_encode", &zen_bitmap_encode_cuda);
+  m.impl("zen_bitmap_decode", &zen_bitmap_decode_cuda);
 }
 
 #endif  // SPARSECOMM_CUDA_KERNELS

@@ -2,7 +2,8 @@
 
 * Every op on CUDA tensors against the CPU kernel on the same inputs: the same bits, or the
   same exception type (sizes up to 10^8, every dtype, ties, signed zeros, Inf, NaN, bad
-  indices, malformed QSGD). With the CUDA kernels (``sparsecomm.ops.CUDA_KERNELS``) every
+  indices, malformed QSGD and ZEN bitmaps; for the ZEN ops with the CUDA kernels, the same
+  message too, so the same failing position and value). With the CUDA kernels (``sparsecomm.ops.CUDA_KERNELS``) every
   op must match bit for bit; with the torch implementations on CUDA, sketch builds and
   scatters with repeated indices sum in ``index_add_``'s unspecified order, so those two
   are compared to float tolerance.
@@ -26,7 +27,7 @@ from sparsecomm import algorithms, ops
 from sparsecomm.comm import simulate
 
 from _reference import make_gradients
-from test_torch_fallback import SKETCH_SHAPES, TOPK_CASES, _bits, _coo, _vector
+from test_torch_fallback import SKETCH_SHAPES, TOPK_CASES, ZEN_ERRORS, ZEN_SHAPES, _bits, _coo, _vector, zen_error_call
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -57,14 +58,17 @@ def _outcome(fn, args):
     return "ok", [o.cpu() for o in outs if isinstance(o, torch.Tensor)], [w.cpu() for w in written]
 
 
-def _cross(fn, args, kind: str = "", tol: float = 1e-5):
+def _cross(fn, args, kind: str = "", tol: float = 1e-5, same_message: bool = False):
     """fn on CPU copies and on CUDA copies of args: the same bits or the same exception (for
-    the torch implementations' unordered sums: within ``tol``)."""
+    the torch implementations' unordered sums: within ``tol``; ``same_message``: with the CUDA
+    kernels, the exception's message too)."""
     cpu = _outcome(fn, _to(args, "cpu"))
     gpu = _outcome(fn, _to(args, "cuda"))
     assert cpu[0] == gpu[0], f"CPU {cpu[:2]} ({cpu[-1]}) but CUDA {gpu[:2]} ({gpu[-1]})"
     if cpu[0] == "raise":
         assert cpu[1] is gpu[1], f"CPU raised {cpu[1].__name__} ({cpu[2]}), CUDA {gpu[1].__name__} ({gpu[2]})"
+        if same_message and ops.CUDA_KERNELS:
+            assert cpu[2] == gpu[2], f"CPU said {cpu[2]!r}, CUDA {gpu[2]!r}"
         return
     exact = ops.CUDA_KERNELS or kind not in UNORDERED_IN_TORCH_IMPL
     for a, b in zip(cpu[1] + cpu[2], gpu[1] + gpu[2]):
@@ -241,6 +245,104 @@ def test_sketch(rows, cols, tdtype, xdtype, n):
     _cross(ops.sketch_estimate_at, (table, rep, seed), "sketch_estimate")
     _cross(ops.sketch_estimate_at, (table, torch.tensor([1, -3]), seed))
     _cross(ops.sketch_build_coo_, (start.clone(), torch.tensor([1, n]), torch.ones(2, dtype=xdtype), n, seed))
+
+
+# ------------------------------------------------------------------ ZEN's hash partition and class bitmaps
+
+#: beside the CPU cases: many owners (most classes empty), blocks of 2^20 with a short last block,
+#: block 1 and the default 64 at 10^7 indices and more
+ZEN_GPU_SHAPES = ZEN_SHAPES + [(1_000_003, 100_003, 1, -5), (3_000_017, 7, 2**20, 1), (10_000_019, 5, 1, -3),
+                               (30_000_001, 8, 64, 7)]
+
+
+def _zen_indices(n, parts):
+    """Ascending distinct indices, 1 % of [0, n) (at least 2000), and the generator that drew them."""
+    g = torch.Generator().manual_seed(n + parts)
+    m = min(n, max(2000, n // 100))
+    return torch.randperm(n, generator=g)[:m].sort().values, g
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n,parts,block,seed", ZEN_GPU_SHAPES)
+def test_zen_partition(n, parts, block, seed, dtype):
+    idx, g = _zen_indices(n, parts)
+    val = torch.randn(idx.numel(), generator=g, dtype=torch.float64).to(dtype)
+    val[::3] = -0.0
+    _cross(ops.zen_partition, (idx, val, n, parts, seed, block), same_message=True)
+
+
+@pytest.mark.parametrize("n,parts,block,seed", ZEN_GPU_SHAPES)
+def test_zen_bitmaps(n, parts, block, seed):
+    idx, g = _zen_indices(n, parts)
+    got, _, counts = ops.zen_partition(idx, torch.zeros(idx.numel()), n, parts, seed, block)
+    cuts = [0] + torch.cumsum(counts, 0).tolist()
+    starts, blocks = ops.zen_class_blocks(n, parts, seed, block)
+    block_cuts = [0] + torch.cumsum(blocks, 0).tolist()
+    for owner in sorted({0, parts // 2, parts - 1}):
+        args = (n, parts, seed, block, owner)
+        mine = got[cuts[owner]:cuts[owner + 1]]
+        _cross(ops.zen_bitmap_encode, (mine, *args), same_message=True)
+        bitmap = ops.zen_bitmap_encode(mine, *args)
+        _cross(ops.zen_bitmap_decode, (bitmap, *args), same_message=True)
+        # random bytes over the whole class (padding bits cleared): up to 8 indices a byte
+        first = starts[block_cuts[owner]:block_cuts[owner + 1]]
+        size = first.numel() * block - (max(0, int(first[-1]) + block - n) if first.numel() else 0)
+        assert bitmap.numel() == (size + 7) // 8
+        dense = torch.randint(0, 256, (bitmap.numel(),), generator=g, dtype=torch.uint8)
+        if size % 8:
+            dense[-1] &= (1 << size % 8) - 1
+        _cross(ops.zen_bitmap_decode, (dense, *args), same_message=True)
+        _cross(ops.zen_bitmap_encode, (ops.zen_bitmap_decode(dense, *args), *args), same_message=True)
+
+
+#: beside the CPU cases: a negative index, and the first of several faults far into large inputs
+#: (the CPU kernel's order: index order and range before class membership)
+ZEN_GPU_ERRORS = ["negative", "late_order", "late_other_class", "range_after_other_class", "encode_order",
+                  "short_bitmap", "late_padding_bit"]
+
+
+def _zen_gpu_error_call(case: str):
+    n, parts, block, seed = 2_000_003, 5, 4, 77
+    if case == "negative":
+        return ops.zen_partition, (torch.tensor([-1, 5, 9]), torch.ones(3), n, parts, seed, block)
+    if case == "late_order":
+        idx = torch.arange(0, n - 3, 2)
+        idx[700_000] = idx[699_999]
+        idx[900_001] = 0
+        return ops.zen_partition, (idx, torch.ones(idx.numel()), n, parts, seed, block)
+    got, _, counts = ops.zen_partition(torch.arange(n), torch.ones(n), n, parts, seed, block)
+    cuts = [0] + torch.cumsum(counts, 0).tolist()
+    owner = next(c for c in range(parts) if int(counts[c]) % 8)  # a class with padding bits
+    mine, theirs = got[cuts[owner]:cuts[owner + 1]], got[cuts[(owner + 1) % parts]:cuts[(owner + 1) % parts + 1]]
+    args = (n, parts, seed, block, owner)
+    late = theirs[theirs > mine[mine.numel() // 2]][[0, 1000]]  # two indices of another class, late in mine
+    if case == "late_other_class":
+        return ops.zen_bitmap_encode, (torch.cat([mine, late]).sort().values, *args)
+    if case == "range_after_other_class":
+        return ops.zen_bitmap_encode, (torch.cat([torch.cat([mine, late]).sort().values, torch.tensor([n + 5])]), *args)
+    if case == "encode_order":
+        bad = mine.clone()
+        bad[-10] = bad[-11]
+        return ops.zen_bitmap_encode, (bad, *args)
+    full = ops.zen_bitmap_encode(mine, *args)
+    if case == "short_bitmap":
+        return ops.zen_bitmap_decode, (full[:-1].clone(), *args)
+    bad = full.clone()
+    bad[-1] |= 0x80
+    return ops.zen_bitmap_decode, (bad, *args)
+
+
+@pytest.mark.parametrize("case", ZEN_ERRORS + ZEN_GPU_ERRORS)
+def test_zen_errors(case):
+    fn, args = (_zen_gpu_error_call if case in ZEN_GPU_ERRORS else zen_error_call)(case)
+    _cross(fn, args, same_message=True)
+
+
+def test_zen_ops_have_cuda_kernels():
+    if not ops.CUDA_KERNELS:
+        pytest.skip("built without the CUDA kernels: CUDA tensors run the torch implementations")
+    from sparsecomm.ops import _torch_impl
+    assert not {"zen_partition", "zen_bitmap_encode", "zen_bitmap_decode"} & set(_torch_impl.cuda_gaps())
 
 
 # ------------------------------------------------------------------ every algorithm on CUDA tensors

@@ -405,8 +405,11 @@ def test_sketch_errors(case):
 
 # ------------------------------------------------------------------ ZEN's hash partition and class bitmaps
 
-@pytest.mark.parametrize("n,parts,block,seed", [(0, 1, 1, 0), (5003, 3, 1, 9), (LARGE, 8, 64, 2**63 - 1),
-                                                (4099, 33, 4, 12345)])
+#: (n, parts, block, seed) of the ZEN cases (tests/test_cuda.py runs them on CUDA too)
+ZEN_SHAPES = [(0, 1, 1, 0), (5003, 3, 1, 9), (LARGE, 8, 64, 2**63 - 1), (4099, 33, 4, 12345)]
+
+
+@pytest.mark.parametrize("n,parts,block,seed", ZEN_SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_zen_partition_and_bitmaps(n, parts, block, seed, dtype):
     rng = _rng(n + parts)
@@ -422,34 +425,38 @@ def test_zen_partition_and_bitmaps(n, parts, block, seed, dtype):
         _check(lambda: (ops.zen_bitmap_decode, (bitmap, n, parts, seed, block, owner)))
 
 
-@pytest.mark.parametrize("case", ["order", "range", "parts", "block", "dtype", "other_class", "long_bitmap",
-                                  "padding_bit", "owner"])
-def test_zen_errors(case):
+ZEN_ERRORS = ["order", "range", "parts", "block", "dtype", "other_class", "long_bitmap", "padding_bit", "owner"]
+
+
+def zen_error_call(case: str):
+    """(op, args) of a ZEN call that must fail (tests/test_cuda.py makes the same calls on CUDA)."""
     n, parts, block, seed = 1000, 3, 1, 5
     idx, val = torch.tensor([1, 5, 9]), torch.ones(3)
     if case in ("order", "range", "parts", "block", "dtype"):
-        args = {"order": (torch.tensor([1, 5, 5]), val, n, parts, seed, block),
-                "range": (torch.tensor([1, 5, n]), val, n, parts, seed, block),
-                "parts": (idx, val, n, 0, seed, block),
-                "block": (idx, val, n, parts, seed, 3),
-                "dtype": (idx.int(), val, n, parts, seed, block)}[case]
-        _check(lambda: (ops.zen_partition, args))
-        return
+        return ops.zen_partition, {"order": (torch.tensor([1, 5, 5]), val, n, parts, seed, block),
+                                   "range": (torch.tensor([1, 5, n]), val, n, parts, seed, block),
+                                   "parts": (idx, val, n, 0, seed, block),
+                                   "block": (idx, val, n, parts, seed, 3),
+                                   "dtype": (idx.int(), val, n, parts, seed, block)}[case]
     got, _, counts = ops.zen_partition(torch.arange(n), torch.ones(n), n, parts, seed, block)
     first_of_1 = got[int(counts[0]):int(counts[0]) + 1]
     empty = ops.zen_bitmap_encode(torch.tensor([], dtype=torch.int64), n, parts, seed, block, 0)
     if case == "other_class":
-        _check(lambda: (ops.zen_bitmap_encode, (first_of_1, n, parts, seed, block, 0)))
-    elif case == "long_bitmap":
-        _check(lambda: (ops.zen_bitmap_decode, (torch.zeros(empty.numel() + 1, dtype=torch.uint8), n, parts, seed,
-                                                block, 0)))
-    elif case == "padding_bit":
+        return ops.zen_bitmap_encode, (first_of_1, n, parts, seed, block, 0)
+    if case == "long_bitmap":
+        return ops.zen_bitmap_decode, (torch.zeros(empty.numel() + 1, dtype=torch.uint8), n, parts, seed, block, 0)
+    if case == "padding_bit":
         assert int(counts[0]) % 8
         bad = empty.clone()
         bad[-1] = 0x80
-        _check(lambda: (ops.zen_bitmap_decode, (bad, n, parts, seed, block, 0)))
-    else:
-        _check(lambda: (ops.zen_bitmap_decode, (empty, n, parts, seed, block, parts)))
+        return ops.zen_bitmap_decode, (bad, n, parts, seed, block, 0)
+    return ops.zen_bitmap_decode, (empty, n, parts, seed, block, parts)
+
+
+@pytest.mark.parametrize("case", ZEN_ERRORS)
+def test_zen_errors(case):
+    fn, args = zen_error_call(case)
+    _check(lambda: (fn, args))
 
 # ------------------------------------------------------------------ every algorithm on the torch path
 

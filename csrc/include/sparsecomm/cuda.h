@@ -1,5 +1,5 @@
 /*
- * sparsecomm CUDA kernels (the .cu files of csrc/cuda): the ops of kernels.h, stream.h and sketch.h on
+ * sparsecomm CUDA kernels (the .cu files of csrc/cuda): the ops of kernels.h, stream.h, sketch.h and zen.h on
  * device memory, with the same contracts and the same results bit for bit (tests/
  * test_cuda.py compares every op with the CPU kernel). Conventions of sparsecomm/abi.h,
  * plus:
@@ -98,6 +98,30 @@ int sc_cuda_sketch_build_coo(sc_dtype table_dtype, void* table, int64_t rows, in
 int sc_cuda_sketch_estimate(sc_dtype table_dtype, const void* table, int64_t rows, int64_t cols,
                             uint64_t seed, const int64_t* idx, int64_t m, void* out,
                             sc_stream_t stream, sc_error_info* err);
+
+/* ---------------------------------------------------------------- ZEN (zen.h) */
+
+/* sc_zen_partition: the owner of every pair (sc_zen_block_owner), a stable radix sort by owner,
+ * a gather; counts (device, parts entries) from the sorted owners. */
+int sc_cuda_zen_partition(sc_dtype vtype, const int64_t* idx, const void* val, int64_t m, int64_t n,
+                          int64_t parts, uint64_t seed, int64_t block, int64_t* out_idx, void* out_val,
+                          int64_t* counts, sc_stream_t stream, sc_error_info* err);
+
+/* sc_zen_class_size; *size (host) receives it. */
+int sc_cuda_zen_class_size(int64_t n, int64_t parts, uint64_t seed, int64_t block, int64_t owner,
+                           int64_t* size, sc_stream_t stream, sc_error_info* err);
+
+/* sc_zen_bitmap_encode: the owner's blocks selected by one owner test each, every index's class
+ * position by a binary search among them, one thread per bitmap byte that holds a bit. */
+int sc_cuda_zen_bitmap_encode(const int64_t* idx, int64_t m, int64_t n, int64_t parts, uint64_t seed,
+                              int64_t block, int64_t owner, uint8_t* bitmap, int64_t nbytes,
+                              sc_stream_t stream, sc_error_info* err);
+
+/* sc_zen_bitmap_decode, validated as on the CPU; *count (host) receives the number of set bits
+ * (out_idx NULL: only counts). */
+int sc_cuda_zen_bitmap_decode(const uint8_t* bitmap, int64_t nbytes, int64_t n, int64_t parts,
+                              uint64_t seed, int64_t block, int64_t owner, int64_t* out_idx, int64_t cap,
+                              int64_t* count, sc_stream_t stream, sc_error_info* err);
 
 #ifdef __cplusplus
 }
