@@ -5,6 +5,7 @@
 // one kernel call through call_kernel.
 #include <torch/library.h>
 
+#include <cstring>
 #include <tuple>
 
 #include "checks.h"
@@ -56,13 +57,22 @@ Tensor bitmap_decode_cpu(const Tensor& bitmap, int64_t n, int64_t parts, int64_t
   check_zen_bitmap(Device::Cpu, op, bitmap);
   check_zen_class_args(op, n, parts, block, owner);
   Tensor bc = bitmap.contiguous();
+  // every set bit is at most one index: the fill call validates the bitmap in full (length,
+  // padding bits) while it decodes, so no separate counting walk over the class is needed
+  const uint8_t* bits = bc.data_ptr<uint8_t>();
+  const int64_t nbytes = bc.numel();
+  int64_t bound = 0, j = 0;
+  for (; j + 8 <= nbytes; j += 8) {
+    uint64_t w;
+    std::memcpy(&w, bits + j, 8);
+    bound += sc_zen_popcount64(w);
+  }
+  for (; j < nbytes; j++) bound += sc_zen_popcount64(bits[j]);
+  Tensor out = empty_out(bound, bc.options().dtype(at::kLong));
   int64_t count = 0;
-  call_kernel(op, {kZenBitmapNames, 6}, sc_zen_bitmap_decode, bc.data_ptr<uint8_t>(), bc.numel(), n, parts,
-              (uint64_t)seed, block, owner, nullptr, 0, &count);
-  Tensor out = empty_out(count, bc.options().dtype(at::kLong));
-  call_kernel(op, {kZenBitmapNames, 6}, sc_zen_bitmap_decode, bc.data_ptr<uint8_t>(), bc.numel(), n, parts,
-              (uint64_t)seed, block, owner, out.data_ptr<int64_t>(), count, &count);
-  return out;
+  call_kernel(op, {kZenBitmapNames, 6}, sc_zen_bitmap_decode, bits, nbytes, n, parts, (uint64_t)seed, block, owner,
+              out.data_ptr<int64_t>(), bound, &count);
+  return count == bound ? out : out.narrow(0, 0, count).clone();
 }
 
 }  // namespace

@@ -96,9 +96,26 @@ static void bitmap_case(int64_t n, int64_t block) {
     /* malformed: a wrong length, a padding bit */
     sc_error_info e = {0, 0, 0};
     CHECK(sc_zen_bitmap_decode(bm, nb + 1, n, parts, seed, block, o, NULL, 0, &count, &e) == SC_ERR_MALFORMED);
+    /* the decoding call checks the same while it walks the class, and reads no byte past nbytes */
+    bm[nb] = 0;
+    e.position = 0;
+    CHECK(sc_zen_bitmap_decode(bm, nb + 1, n, parts, seed, block, o, back, n, &count, &e) == SC_ERR_MALFORMED);
+    CHECK(e.position == -1 && e.value == nb + 1);
+    if (nb > 1) {
+      uint8_t* shorter = xmalloc((size_t)nb - 1); /* exactly its bytes: ASan sees a read past them */
+      memcpy(shorter, bm, (size_t)nb - 1);
+      e.position = 0;
+      CHECK(sc_zen_bitmap_decode(shorter, nb - 1, n, parts, seed, block, o, back, n, &count, &e) ==
+            SC_ERR_MALFORMED);
+      CHECK(e.position == -1 && e.value == nb - 1);
+      free(shorter);
+    }
     if (cs % 8) {
       bm[nb - 1] |= 0x80;
       CHECK(sc_zen_bitmap_decode(bm, nb, n, parts, seed, block, o, NULL, 0, &count, &e) == SC_ERR_MALFORMED);
+      CHECK(e.position == nb - 1);
+      e.position = 0;
+      CHECK(sc_zen_bitmap_decode(bm, nb, n, parts, seed, block, o, back, n, &count, &e) == SC_ERR_MALFORMED);
       CHECK(e.position == nb - 1);
     }
     /* an index of another class cannot be encoded */

@@ -40,6 +40,15 @@ static inline SC_BITEXACT uint32_t sc_zen_owner(uint64_t seed, int64_t i, int lo
   return sc_zen_block_owner(seed, i >> log2_block, parts);
 }
 
+/* The set bits of x. Not __builtin_popcountll: without -mpopcnt (the extension builds for
+ * baseline x86-64) that is a library call per word, which made a class bitmap's decode 3x slower. */
+static inline SC_BITEXACT int sc_zen_popcount64(uint64_t x) {
+  x = x - ((x >> 1) & 0x5555555555555555ull);
+  x = (x & 0x3333333333333333ull) + ((x >> 2) & 0x3333333333333333ull);
+  x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0Full;
+  return (int)((x * 0x0101010101010101ull) >> 56);
+}
+
 /* log2 of block when it is a power of two >= 1, else -1. */
 static inline int sc_zen_log2(int64_t block) {
   if (block < 1 || (block & (block - 1))) return -1;
@@ -68,10 +77,13 @@ int sc_zen_class_size(int64_t n, int64_t parts, uint64_t seed, int64_t block, in
 int sc_zen_bitmap_encode(const int64_t* idx, int64_t m, int64_t n, int64_t parts, uint64_t seed, int64_t block,
                          int64_t owner, uint8_t* bitmap, int64_t nbytes, sc_error_info* err);
 
-/* The ascending indices of the set bits of a received class bitmap. Validated first, in
- * full: nbytes == ceil(class size / 8) (SC_ERR_MALFORMED, position -1, value nbytes) and
- * every padding bit zero (SC_ERR_MALFORMED, position = the byte, value = its bits). With
- * out_idx NULL only counts (*count); else writes at most cap indices (SC_ERR_ARG if more). */
+/* The ascending indices of the set bits of a received class bitmap, validated in full:
+ * nbytes == ceil(class size / 8) (SC_ERR_MALFORMED, position -1, value nbytes) and every
+ * padding bit zero (SC_ERR_MALFORMED, position = the byte, value = its bits). With out_idx
+ * NULL it validates, then counts (*count); else it writes at most cap indices (SC_ERR_ARG if
+ * more; the popcount of the whole bitmap is always enough) while it walks the class once, and
+ * returns SC_OK only once the length and padding have been checked (on an error what it wrote
+ * is to be discarded). */
 int sc_zen_bitmap_decode(const uint8_t* bitmap, int64_t nbytes, int64_t n, int64_t parts, uint64_t seed,
                          int64_t block, int64_t owner, int64_t* out_idx, int64_t cap, int64_t* count,
                          sc_error_info* err);
