@@ -103,7 +103,7 @@ COMPUTE_NS: dict[str, tuple[float, float, float]] = {
     "densestream": (15.02, 15.02, 43.61),
     "gssgd": (27.88, 50.92, 156.87),
     "skcompress": (4.1, 27.5, 171.9),
-    "zen": (4.6, 7.0, 17.0),
+    "zen": (4.0, 6.4, 16.0),
 }
 _DENSITIES = (0.001, 0.01, 0.05)
 
