@@ -1,4 +1,4 @@
-"""dense, topka and densestream against the invariants of README.md's "Behaviour you can rely on", on the
+"""dense, topka, densestream and zen against the invariants of README.md's "Behaviour you can rely on", on the
 simulated Comm (P up to 64).
 
 For every step and rank the test keeps its own copy of the residual and computes what the
@@ -132,6 +132,21 @@ def dense_cost(size, n, k, itemsize):
     return (2 * (size - 1) * (n // size) * itemsize, 2 * (size - 1) * math.ceil(n / size) * itemsize), 2 * (size - 1)
 
 
+def zen_cost(size, n, k, itemsize):
+    """ZEN's hash-balanced split: one push round of P - 1 COO messages with its size round, then
+    the Bruck all-gather of the owners' pull messages with its size rounds -- 2 + 2 ceil(log2 P)
+    rounds exactly. Bytes: at least a 32-byte header per push message and per forwarded pull
+    block (P - 1 of each); at most the rank's k pairs as COO with every push message's header,
+    padding and size word, and P - 1 pull blocks each no larger than an index list of the
+    min(P k, N) entries an owner can hold, padded, with its size word."""
+    if size == 1 or n == 0:
+        return 0, 0
+    entry = (4 if n < 2**31 else 8) + itemsize
+    push = (size - 1) * (32 + 7 + 8) + k * entry
+    block = (32 + min(size * k, n) * entry + 7) // 8 * 8 + 8
+    return (2 * (size - 1) * 32, push + (size - 1) * block), 2 + 2 * math.ceil(math.log2(size))
+
+
 SWEEP = [  # (P, N, density, dtype, pattern)
     (1, 1025, 0.01, torch.float32, "random"),
     (2, 1025, 0.01, torch.float32, "random"),
@@ -164,6 +179,11 @@ def test_densestream_invariants(size, n, density, dtype, pattern):
 
 
 @pytest.mark.parametrize("size,n,density,dtype,pattern", [c for c in SWEEP if c[1] < 2**20])
+def test_zen_invariants(size, n, density, dtype, pattern):
+    check_lossless(size, "zen", density, n, dtype, pattern, zen_cost)
+
+
+@pytest.mark.parametrize("size,n,density,dtype,pattern", [c for c in SWEEP if c[1] < 2**20])
 def test_dense_invariants(size, n, density, dtype, pattern):
     check_lossless(size, "dense", density, n, dtype, pattern, dense_cost)
 
@@ -192,6 +212,8 @@ GLOO_CASES = [  # (algorithm, N, density, dtype, pattern), run on every P in 1..
     ("topka", 3001, 0.05, torch.float64, "disjoint"),
     ("dense", 1025, 1.0, torch.float32, "overlap"),
     ("densestream", 3001, 0.05, torch.float32, "random"),
+    ("zen", 1025, 0.01, torch.float32, "random"),
+    ("zen", 3001, 0.05, torch.float64, "disjoint"),
 ]
 
 
@@ -203,7 +225,7 @@ def test_invariants_on_gloo_ranks(size):
         results = [[(torch.from_numpy(out), torch.from_numpy(res), stats) for out, res, stats in runs[rank][case_index]]
                    for rank in range(size)]
         # TorchComm counts the backend's dense allreduce with the ring formula
-        cost = {"topka": topka_cost, "dense": dense_cost, "densestream": densestream_cost}[algorithm]
+        cost = {"topka": topka_cost, "dense": dense_cost, "densestream": densestream_cost, "zen": zen_cost}[algorithm]
         check_lossless(size, algorithm, density, n, dtype, pattern, cost, results=results)
 
 
