@@ -45,6 +45,9 @@ ALGORITHMS = [
     ("topkdsa", {}),
     ("topkdsa", {"quantize_bits": 8}),
     ("sparcml", {}),
+    # zen: the push messages and the pull's index form coded, its bitmap and dense forms as they were
+    ("zen", {}),
+    ("zen", {"pull_form": "index", "block": 1}),
 ]
 SPARCML_FAMILY = ("sparcml_recursive_double", "sparcml_split_allgather", "topkdsa", "sparcml")
 
@@ -115,9 +118,9 @@ def test_codecs_simulated(algorithm, options, size, n, density, dtype, pattern):
 
     plain, index, value, both = run({}), run(INDEX), run(VALUE), run(BOTH)
     check_index_codec_identical(plain, index, size)
-    # small messages (spardl: k/P per block; oktopk: about k/P per region): the size round and the
-    # codec's tables cost more than the keys save
-    per_message = density * n / size if algorithm == "oktopk" else density * n
+    # small messages (spardl: k/P per block; oktopk: about k/P per region; zen: about k/P per
+    # owner): the size round and the codec's tables cost more than the keys save
+    per_message = density * n / size if algorithm in ("oktopk", "zen") else density * n
     if size > 1 and per_message >= 40 and algorithm != "spardl" and algorithm not in SPARCML_FAMILY:
         assert sum(h[2] for h in index[0]) < sum(h[2] for h in plain[0]), "delta-binary keys must save bytes"
     check_lossy(value, grads, size)

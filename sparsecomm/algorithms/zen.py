@@ -28,7 +28,13 @@ Options: ``seed`` (the hash's seed; every rank must use the same, as for every o
 ``block`` (``"auto"``, the default: :func:`auto_block` of k and P; or a power of two: indices
 hashed in blocks of ``block``, so a class is a list of whole blocks whose bitmap is cheap to
 build and read; 1 is the paper's per-index hash),
-``pull_form`` (``"auto"``: per message the fewest bytes; or one form for every message).
+``pull_form`` (``"auto"``: per message the fewest bytes; or one form for every message), and the
+COO codecs (``index_codec``, ``value_codec``, :mod:`sparsecomm.formats.codec`; "SKCompress",
+sections 4-5): every push message and the pull's index form go through the codec (the coded
+index list's real length is what ``"auto"`` compares with the bitmap and dense forms, which stay
+as they are). With a lossy value codec a sender keeps what its push messages did not carry, and
+an owner whose pull is a coded index list keeps the error of its sum and uses the decoded values
+itself, so every rank writes the same bits. ``traffic()`` counts the plain messages.
 
 Cost per rank: one push round of P - 1 COO messages (plus its size round), then ceil(log2 P)
 rounds for the pull sizes and ceil(log2 P) for the pull blocks; about 2 (P-1)/P k (c + s)
@@ -46,8 +52,8 @@ from .. import ops
 from ..comm.collectives import bruck_allgather_var
 from ..formats.coo import coo_nbytes
 from ..formats.header import index_dtype_for
-from ..formats.zen import (PULL_FORMS, ZenClasses, choose_form, decode_pull, decode_push, encode_pull, encode_push,
-                           pull_form_of, pull_nbytes)
+from ..formats.zen import (PULL_FORMS, ZenClasses, choose_form, decode_pull, decode_push, encode_pull, pull_form_of,
+                           pull_nbytes)
 from ..options import Option
 from ..traffic import IndexSets, Traffic
 from .base import Algorithm, register
@@ -95,6 +101,7 @@ class Zen(Algorithm):
     name = "zen"
     lossless = True
     fuses_add = True
+    uses_coo_codec = True  # the push messages and the index form of the pull (module docstring)
     # the owner hash (ops/_zen.py) and the pull forms (formats/zen.py): ranks must share both
     wire_revision = "splitmix64-fastrange-blocks/pull-index-bitmap-dense"
     option_specs = {
@@ -130,22 +137,29 @@ class Zen(Algorithm):
             indices, values, counts = ops.zen_partition(indices, values, n, size, seed, block)
         cuts = np.concatenate([[0], np.cumsum(counts.tolist())]).tolist()
         peers = [j for j in range(size) if j != rank]
-        sends = [(j, encode_push(indices[cuts[j]:cuts[j + 1]], values[cuts[j]:cuts[j + 1]], n, rank))
-                 for j in peers]
+        codec = self.codec
+        sends = []
+        for j in peers:
+            piece_i, piece_v = indices[cuts[j]:cuts[j + 1]], values[cuts[j]:cuts[j + 1]]
+            message, sent = codec.encode(piece_i, piece_v, n, rank)
+            if not codec.lossless:   # what the value codec did not carry stays in this rank's residual
+                acc.index_copy_(0, piece_i, piece_v - sent)
+            sends.append((j, message))
         received = dict(zip(peers, comm.exchange_var(sends, peers))) if peers else {}
         with self.timed("merge"):
             itype = index_dtype_for(n)
             lists = [(indices[cuts[rank]:cuts[rank + 1]].to(itype), values[cuts[rank]:cuts[rank + 1]]) if j == rank
-                     else decode_push(received[j], classes=classes, value_dtype=dtype, receiver=rank, sender=j)
+                     else decode_push(received[j], classes=classes, value_dtype=dtype, receiver=rank, sender=j,
+                                      codec=codec)
                      for j in range(size)]
             if size == 1:
                 mine_i, mine_v = lists[0]
             else:
                 mine_i, mine_v = ops.merge_add_many([x[0] for x in lists], [x[1] for x in lists], n)
-            form = self.options["pull_form"]
-            if form == "auto":
-                form = choose_form(mine_i.numel(), classes.sizes[rank], n, dtype)
-            message = encode_pull(mine_i, mine_v, form, classes, rank) if size > 1 else None
+            message = None
+            if size > 1:   # mine_v becomes what every rank decodes (a lossy codec's values)
+                message, mine_v = self._pull_message(mine_i, mine_v, classes, acc)
+            form = pull_form_of(message) if message is not None else "index"
         blocks = bruck_allgather_var(comm, message) if size > 1 else [None]
         total, known = 0, size == 1 or form != "dense"
         with self.timed("scatter"):
@@ -154,11 +168,38 @@ class Zen(Algorithm):
                 if j == rank:
                     i, v = mine_i, mine_v
                 else:
-                    i, v = decode_pull(blocks[j], classes=classes, value_dtype=dtype, receiver=rank, sender=j)
+                    i, v = decode_pull(blocks[j], classes=classes, value_dtype=dtype, receiver=rank, sender=j,
+                                       codec=codec)
                     known &= pull_form_of(blocks[j]) != "dense"  # a dense class carries its zeros
                 ops.scatter_set_(out, i, v)
                 total += i.numel()
         self.last_nnz = total if known else None
+
+    def _pull_message(self, mine_i: torch.Tensor, mine_v: torch.Tensor, classes: ZenClasses,
+                      acc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(message, values)``: this owner's reduced pairs in the pull form of fewest bytes (or
+        the forced one), and the values every rank will decode from it. With a codec the index
+        form is the codec's message, whose real length is compared; a lossy value codec's error
+        of the sum stays in the owner's residual."""
+        rank, n, dtype, codec = self.comm.rank, classes.n, mine_v.dtype, self.codec
+        m, s = mine_i.numel(), classes.sizes[rank]
+        form = self.options["pull_form"]
+        if codec.plain:
+            if form == "auto":
+                form = choose_form(m, s, n, dtype)
+            return encode_pull(mine_i, mine_v, form, classes, rank), mine_v
+        coded = sent = None
+        if form in ("auto", "index"):
+            coded, sent = codec.encode(mine_i, mine_v, n, rank)
+        if form == "auto":   # the smallest of the coded index list and the plain bitmap and dense forms
+            sizes = {"index": coded.numel(), "bitmap": pull_nbytes("bitmap", m, s, n, dtype),
+                     "dense": pull_nbytes("dense", m, s, n, dtype)}
+            form = min(PULL_FORMS, key=lambda f: (sizes[f], PULL_FORMS.index(f)))
+        if form != "index":
+            return encode_pull(mine_i, mine_v, form, classes, rank), mine_v
+        if not codec.lossless:
+            acc.index_add_(0, mine_i, mine_v - sent)
+        return coded, sent
 
     traffic_model = "set-based"
     traffic_needs_sets = True

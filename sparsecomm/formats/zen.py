@@ -20,8 +20,11 @@ form          kind          body after the 32-byte header (N = n, sender = c, co
 ``dense``     DENSE         s values, the class's indices in ascending order (count = s)
 ============  ============  =================================================================
 
-Every pull message is zero-padded to a multiple of 8 bytes, so that messages concatenated
-by an all-gather stay aligned for in-place views. The receiver validates everything before
+Every pull message in these forms is zero-padded to a multiple of 8 bytes, so that messages
+concatenated by an all-gather stay aligned for in-place views. With a COO codec
+(:class:`.codec.CooCodec`, the algorithm's ``index_codec`` / ``value_codec``) push messages and
+the ``index`` form are the codec's messages (kind COO_CODED, whatever length the codec makes:
+not padded, so the receiver copies a block that the all-gather left unaligned before viewing it). The receiver validates everything before
 it reads: the header against what it expects (sender c, N, value dtype, the count the
 form implies), the exact size, every padding byte zero, and by form: indices strictly
 ascending, < n and in c's class; a bitmap of exactly ceil(s / 8) bytes with zero padding
@@ -33,6 +36,7 @@ from __future__ import annotations
 import torch
 
 from .. import ops
+from .codec import CooCodec
 from .coo import coo_nbytes, decode_coo, encode_coo
 from .header import HEADER_NBYTES, SHOWN, Kind, WireFormatError, check_header, pack_header, parse_header
 
@@ -126,7 +130,8 @@ def _padded(body: torch.Tensor) -> torch.Tensor:
 
 def encode_pull(indices: torch.Tensor, values: torch.Tensor, form: str, classes: ZenClasses,
                 sender: int) -> torch.Tensor:
-    """Owner ``sender``'s reduced pairs (ascending int64 indices of its class) in ``form``."""
+    """Owner ``sender``'s reduced pairs (ascending int64 indices of its class) in ``form``
+    (the plain forms; a codec's index form is :meth:`.codec.CooCodec.encode`'s message)."""
     n, count, dtype = classes.n, indices.numel(), values.dtype
     size = classes.sizes[sender]
     if form == "index":
@@ -164,13 +169,20 @@ def _check_tail(payload: torch.Tensor, end: int, *, receiver: int, sender: int, 
 
 
 def decode_pull(payload: torch.Tensor, *, classes: ZenClasses, value_dtype: torch.dtype, receiver: int,
-                sender: int) -> tuple[torch.Tensor, torch.Tensor]:
+                sender: int, codec: CooCodec | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Validate owner ``sender``'s pull message in full and return its (indices, values):
-    indices ascending (int32/int64 as sent for the index form, int64 otherwise)."""
+    indices ascending (int32/int64 as sent for the index form, int64 otherwise). With a codec
+    that is not plain, the index form is the codec's message (kind COO_CODED)."""
     n, size, what = classes.n, classes.sizes[sender], "a ZEN pull message"
+    if payload.numel() and payload.data_ptr() % 8:
+        payload = payload.clone()   # after a codec's block of another length: align for the views
     head = parse_header(payload)
     kind = head["kind"]
-    if kind == int(Kind.COO):
+    if codec is not None and not codec.plain and kind == int(Kind.COO_CODED):
+        indices, values = codec.decode(payload, n=n, value_dtype=value_dtype, receiver=receiver, sender=sender)
+        classes.check_in_class(indices, sender, receiver=receiver, sender=sender, what=what)
+        return indices, values
+    if kind == int(Kind.COO) and (codec is None or codec.plain):
         end = coo_nbytes(min(head["count"], n + 1), n, value_dtype)
         indices, values = decode_coo(payload[:end], n=n, value_dtype=value_dtype, receiver=receiver, sender=sender)
         _check_tail(payload, end, receiver=receiver, sender=sender, what=what)
@@ -207,24 +219,33 @@ def decode_pull(payload: torch.Tensor, *, classes: ZenClasses, value_dtype: torc
                                   f"{indices.numel()} bits, its header announces {count} values")
         pos = HEADER_NBYTES + nbits
         return indices, payload[pos:pos + count * value_dtype.itemsize].view(value_dtype)
+    index_kind = "COO_CODED" if codec is not None and not codec.plain else "COO"
     raise WireFormatError(f"rank {receiver} received from rank {sender} {what} of kind "
-                          f"{SHOWN['kind'](kind)}: expected COO (index list), CLASS_BITMAP or DENSE (class values)")
+                          f"{SHOWN['kind'](kind)}: expected {index_kind} (index list), CLASS_BITMAP or DENSE "
+                          "(class values)")
 
 
 def pull_form_of(payload: torch.Tensor) -> str:
     """The form of a pull message that :func:`decode_pull` accepted (its kind byte)."""
-    return {int(Kind.COO): "index", int(Kind.CLASS_BITMAP): "bitmap", int(Kind.DENSE): "dense"}[int(payload[6])]
+    return {int(Kind.COO): "index", int(Kind.COO_CODED): "index", int(Kind.CLASS_BITMAP): "bitmap",
+            int(Kind.DENSE): "dense"}[int(payload[6])]
 
 
 def encode_push(indices: torch.Tensor, values: torch.Tensor, n: int, sender: int) -> torch.Tensor:
-    """A rank's pairs for one owner (ascending indices of that owner's class): a COO message."""
+    """A rank's pairs for one owner (ascending indices of that owner's class): a COO message
+    (with a codec: :meth:`.codec.CooCodec.encode`)."""
     return encode_coo(indices, values, n, sender)
 
 
 def decode_push(payload: torch.Tensor, *, classes: ZenClasses, value_dtype: torch.dtype, receiver: int,
-                sender: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate a push message to owner ``receiver`` (COO checks, then every index in the
-    receiver's class) and view it."""
-    indices, values = decode_coo(payload, n=classes.n, value_dtype=value_dtype, receiver=receiver, sender=sender)
+                sender: int, codec: CooCodec | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate a push message to owner ``receiver`` (the COO or codec checks, then every index
+    in the receiver's class) and view or decode it."""
+    if codec is not None:
+        indices, values = codec.decode(payload, n=classes.n, value_dtype=value_dtype, receiver=receiver,
+                                       sender=sender)
+    else:
+        indices, values = decode_coo(payload, n=classes.n, value_dtype=value_dtype, receiver=receiver,
+                                     sender=sender)
     classes.check_in_class(indices, receiver, receiver=receiver, sender=sender, what="a ZEN push message")
     return indices, values
