@@ -326,7 +326,7 @@ REJECTS = {
               "estimate": {"type": 0, "choice": "part"}, "seed": {"type": 1.0},
               "heavymix": {"type": 0, "choice": "TOPK"}},
     "zen": {"seed": {"type": 1.0, "range": -1}, "block": {"type": 64.0, "range": 3},
-            "pull_form": {"type": 1, "choice": "coo"}},
+            "pull_form": {"type": 1, "choice": "coo"}, **_CODEC_REJECTS},
     "auto": {"alpha": {"type": "1e-4", "range": -1e-6}, "beta": {"type": True, "range": -INF},
              "candidates": {"type": "topka", "range": ()}, "compute": {"type": [1.0], "range": {"topka": -1.0}},
              "tune": {"type": 2.0, "range": 1001}, "shortlist": {"type": None, "range": 0},

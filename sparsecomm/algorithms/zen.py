@@ -220,8 +220,8 @@ class Zen(Algorithm):
         classes = ZenClasses.build(n, P, seed, block)
         pieces = []   # pieces[r][c]: rank r's indices of class c
         for r in range(P):
-            idx = torch.as_tensor(np.asarray(sets.sets[r], dtype=np.int64))
-            got, _, counts = ops.zen_partition(idx, torch.zeros(idx.numel()), n, P, seed, block)
+            idx = torch.as_tensor(np.asarray(sets.sets[r], dtype=np.int64), device="cpu")
+            got, _, counts = ops.zen_partition(idx, torch.zeros(idx.numel(), device="cpu"), n, P, seed, block)
             cuts = np.concatenate([[0], np.cumsum(counts.tolist())]).tolist()
             pieces.append([got[cuts[c]:cuts[c + 1]].numpy() for c in range(P)])
         src, dst, nb = [], [], []
