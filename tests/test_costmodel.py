@@ -235,10 +235,10 @@ def test_scale_cli_clusters(tmp_path):
         here = [r for r in rows if r["nodes"] == nodes]
         auto = next(r for r in here if r["algorithm"] == "auto@1gbit")
         plain = {(r["hierarchy"], r["algorithm"]): r for r in here if r is not auto}
-        assert {h for h, _ in plain} == {"flat", "node"} and len(plain) == 2 * 10
+        assert {h for h, _ in plain} == {"flat", "node"} and len(plain) == 2 * 11
         total = {key: r["time_s@1gbit"] + compute_ns(key[1], 0.01) * 1e-9 * (100000 if key[0] == "flat" else 50000)
                  for key, r in plain.items() if key[1] in ("dense", "topka", "spardl", "gtopk", "oktopk",
                                                             "sparcml_recursive_double", "sparcml_split_allgather",
-                                                            "topkdsa", "densestream")}
+                                                            "topkdsa", "densestream", "zen")}
         best = min(total, key=total.get)
         assert auto["chose"] == f"{best[1]} ({best[0]})" and auto["time_s@1gbit"] == plain[best]["time_s@1gbit"]
