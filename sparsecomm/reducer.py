@@ -383,11 +383,12 @@ class SparseAllreduce:
                     scopes.enter_context(comm.call_scope(scope, max_message_bytes=limit, agreed=agreed))
                 result = self._call(grad, out, self.calls if step is None else step)
         except BaseException as exc:
-            if self._level_scopes and not agreed(exc):
+            levels = self.nodes or self._candidate_nodes   # hierarchy="auto" before it decides: the candidate
+            if self._level_scopes and levels is not None and not agreed(exc):
                 # a peer's abort reaches this rank on one Comm, which a call scope does not publish
                 # again; ranks that share only another of its Comms with this rank wait there:
                 # relay it (abort() keeps a Comm's first cause)
-                for comm in self.nodes.comms:
+                for comm in levels.comms:
                     if comm.size > 1:
                         comm.abort(f"{type(exc).__name__}: {exc}")
             raise

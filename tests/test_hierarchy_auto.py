@@ -80,3 +80,26 @@ def test_without_a_topology_auto_is_flat(monkeypatch):
         red(_grad(comm.rank))
         return choice, "hierarchy" in red.state_dict()
     assert simulate(2, fn).results == [("flat", False)] * 2
+
+
+def test_a_rank_failing_before_the_choice_raises_its_own_error_and_releases_its_peers(monkeypatch):
+    """A rank that fails while the hierarchy is still undecided (its own error, not one every
+    rank agrees on) relays the abort on the candidate node Comms and raises its own error; its
+    peers are released with an error naming it rather than waiting."""
+    def broken_links(world, intra, inter):
+        if world.rank == 1:
+            raise RuntimeError("rank 1's link measurement broke")
+        return FAST_INSIDE
+    monkeypatch.setattr(reducer_module, "measure_links", broken_links)
+
+    def fn(comm):
+        red = sc.SparseAllreduce("topka", 0.01, comm=comm, hierarchy="auto", nodes=sc.Topology(2, 2))
+        try:
+            red(_grad(comm.rank))
+        except Exception as exc:   # each rank's own error, to compare below
+            return type(exc).__name__, str(exc)
+        return None, None
+    got = simulate(4, fn, timeout=30).results
+    assert got[1] == ("RuntimeError", "rank 1's link measurement broke"), got[1]
+    for rank in (0, 2, 3):
+        assert got[rank][0] is not None and "rank 1" in got[rank][1], (rank, got[rank])
