@@ -1,0 +1,344 @@
+/* SKCompress, internal: exact order statistics and bucket lookup over unsigned keys whose
+ * integer order is the order of the values (float magnitudes as their bits; signed floats
+ * as order keys). Included by skc_quantile.c once per key width with
+ *   KT  the key type (uint32_t or uint64_t),  SX  a name suffix.
+ *
+ * Selection (several ranks at once) is a radix select over the key range [lo, hi]: one
+ * histogram pass over bins of 2^shift keys (about one bin per eight keys, at most 4096:
+ * the counts stay in L1), the ranks located in the cumulative counts, one pass gathering
+ * the keys of the bins that hold a rank, and the same on each such bin's keys (a range up
+ * to 4096 times narrower) until a bin holds few keys or one key value. O(n) per level, and
+ * a level only sees the keys of bins that hold a rank: for the q/2 - 1 quantiles of a sign
+ * of n keys, about (q/2) n / 4096 of them. */
+
+#define SEL_CAT2(a, b) a##b
+#define SEL_CAT(a, b) SEL_CAT2(a, b)
+#define SEL(name) SEL_CAT(name, SX)
+
+typedef struct {
+  KT lo;
+  int shift;
+  int64_t nbins;
+} SEL(binning);
+
+/* Bins of 2^shift keys over [lo, hi]: about n / per bins, 64 .. 2^max_log2. */
+static SEL(binning) SEL(make_binning)(KT lo, KT hi, int64_t n, int64_t per, int max_log2) {
+  SEL(binning) b;
+  int hb = 6;
+  while (hb < max_log2 && ((int64_t)1 << (hb + 1)) <= n / per) hb++;
+  KT span = hi - lo;
+  int sb = span ? (int)(sizeof(KT) * 8) - (sizeof(KT) == 4 ? __builtin_clz((uint32_t)span)
+                                                             : __builtin_clzll((uint64_t)span))
+                : 0;
+  b.lo = lo;
+  b.shift = sb > hb ? sb - hb : 0;
+  b.nbins = (int64_t)(span >> b.shift) + 1;
+  return b;
+}
+
+static void SEL(insertion_sort)(KT* a, int64_t n) {
+  for (int64_t i = 1; i < n; i++) {
+    KT x = a[i];
+    int64_t j = i - 1;
+    while (j >= 0 && a[j] > x) { a[j + 1] = a[j]; j--; }
+    a[j + 1] = x;
+  }
+}
+
+/* out[j] = the key of rank ranks[j] (0-based, ascending, < n) among a[0..n) (reordered
+ * only when short); lo / hi: the least and the largest key. */
+static int SEL(select_ranks)(KT* a, int64_t n, KT lo, KT hi, const int64_t* ranks, int64_t m,
+                             KT* out) {
+  if (m == 0) return SC_OK;
+  if (lo == hi) {
+    for (int64_t j = 0; j < m; j++) out[j] = lo;
+    return SC_OK;
+  }
+  if (n <= 48) {
+    SEL(insertion_sort)(a, n);
+    for (int64_t j = 0; j < m; j++) out[j] = a[ranks[j]];
+    return SC_OK;
+  }
+  SEL(binning) bn = SEL(make_binning)(lo, hi, n, 8, 12); /* the counts stay in L1 */
+  int sh = bn.shift;
+  uint32_t* hist = (uint32_t*)calloc((size_t)bn.nbins, sizeof(uint32_t));
+  /* per rank: its bin's slot among the bins holding ranks, and its rank inside the bin */
+  int64_t* sub_rank = (int64_t*)malloc(sizeof(int64_t) * (size_t)m);
+  int64_t* slot_of = (int64_t*)malloc(sizeof(int64_t) * (size_t)m);
+  int64_t* slot_bin = (int64_t*)malloc(sizeof(int64_t) * (size_t)(m + 1));
+  int64_t* slot_start = (int64_t*)malloc(sizeof(int64_t) * (size_t)(m + 2));
+  uint16_t* slot_map = NULL;
+  KT* cand = NULL;
+  int st = SC_OK;
+  if (!hist || !sub_rank || !slot_of || !slot_bin || !slot_start) { st = SC_ERR_NOMEM; goto done; }
+  for (int64_t i = 0; i < n; i++) hist[(a[i] - lo) >> sh]++;
+  int64_t nslots = 0, cum = 0, j = 0;
+  slot_start[0] = 0;
+  for (int64_t k = 0; k < bn.nbins && j < m; k++) {
+    int64_t c = hist[k];
+    if (j < m && ranks[j] < cum + c) {
+      slot_bin[nslots] = k;
+      slot_start[nslots + 1] = slot_start[nslots] + c;
+      while (j < m && ranks[j] < cum + c) {
+        sub_rank[j] = ranks[j] - cum;
+        slot_of[j] = nslots;
+        j++;
+      }
+      nslots++;
+    }
+    cum += c;
+  }
+  /* gather the keys of the bins holding ranks, bin by bin */
+  slot_map = (uint16_t*)calloc((size_t)bn.nbins, sizeof(uint16_t));
+  cand = (KT*)malloc(sizeof(KT) * (size_t)(slot_start[nslots] + 1));
+  if (!slot_map || !cand) { st = SC_ERR_NOMEM; goto done; }
+  for (int64_t s = 0; s < nslots; s++) slot_map[slot_bin[s]] = (uint16_t)(s + 1);
+  {
+    int64_t* fill = (int64_t*)malloc(sizeof(int64_t) * (size_t)(nslots + 1));
+    if (!fill) { st = SC_ERR_NOMEM; goto done; }
+    memcpy(fill, slot_start, sizeof(int64_t) * (size_t)nslots);
+    for (int64_t i = 0; i < n; i++) {
+      unsigned s = slot_map[(a[i] - lo) >> sh];
+      if (s) cand[fill[s - 1]++] = a[i];
+    }
+    free(fill);
+  }
+  /* each bin: its ranks, on its keys */
+  for (int64_t s = 0, jr = 0; s < nslots && !st; s++) {
+    int64_t j0 = jr;
+    while (jr < m && slot_of[jr] == s) jr++;
+    KT* sub = cand + slot_start[s];
+    int64_t c = slot_start[s + 1] - slot_start[s];
+    KT slo = sub[0], shi = sub[0];
+    for (int64_t i = 1; i < c; i++) {
+      if (sub[i] < slo) slo = sub[i];
+      if (sub[i] > shi) shi = sub[i];
+    }
+    st = SEL(select_ranks)(sub, c, slo, shi, sub_rank + j0, jr - j0, out + j0);
+  }
+done:
+  free(hist);
+  free(sub_rank);
+  free(slot_of);
+  free(slot_bin);
+  free(slot_start);
+  free(slot_map);
+  free(cand);
+  return st;
+}
+
+/* Bucket lookup of one sign: bucket(a) = #{j in 1..nb-1 : split[j] <= a} for keys a in
+ * [split[0], split[nb]], through a table over bins of the key range (about one bin per
+ * two keys, at most 2^16): a bin's entry is the bucket of its first key, and one more
+ * comparison with the next split finishes the lookup without a branch; the rare bins
+ * holding two or more splits are marked and searched. */
+typedef struct {
+  SEL(binning) bn;
+  KT* up;            /* up[b] = split[b + 1] for b < nb - 1, then the largest key (never <=) */
+  int64_t nb;
+  uint16_t* tab;     /* per bin: BUCKET_MULTI if two or more splits fall inside | bucket */
+} SEL(bucket_table);
+
+#ifndef BUCKET_MULTI
+#define BUCKET_MULTI 0x8000u
+#endif
+
+static int SEL(bucket_table_build)(SEL(bucket_table)* t, const KT* split, int64_t nb, int64_t n) {
+  t->nb = nb;
+  t->bn = SEL(make_binning)(split[0], split[nb], n, 2, 16);
+  t->tab = (uint16_t*)malloc(sizeof(uint16_t) * (size_t)t->bn.nbins);
+  t->up = (KT*)malloc(sizeof(KT) * (size_t)(nb + 1));
+  if (!t->tab || !t->up) return SC_ERR_NOMEM;
+  for (int64_t b = 0; b + 1 < nb; b++) t->up[b] = split[b + 1];
+  t->up[nb - 1] = t->up[nb] = ~(KT)0; /* a key equal to ~0 is no magnitude nor order key */
+  int64_t j = 1; /* splits <= the current bin's first key: j - 1 of them counted */
+  KT width_minus_1 = (KT)((((KT)1) << t->bn.shift) - 1);
+  for (int64_t k = 0; k < t->bn.nbins; k++) {
+    KT first = (KT)(t->bn.lo + ((KT)k << t->bn.shift));
+    KT last = (KT)(first + width_minus_1);
+    if (last < first) last = (KT)~(KT)0;
+    while (j < nb && split[j] <= first) j++;
+    int multi = j + 1 < nb && split[j + 1] <= last;
+    t->tab[k] = (uint16_t)((j - 1) | (multi ? BUCKET_MULTI : 0));
+  }
+  return SC_OK;
+}
+
+static inline int32_t SEL(bucket_lookup)(const SEL(bucket_table)* t, KT a) {
+  unsigned e = t->tab[(a - t->bn.lo) >> t->bn.shift];
+  int64_t b = e & ~BUCKET_MULTI;
+  if (__builtin_expect(e & BUCKET_MULTI, 0)) {
+    while (b + 1 < t->nb && t->up[b] <= a) b++;
+    return (int32_t)b;
+  }
+  return (int32_t)(b + (a >= t->up[b]));
+}
+
+#define SEL_BITS ((int)sizeof(KT) * 8)
+#define SEL_SIGN ((KT)1 << (SEL_BITS - 1))
+/* the bits of an infinity: a magnitude at or above it is not finite */
+#define SEL_INF (sizeof(KT) == 4 ? (KT)0x7F800000u : (KT)0x7FF0000000000000ull)
+
+static inline KT SEL(bits_of)(const VT* v, int64_t i) {
+  KT u;
+  memcpy(&u, v + i, sizeof u);
+  return u;
+}
+
+static inline VT SEL(value_of)(KT u) {
+  VT x;
+  memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+/* The ranks floor(j n / nq), j = j0 .. j1 - 1. */
+static int64_t* SEL(rank_list)(int64_t n, int64_t nq, int64_t j0, int64_t j1) {
+  int64_t* r = (int64_t*)malloc(sizeof(int64_t) * (size_t)(j1 - j0 + 1));
+  if (r)
+    for (int64_t j = j0; j < j1; j++) r[j - j0] = (int64_t)(((__int128)j * n) / nq);
+  return r;
+}
+
+/* Exact quantiles of the signed values x[0..n) (no NaN): out[j] = the item of rank
+ * floor(j n / nq), j < nq, then out[nq] = the largest; -0.0 ranks below +0.0. */
+static int SEL(quantiles_exact)(const VT* x, int64_t n, int64_t nq, double* out) {
+  KT* k = (KT*)malloc(sizeof(KT) * (size_t)n);
+  int64_t* ranks = SEL(rank_list)(n, nq, 0, nq);
+  KT* got = (KT*)malloc(sizeof(KT) * (size_t)nq);
+  int st = SC_OK;
+  if (!k || !ranks || !got) { st = SC_ERR_NOMEM; goto done; }
+  KT lo = ~(KT)0, hi = 0;
+  for (int64_t i = 0; i < n; i++) {
+    KT u = SEL(bits_of)(x, i);
+    KT key = (u & SEL_SIGN) ? ~u : (u | SEL_SIGN);
+    k[i] = key;
+    lo = key < lo ? key : lo;
+    hi = key > hi ? key : hi;
+  }
+  st = SEL(select_ranks)(k, n, lo, hi, ranks, nq, got);
+  if (st) goto done;
+  for (int64_t j = 0; j <= nq; j++) {
+    KT key = j < nq ? got[j] : hi;
+    KT u = (key & SEL_SIGN) ? (key & ~SEL_SIGN) : ~key;
+    out[j] = (double)SEL(value_of)(u);
+  }
+done:
+  free(k);
+  free(ranks);
+  free(got);
+  return st;
+}
+
+/* The splits of one sign from its magnitudes a[0..n) (n >= 1, reordered) with least lo and
+ * largest hi: nb = min(B, n) buckets, split[0] = lo, split[nb] = hi, split[j] = the item of
+ * rank floor(j n / nb) -- by the exact selection when n <= exact_max, else from the
+ * compactor sketch (kept ordered and inside [lo, hi]). */
+static int SEL(sign_splits)(KT* a, int64_t n, KT lo, KT hi, int64_t B, int64_t exact_max, KT* split,
+                            int64_t* nb_out) {
+  int64_t nb = n < B ? n : B;
+  int st = SC_OK;
+  if (n <= exact_max && n < ((int64_t)1 << 32)) {
+    int64_t* ranks = SEL(rank_list)(n, nb, 1, nb);
+    if (!ranks) return SC_ERR_NOMEM;
+    st = SEL(select_ranks)(a, n, lo, hi, ranks, nb - 1, split + 1);
+    free(ranks);
+  } else {
+    double* d = (double*)malloc(sizeof(double) * (size_t)(n + nb + 1));
+    if (!d) return SC_ERR_NOMEM;
+    for (int64_t i = 0; i < n; i++) d[i] = (double)SEL(value_of)(a[i]);
+    st = quantiles_of(d, n, nb, exact_max, d + n);
+    for (int64_t j = 1; j < nb && !st; j++) {
+      KT u;
+      VT x = (VT)d[n + j];
+      memcpy(&u, &x, sizeof u);
+      split[j] = u;
+    }
+    free(d);
+  }
+  if (st) return st;
+  split[0] = lo;
+  split[nb] = hi;
+  for (int64_t j = 1; j < nb; j++) { /* keep them ordered and inside [lo, hi] */
+    if (split[j] < split[j - 1]) split[j] = split[j - 1];
+    if (split[j] > hi) split[j] = hi;
+  }
+  *nb_out = nb;
+  return SC_OK;
+}
+
+/* Sign-split quantile buckets of v[0..n): qz (n, nb and the splits as doubles per sign) and
+ * per entry its bucket, plus B when combined and the entry is non-negative. */
+static int SEL(quantify)(const VT* v, int64_t n, int64_t B, int64_t exact_max, int32_t* bucket,
+                         int combined, quantized* qz, sc_error_info* err) {
+  KT* a = (KT*)malloc(sizeof(KT) * (size_t)(n + 1));
+  KT* split = (KT*)malloc(sizeof(KT) * (size_t)(2 * (B + 1)));
+  SEL(bucket_table) t[2];
+  t[0].tab = t[1].tab = NULL;
+  t[0].up = t[1].up = NULL;
+  int st = SC_OK;
+  if (!a || !split) { st = SC_ERR_NOMEM; goto done; }
+  /* one pass: sign and magnitude bits, negatives from the front and the others from the
+   * back; both places are written, so no branch on the sign (a write to the other sign's
+   * place is overwritten by that sign's next entry, or is the same entry's) */
+  int64_t cn = 0, cp = 0;
+  for (int64_t i = 0; i < n; i++) {
+    KT u = SEL(bits_of)(v, i), mag = u & ~SEL_SIGN;
+    KT neg = (u >> (SEL_BITS - 1)) & (KT)(mag != 0);
+    a[cn] = mag;
+    a[n - 1 - cp] = mag;
+    cn += (int64_t)neg;
+    cp += (int64_t)(neg ^ 1);
+  }
+  /* finite, least and largest per sign: contiguous, so vectorised */
+  KT bad = 0, lo0 = ~(KT)0, hi0 = 0, lo1 = ~(KT)0, hi1 = 0;
+  for (int64_t i = 0; i < cn; i++) {
+    KT x = a[i];
+    lo0 = x < lo0 ? x : lo0;
+    hi0 = x > hi0 ? x : hi0;
+  }
+  for (int64_t i = cn; i < n; i++) {
+    KT x = a[i];
+    lo1 = x < lo1 ? x : lo1;
+    hi1 = x > hi1 ? x : hi1;
+  }
+  bad = (cn && hi0 >= SEL_INF) || (cp && hi1 >= SEL_INF);
+  if (bad) {
+    for (int64_t i = 0; i < n; i++)
+      if ((SEL(bits_of)(v, i) & ~SEL_SIGN) >= SEL_INF) { st = sc_fail(err, SC_ERR_NAN, 1, i, 0); goto done; }
+  }
+  qz->n[0] = cn;
+  qz->n[1] = cp;
+  KT lo[2] = {lo0, lo1}, hi[2] = {hi0, hi1};
+  KT* arr[2] = {a, a + (n - cp)};
+  for (int sg = 0; sg < 2; sg++) {
+    qz->nb[sg] = 0;
+    if (!qz->n[sg]) continue;
+    KT* sp = split + sg * (B + 1);
+    st = SEL(sign_splits)(arr[sg], qz->n[sg], lo[sg], hi[sg], B, exact_max, sp, &qz->nb[sg]);
+    if (st) goto done;
+    for (int64_t j = 0; j <= qz->nb[sg]; j++) qz->splits[sg][j] = (double)SEL(value_of)(sp[j]);
+    st = SEL(bucket_table_build)(&t[sg], sp, qz->nb[sg], qz->n[sg]);
+    if (st) goto done;
+  }
+  int32_t add = combined ? (int32_t)B : 0;
+  for (int64_t i = 0; i < n; i++) {
+    KT u = SEL(bits_of)(v, i), mag = u & ~SEL_SIGN;
+    int pos = (int)(((u >> (SEL_BITS - 1)) & (KT)(mag != 0)) ^ 1);
+    bucket[i] = SEL(bucket_lookup)(&t[pos], mag) + (add & -pos);
+  }
+done:
+  free(a);
+  free(split);
+  free(t[0].tab);
+  free(t[1].tab);
+  free(t[0].up);
+  free(t[1].up);
+  return st;
+}
+
+#undef SEL_BITS
+#undef SEL_SIGN
+#undef SEL_INF
+#undef SEL
+#undef SEL_CAT
+#undef SEL_CAT2
