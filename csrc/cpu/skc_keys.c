@@ -101,7 +101,7 @@ int64_t skc_write_delta_keys(const int64_t* keys, int64_t n, int64_t N, int64_t 
   uint64_t pcode[65];
   int plen[65], dlen[65];
   int pbits = log2_small(m);
-  for (int L = 1; L <= 64; L++) {
+  for (int L = 1; L <= W; L++) { /* a delta has at most W bits */
     int c = (L + b - 1) / b;
     pcode[L] = best_scheme ? code[c - 1] : (uint64_t)(c - 1);
     plen[L] = best_scheme ? best_len[c - 1] : pbits;

@@ -4,12 +4,13 @@
  *   KT  the key type (uint32_t or uint64_t),  SX  a name suffix.
  *
  * Selection (several ranks at once) is a radix select over the key range [lo, hi]: one
- * histogram pass over bins of 2^shift keys (about one bin per eight keys, at most 4096:
- * the counts stay in L1), the ranks located in the cumulative counts, one pass gathering
- * the keys of the bins that hold a rank, and the same on each such bin's keys (a range up
- * to 4096 times narrower) until a bin holds few keys or one key value. O(n) per level, and
- * a level only sees the keys of bins that hold a rank: for the q/2 - 1 quantiles of a sign
- * of n keys, about (q/2) n / 4096 of them. */
+ * histogram pass over bins of 2^shift keys (about one bin per key, at most 2^16; bins that
+ * fine also keep neighbouring keys from waiting on one counter), the ranks located in the
+ * cumulative counts, one pass gathering the keys of the bins that hold a rank, and the same
+ * on each such bin's keys (a range up to 2^16 times narrower) until a bin holds few keys or
+ * one key value. O(n) per level, and a level only sees the keys of bins that hold a rank:
+ * for the q/2 - 1 quantiles of a sign, a few keys each where the keys spread evenly over
+ * their range; more where they crowd (such a bin is worked on again, on its keys only). */
 
 #define SEL_CAT2(a, b) a##b
 #define SEL_CAT(a, b) SEL_CAT2(a, b)
@@ -59,7 +60,7 @@ static int SEL(select_ranks)(KT* a, int64_t n, KT lo, KT hi, const int64_t* rank
     for (int64_t j = 0; j < m; j++) out[j] = a[ranks[j]];
     return SC_OK;
   }
-  SEL(binning) bn = SEL(make_binning)(lo, hi, n, 8, 12); /* the counts stay in L1 */
+  SEL(binning) bn = SEL(make_binning)(lo, hi, n, 1, 16);
   int sh = bn.shift;
   uint32_t* hist = (uint32_t*)calloc((size_t)bn.nbins, sizeof(uint32_t));
   /* per rank: its bin's slot among the bins holding ranks, and its rank inside the bin */
@@ -88,21 +89,30 @@ static int SEL(select_ranks)(KT* a, int64_t n, KT lo, KT hi, const int64_t* rank
     }
     cum += c;
   }
-  /* gather the keys of the bins holding ranks, bin by bin */
+  /* gather the keys of the bins holding ranks, bin by bin: first, without a branch, every
+   * such key and its slot in key order (the count lives in a register: a key of another bin
+   * is written past the last one and overwritten), then by slot */
   slot_map = (uint16_t*)calloc((size_t)bn.nbins, sizeof(uint16_t));
-  cand = (KT*)malloc(sizeof(KT) * (size_t)(slot_start[nslots] + 1));
-  if (!slot_map || !cand) { st = SC_ERR_NOMEM; goto done; }
+  int64_t total = slot_start[nslots];
+  cand = (KT*)malloc(sizeof(KT) * (size_t)(2 * total + 1));
+  uint16_t* cslot = (uint16_t*)malloc(sizeof(uint16_t) * (size_t)(total + 1));
+  int64_t* fill = (int64_t*)malloc(sizeof(int64_t) * (size_t)(nslots + 1));
+  if (!slot_map || !cand || !cslot || !fill) { free(cslot); free(fill); st = SC_ERR_NOMEM; goto done; }
   for (int64_t s = 0; s < nslots; s++) slot_map[slot_bin[s]] = (uint16_t)(s + 1);
   {
-    int64_t* fill = (int64_t*)malloc(sizeof(int64_t) * (size_t)(nslots + 1));
-    if (!fill) { st = SC_ERR_NOMEM; goto done; }
-    memcpy(fill, slot_start, sizeof(int64_t) * (size_t)nslots);
+    KT* ck = cand + total; /* total + 1 places */
+    int64_t k = 0;
     for (int64_t i = 0; i < n; i++) {
       unsigned s = slot_map[(a[i] - lo) >> sh];
-      if (s) cand[fill[s - 1]++] = a[i];
+      ck[k] = a[i];
+      cslot[k] = (uint16_t)s;
+      k += s != 0;
     }
-    free(fill);
+    memcpy(fill, slot_start, sizeof(int64_t) * (size_t)nslots);
+    for (int64_t c = 0; c < total; c++) cand[fill[cslot[c] - 1]++] = ck[c];
   }
+  free(cslot);
+  free(fill);
   /* each bin: its ranks, on its keys */
   for (int64_t s = 0, jr = 0; s < nslots && !st; s++) {
     int64_t j0 = jr;
@@ -128,29 +138,31 @@ done:
 }
 
 /* Bucket lookup of one sign: bucket(a) = #{j in 1..nb-1 : split[j] <= a} for keys a in
- * [split[0], split[nb]], through a table over bins of the key range (about one bin per
- * two keys, at most 2^16): a bin's entry is the bucket of its first key, and one more
- * comparison with the next split finishes the lookup without a branch; the rare bins
- * holding two or more splits are marked and searched. */
+ * [split[0], split[nb]], mapped through map[] (the encoder's list and offset; the bucket
+ * itself when map is NULL), through a table over bins of the key range (about one bin per
+ * two keys, at most 2^16): a bin without a split inside holds its keys' mapped bucket, one
+ * load; a bin with a split inside is marked and its keys are searched among the splits
+ * (one key in a few hundred on spread-out data). */
 typedef struct {
   SEL(binning) bn;
-  KT* up;            /* up[b] = split[b + 1] for b < nb - 1, then the largest key (never <=) */
+  const KT* split;   /* nb + 1 */
   int64_t nb;
-  uint16_t* tab;     /* per bin: BUCKET_MULTI if two or more splits fall inside | bucket */
+  const uint32_t* map;
+  uint32_t* tab;     /* per bin: mapped bucket, or BUCKET_SPLIT */
 } SEL(bucket_table);
 
-#ifndef BUCKET_MULTI
-#define BUCKET_MULTI 0x8000u
+#ifndef BUCKET_SPLIT
+#define BUCKET_SPLIT 0x80000000u
 #endif
 
-static int SEL(bucket_table_build)(SEL(bucket_table)* t, const KT* split, int64_t nb, int64_t n) {
+static int SEL(bucket_table_build)(SEL(bucket_table)* t, const KT* split, int64_t nb, int64_t n,
+                                   const uint32_t* map) {
   t->nb = nb;
+  t->split = split;
+  t->map = map;
   t->bn = SEL(make_binning)(split[0], split[nb], n, 2, 16);
-  t->tab = (uint16_t*)malloc(sizeof(uint16_t) * (size_t)t->bn.nbins);
-  t->up = (KT*)malloc(sizeof(KT) * (size_t)(nb + 1));
-  if (!t->tab || !t->up) return SC_ERR_NOMEM;
-  for (int64_t b = 0; b + 1 < nb; b++) t->up[b] = split[b + 1];
-  t->up[nb - 1] = t->up[nb] = ~(KT)0; /* a key equal to ~0 is no magnitude nor order key */
+  t->tab = (uint32_t*)malloc(sizeof(uint32_t) * (size_t)t->bn.nbins);
+  if (!t->tab) return SC_ERR_NOMEM;
   int64_t j = 1; /* splits <= the current bin's first key: j - 1 of them counted */
   KT width_minus_1 = (KT)((((KT)1) << t->bn.shift) - 1);
   for (int64_t k = 0; k < t->bn.nbins; k++) {
@@ -158,20 +170,25 @@ static int SEL(bucket_table_build)(SEL(bucket_table)* t, const KT* split, int64_
     KT last = (KT)(first + width_minus_1);
     if (last < first) last = (KT)~(KT)0;
     while (j < nb && split[j] <= first) j++;
-    int multi = j + 1 < nb && split[j + 1] <= last;
-    t->tab[k] = (uint16_t)((j - 1) | (multi ? BUCKET_MULTI : 0));
+    int inside = j < nb && split[j] <= last;
+    t->tab[k] = inside ? BUCKET_SPLIT : map ? map[j - 1] : (uint32_t)(j - 1);
   }
   return SC_OK;
 }
 
-static inline int32_t SEL(bucket_lookup)(const SEL(bucket_table)* t, KT a) {
-  unsigned e = t->tab[(a - t->bn.lo) >> t->bn.shift];
-  int64_t b = e & ~BUCKET_MULTI;
-  if (__builtin_expect(e & BUCKET_MULTI, 0)) {
-    while (b + 1 < t->nb && t->up[b] <= a) b++;
-    return (int32_t)b;
+/* A key of a bin with a split inside: #{j in 1..nb-1 : split[j] <= a}, mapped. */
+static uint32_t SEL(bucket_search)(const SEL(bucket_table)* t, KT a) {
+  int64_t lo = 1, hi = t->nb; /* in [lo, hi) */
+  while (lo < hi) {
+    int64_t mid = (lo + hi) >> 1;
+    if (t->split[mid] <= a) lo = mid + 1; else hi = mid;
   }
-  return (int32_t)(b + (a >= t->up[b]));
+  return t->map ? t->map[lo - 1] : (uint32_t)(lo - 1);
+}
+
+static inline uint32_t SEL(bucket_lookup)(const SEL(bucket_table)* t, KT a) {
+  uint32_t e = t->tab[(a - t->bn.lo) >> t->bn.shift];
+  return __builtin_expect(e & BUCKET_SPLIT, 0) ? SEL(bucket_search)(t, a) : e;
 }
 
 #define SEL_BITS ((int)sizeof(KT) * 8)
@@ -267,14 +284,15 @@ static int SEL(sign_splits)(KT* a, int64_t n, KT lo, KT hi, int64_t B, int64_t e
 }
 
 /* Sign-split quantile buckets of v[0..n): qz (n, nb and the splits as doubles per sign) and
- * per entry its bucket, plus B when combined and the entry is non-negative. */
-static int SEL(quantify)(const VT* v, int64_t n, int64_t B, int64_t exact_max, int32_t* bucket,
-                         int combined, quantized* qz, sc_error_info* err) {
-  KT* a = (KT*)malloc(sizeof(KT) * (size_t)(n + 1));
+ * per entry out[i] = its bucket, or with a map, map[its bucket + B if non-negative] counted
+ * in lists[(i & 3) * nl + (out[i] >> 12)]. scratch: n + 1 keys (out may be scratch itself:
+ * it is written last), or NULL. */
+static int SEL(quantify)(const VT* v, int64_t n, int64_t B, int64_t exact_max, int32_t* out,
+                         const skc_bucket_map* map, void* scratch, quantized* qz, sc_error_info* err) {
+  KT* a = scratch ? (KT*)scratch : (KT*)malloc(sizeof(KT) * (size_t)(n + 1));
   KT* split = (KT*)malloc(sizeof(KT) * (size_t)(2 * (B + 1)));
   SEL(bucket_table) t[2];
   t[0].tab = t[1].tab = NULL;
-  t[0].up = t[1].up = NULL;
   int st = SC_OK;
   if (!a || !split) { st = SC_ERR_NOMEM; goto done; }
   /* one pass: sign and magnitude bits, negatives from the front and the others from the
@@ -317,22 +335,57 @@ static int SEL(quantify)(const VT* v, int64_t n, int64_t B, int64_t exact_max, i
     st = SEL(sign_splits)(arr[sg], qz->n[sg], lo[sg], hi[sg], B, exact_max, sp, &qz->nb[sg]);
     if (st) goto done;
     for (int64_t j = 0; j <= qz->nb[sg]; j++) qz->splits[sg][j] = (double)SEL(value_of)(sp[j]);
-    st = SEL(bucket_table_build)(&t[sg], sp, qz->nb[sg], qz->n[sg]);
+    st = SEL(bucket_table_build)(&t[sg], sp, qz->nb[sg], qz->n[sg], map ? map->map + sg * B : NULL);
     if (st) goto done;
   }
-  int32_t add = combined ? (int32_t)B : 0;
-  for (int64_t i = 0; i < n; i++) {
-    KT u = SEL(bits_of)(v, i), mag = u & ~SEL_SIGN;
-    int pos = (int)(((u >> (SEL_BITS - 1)) & (KT)(mag != 0)) ^ 1);
-    bucket[i] = SEL(bucket_lookup)(&t[pos], mag) + (add & -pos);
+  /* per sign: the bins' first key, width and table, as arrays the sign indexes */
+  KT blo[2] = {t[0].bn.lo, t[1].bn.lo};
+  int bsh[2] = {t[0].bn.shift, t[1].bn.shift};
+  const uint32_t* btab[2] = {t[0].tab, t[1].tab};
+#define SEL_LOOKUP(i, c)                                                             \
+  do {                                                                              \
+    KT u_ = SEL(bits_of)(v, (i)), mag_ = u_ & ~SEL_SIGN;                            \
+    int pos_ = (int)(((u_ >> (SEL_BITS - 1)) & (KT)(mag_ != 0)) ^ 1);               \
+    c = btab[pos_][(mag_ - blo[pos_]) >> bsh[pos_]];                                 \
+    if (__builtin_expect(c & BUCKET_SPLIT, 0)) c = SEL(bucket_search)(&t[pos_], mag_); \
+  } while (0)
+  if (!map) {
+    for (int64_t i = 0; i < n; i++) {
+      uint32_t c;
+      SEL_LOOKUP(i, c);
+      out[i] = (int32_t)c;
+    }
+  } else { /* four counters a list: runs of one list do not wait on one counter */
+    int64_t nl = map->nl, *c0 = map->counts, *c1 = c0 + nl, *c2 = c1 + nl, *c3 = c2 + nl;
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+      uint32_t x0, x1, x2, x3;
+      SEL_LOOKUP(i, x0);
+      SEL_LOOKUP(i + 1, x1);
+      SEL_LOOKUP(i + 2, x2);
+      SEL_LOOKUP(i + 3, x3);
+      out[i] = (int32_t)x0;
+      out[i + 1] = (int32_t)x1;
+      out[i + 2] = (int32_t)x2;
+      out[i + 3] = (int32_t)x3;
+      c0[x0 >> 12]++;
+      c1[x1 >> 12]++;
+      c2[x2 >> 12]++;
+      c3[x3 >> 12]++;
+    }
+    for (; i < n; i++) {
+      uint32_t x;
+      SEL_LOOKUP(i, x);
+      out[i] = (int32_t)x;
+      c0[x >> 12]++;
+    }
   }
+#undef SEL_LOOKUP
 done:
-  free(a);
+  if (!scratch) free(a);
   free(split);
   free(t[0].tab);
   free(t[1].tab);
-  free(t[0].up);
-  free(t[1].up);
   return st;
 }
 

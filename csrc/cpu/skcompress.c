@@ -92,42 +92,37 @@ typedef struct {
   int len;
 } enc_list;
 
-/* Min on insert of every entry, and its list id into w (room for the ids and 8 bytes
- * checked); code[i] = list << 12 | offset. */
-static void sketch_insert(const int64_t* idx, const uint32_t* code, int64_t n, const enc_list* L,
-                          int64_t s, const uint64_t* rk, uint16_t* cells, bit_writer* wp) {
-  bit_writer w = *wp; /* a local copy: the compiler keeps it in registers */
-  if (s == 2) { /* the default: one hash a key */
-    uint64_t rk0 = rk[0];
-    for (int64_t i = 0; i < n; i++) {
-      const enc_list* l = &L[code[i] >> 12];
-      uint16_t off = (uint16_t)(code[i] & 0xFFF);
-      uint64_t key = (uint64_t)idx[i], cols = l->cols;
-      uint64_t h = sc_mix64(key ^ rk0);
-      uint16_t* c0 = cells + l->base + (((h >> 32) * cols) >> 32);
-      uint16_t* c1 = cells + l->base + cols + (((h & 0xFFFFFFFFull) * cols) >> 32);
-      *c0 = off < *c0 ? off : *c0;
-      *c1 = off < *c1 ? off : *c1;
-      bw_put_fit(&w, l->code, l->len);
-    }
-    *wp = w;
-    return;
+/* Per list of the decoder: its sketch, its decoded values (signed means by offset) and how
+ * many offsets are buckets in use. */
+typedef struct {
+  int64_t base;
+  uint64_t cols;
+  int64_t lim;
+  int64_t vals;   /* first of its G values in the value table */
+} dec_list;
+
+#define CT uint8_t
+#define SX _u8
+#include "skc_cells_impl.h"
+#undef CT
+#undef SX
+#define CT uint16_t
+#define SX _u16
+#include "skc_cells_impl.h"
+#undef CT
+#undef SX
+
+/* The list ids in key order (code[i] >> 12) into w, which has room for them and 8 bytes. */
+static void write_ids(const uint32_t* code, int64_t n, const enc_list* L, int fixed4, bit_writer* wp) {
+  bit_writer w = *wp;
+  int64_t i = 0;
+  if (fixed4 && w.n == 0) { /* the default, 16 lists at 4 bits: two ids a byte */
+    for (; i + 2 <= n; i += 2) w.p[i >> 1] = (uint8_t)(((code[i] >> 12) << 4) | (code[i + 1] >> 12));
+    w.p += i >> 1;
   }
-  for (int64_t i = 0; i < n; i++) {
+  for (; i < n; i++) {
     const enc_list* l = &L[code[i] >> 12];
-    uint16_t off = (uint16_t)(code[i] & 0xFFF);
-    uint64_t key = (uint64_t)idx[i], cols = l->cols;
-    uint16_t* row = cells + l->base;
-    for (int64_t j = 0; j < s; j += 2, row += 2 * cols) {
-      uint64_t h = sc_mix64(key ^ rk[j >> 1]);
-      uint16_t* c = row + (((h >> 32) * cols) >> 32);
-      *c = off < *c ? off : *c;
-      if (j + 1 < s) {
-        c = row + cols + (((h & 0xFFFFFFFFull) * cols) >> 32);
-        *c = off < *c ? off : *c;
-      }
-    }
-    bw_put(&w, l->code, l->len);
+    bw_put_fit(&w, l->code, l->len);
   }
   *wp = w;
 }
@@ -137,7 +132,8 @@ static int encode_sketched(const sc_skc_options* o, int64_t N, const int64_t* id
                            int64_t* out_len, sc_error_info* err) {
   int64_t vs = (int64_t)sc_dtype_size(vt);
   int64_t B = o->q / 2, r = o->r, G = (B + r - 1) / r, lists = 2 * r, s = o->s;
-  int32_t* bucket = (int32_t*)malloc(sizeof(int32_t) * (size_t)(n + 1));
+  /* the quantiles' scratch (n + 1 values), then each entry's list << 12 | offset */
+  uint32_t* code = (uint32_t*)malloc((size_t)(vs * (n + 1)));
   double* splits = (double*)malloc(sizeof(double) * (size_t)(2 * (B + 1)));
   uint32_t* lcode = (uint32_t*)malloc(sizeof(uint32_t) * (size_t)(2 * B));
   enc_list* L = (enc_list*)calloc((size_t)lists, sizeof(enc_list));
@@ -145,35 +141,21 @@ static int encode_sketched(const sc_skc_options* o, int64_t N, const int64_t* id
   uint64_t* freq = (uint64_t*)calloc((size_t)(lists > G ? lists : G), sizeof(uint64_t));
   uint8_t* hlen = (uint8_t*)calloc((size_t)(lists > G ? lists : G), 1);
   uint32_t* hcode = (uint32_t*)calloc((size_t)(lists > G ? lists : G), sizeof(uint32_t));
-  uint16_t* cells = NULL;
+  void* cells = NULL;
   int st = SC_OK;
-  if (!bucket || !splits || !lcode || !L || !cnt || !freq || !hlen || !hcode) { st = SC_ERR_NOMEM; goto done; }
-  quantized qz;
-  qz.splits[0] = splits;
-  qz.splits[1] = splits + B + 1;
-  st = skc_quantify(vt, val, n, B, o->exact_max, bucket, 1, &qz, err);
-  if (st) goto done;
+  if (!code || !splits || !lcode || !L || !cnt || !freq || !hlen || !hcode) { st = SC_ERR_NOMEM; goto done; }
   /* bucket (plus B when non-negative) -> list << 12 | offset in the group */
   for (int64_t cb = 0; cb < 2 * B; cb++) {
     int64_t sg = cb >= B, b = cb - sg * B;
     lcode[cb] = (uint32_t)(((sg * r + b / G) << 12) | (b % G));
   }
-  uint32_t* code = (uint32_t*)bucket; /* in place */
-  {
-    int64_t i = 0;
-    for (; i + 4 <= n; i += 4)
-      for (int u = 0; u < 4; u++) {
-        uint32_t c = lcode[bucket[i + u]];
-        code[i + u] = c;
-        cnt[u * lists + (c >> 12)]++;
-      }
-    for (; i < n; i++) {
-      uint32_t c = lcode[bucket[i]];
-      code[i] = c;
-      cnt[c >> 12]++;
-    }
-    for (int64_t l = 0; l < lists; l++) cnt[l] += cnt[lists + l] + cnt[2 * lists + l] + cnt[3 * lists + l];
-  }
+  quantized qz;
+  qz.splits[0] = splits;
+  qz.splits[1] = splits + B + 1;
+  skc_bucket_map map = {lcode, cnt, lists};
+  st = skc_quantify(vt, val, n, B, o->exact_max, (int32_t*)code, &map, code, &qz, err);
+  if (st) goto done;
+  for (int64_t l = 0; l < lists; l++) cnt[l] += cnt[lists + l] + cnt[2 * lists + l] + cnt[3 * lists + l];
   int64_t total_cells = 0;
   for (int64_t l = 0; l < lists; l++) {
     int64_t nl = cnt[l];
@@ -231,25 +213,30 @@ static int encode_sketched(const sc_skc_options* o, int64_t N, const int64_t* id
     p += 8;
     pos = p - out;
   }
-  /* the sketch (Min on insert) and the list ids, in one pass */
-  cells = (uint16_t*)malloc(sizeof(uint16_t) * (size_t)(total_cells + 1));
-  if (!cells) { st = SC_ERR_NOMEM; goto done; }
-  for (int64_t c = 0; c < total_cells; c++) cells[c] = 0xFFFF;
-  {
-    uint64_t rk[SC_SKC_MAX_ROWS];
-    for (int64_t j = 0; j < (s + 1) / 2; j++) rk[j] = row_key(j);
+  { /* the list ids */
     bit_writer w;
     bw_init(&w, out + pos, cap - pos);
-    sketch_insert(idx, code, n, L, s, rk, cells, &w);
+    write_ids(code, n, L, !id_scheme && width == 4, &w);
     if (w.overflow || bw_bits(&w) != id_bits) { st = sc_fail(err, SC_ERR_ARG, 8, 0, cap); goto done; }
     pos += bw_bytes(&w);
   }
-  /* the cells' code: a cell no key reaches is never queried and goes as 0 */
+  /* the sketch (Min on insert), its cells' code and the coded cells; one byte a cell when the
+   * offsets fit */
+  int narrow = G <= 255;
+  cells = malloc((size_t)(total_cells + 1) * (narrow ? 1 : 2));
+  if (!cells) { st = SC_ERR_NOMEM; goto done; }
+  memset(cells, 0xFF, (size_t)total_cells * (narrow ? 1 : 2));
   memset(freq, 0, sizeof(uint64_t) * (size_t)G);
-  for (int64_t c = 0; c < total_cells; c++) {
-    uint16_t v = cells[c] == 0xFFFF ? 0 : cells[c];
-    cells[c] = v;
-    freq[v]++;
+  {
+    uint64_t rk[SC_SKC_MAX_ROWS];
+    for (int64_t j = 0; j < (s + 1) / 2; j++) rk[j] = row_key(j);
+    if (narrow) {
+      sketch_insert_u8(idx, code, n, L, s, rk, (uint8_t*)cells);
+      cells_finish_u8((uint8_t*)cells, total_cells, freq);
+    } else {
+      sketch_insert_u16(idx, code, n, L, s, rk, (uint16_t*)cells);
+      cells_finish_u16((uint16_t*)cells, total_cells, freq);
+    }
   }
   st = skc_huffman_lengths(freq, (int)G, hlen);
   if (st) goto done;
@@ -262,10 +249,10 @@ static int encode_sketched(const sc_skc_options* o, int64_t N, const int64_t* id
     for (int64_t v = 0; v < G; v++) hcode[v] = (hcode[v] << 4) | hlen[v];
     bit_writer w;
     bw_init(&w, out + pos + 8, cap - pos - 8);
-    for (int64_t c = 0; c < total_cells; c++) {
-      uint32_t e = hcode[cells[c]];
-      bw_put(&w, e >> 4, (int)(e & 15));
-    }
+    if (narrow)
+      write_cells_u8((const uint8_t*)cells, total_cells, hcode, &w);
+    else
+      write_cells_u16((const uint16_t*)cells, total_cells, hcode, &w);
     if (w.overflow) { st = sc_fail(err, SC_ERR_ARG, 8, 0, cap); goto done; }
     put_u64(out + pos, (uint64_t)bw_bits(&w));
     pos += 8 + bw_bytes(&w);
@@ -280,7 +267,7 @@ static int encode_sketched(const sc_skc_options* o, int64_t N, const int64_t* id
   }
   *out_len = pos;
 done:
-  free(bucket); free(splits); free(lcode); free(L); free(cnt); free(freq); free(hlen); free(hcode);
+  free(code); free(splits); free(lcode); free(L); free(cnt); free(freq); free(hlen); free(hcode);
   free(cells);
   return st;
 }
@@ -343,46 +330,6 @@ static int get_varint(const uint8_t* body, int64_t len, int64_t* pos, uint64_t* 
   return 0;
 }
 
-/* A Huffman-coded stream of nsym < 4096 values at stream[0..ceil(nbits/8)) into out[0..n):
- * SC_OK when every code is one and the codes take exactly nbits, else SC_ERR_MALFORMED with
- * *bad = the first value that failed (n when only the bit count is wrong). */
-static int read_codes(const uint8_t* stream, int64_t nbits, const hf_table* t, int64_t n, uint16_t* out,
-                      int64_t* bad) {
-  uint8_t tail[BR_TAIL];
-  bit_reader r;
-  br_init(&r, stream, nbits, tail);
-  const uint16_t* tab = t->e;
-  int tb = t->maxlen;
-  int64_t i = 0;
-  if (tb <= 18) { /* three codes a refill */
-    for (; i + 3 <= n; i += 3) {
-      br_refill(&r);
-      unsigned e0 = tab[br_top(&r, tb)];
-      br_skip(&r, (int)(e0 & 15));
-      unsigned e1 = tab[br_top(&r, tb)];
-      br_skip(&r, (int)(e1 & 15));
-      unsigned e2 = tab[br_top(&r, tb)];
-      br_skip(&r, (int)(e2 & 15));
-      if (__builtin_expect(!e0 || !e1 || !e2, 0)) {
-        *bad = !e0 ? i : !e1 ? i + 1 : i + 2;
-        return SC_ERR_MALFORMED;
-      }
-      out[i] = (uint16_t)(e0 >> 4);
-      out[i + 1] = (uint16_t)(e1 >> 4);
-      out[i + 2] = (uint16_t)(e2 >> 4);
-    }
-  }
-  for (; i < n; i++) {
-    br_refill(&r);
-    unsigned e = tab[br_top(&r, tb)];
-    br_skip(&r, (int)(e & 15));
-    if (!e) { *bad = i; return SC_ERR_MALFORMED; }
-    out[i] = (uint16_t)(e >> 4);
-  }
-  if (br_consumed(&r) != nbits) { *bad = br_consumed(&r) > nbits ? n - 1 : n; return SC_ERR_MALFORMED; }
-  return SC_OK;
-}
-
 /* The zero padding of a stream of nbits at body[at..]. */
 static int check_padding(const uint8_t* body, int64_t at, uint64_t nbits, sc_error_info* err) {
   if (nbits & 7) {
@@ -394,14 +341,6 @@ static int check_padding(const uint8_t* body, int64_t at, uint64_t nbits, sc_err
   return SC_OK;
 }
 
-/* Per list of the decoder: its sketch, its decoded values (signed means by offset) and how
- * many offsets are buckets in use. */
-typedef struct {
-  int64_t base;
-  uint64_t cols;
-  int64_t lim;
-  int64_t vals;   /* first of its G values in the value table */
-} dec_list;
 
 /* The count Huffman-coded list ids at body[id_at..] (table t) into lid. */
 static int read_ids(const uint8_t* body, int64_t id_at, int64_t id_bits, const hf_table* t, int64_t count,
@@ -437,88 +376,49 @@ static inline unsigned fixed_id_slow(const uint8_t* ids, int w, int64_t i) {
   return v;
 }
 
-/* The Max of each key's s cells in its list's sketch. */
-static inline unsigned query_cell(const dec_list* l, const uint16_t* cells, int64_t s, const uint64_t* rk,
-                                  uint64_t key) {
-  uint64_t cols = l->cols;
-  const uint16_t* row = cells + l->base;
-  if (s == 2) {
-    uint64_t h = sc_mix64(key ^ rk[0]);
-    unsigned v0 = row[((h >> 32) * cols) >> 32];
-    unsigned v1 = row[cols + (((h & 0xFFFFFFFFull) * cols) >> 32)];
-    return v0 > v1 ? v0 : v1;
-  }
-  unsigned best = 0;
-  for (int64_t j = 0; j < s; j += 2, row += 2 * cols) {
-    uint64_t h = sc_mix64(key ^ rk[j >> 1]);
-    unsigned v = row[((h >> 32) * cols) >> 32];
-    best = v > best ? v : best;
-    if (j + 1 < s) {
-      v = row[cols + (((h & 0xFFFFFFFFull) * cols) >> 32)];
-      best = v > best ? v : best;
+/* The count fixed-width (w bits) list ids at ids[0..ceil(count w / 8)) into lid, each < lists:
+ * at known bit offsets, so read without a chain from one to the next. */
+static int read_fixed_ids(const uint8_t* ids, int64_t count, int w, int64_t lists, uint16_t* lid, int64_t at,
+                          sc_error_info* err) {
+  int64_t nbytes = (count * w + 7) / 8, i = 0;
+  if (w == 4) { /* the default (2r = 16 lists): two ids a byte */
+    for (; 2 * i + 2 <= count; i++) {
+      lid[2 * i] = (uint16_t)(ids[i] >> 4);
+      lid[2 * i + 1] = (uint16_t)(ids[i] & 15);
     }
+    i *= 2;
+  } else {
+    for (; ((i * w) >> 3) + 8 <= nbytes && i < count; i++) lid[i] = (uint16_t)fixed_id_fast(ids, w, i);
   }
-  return best;
+  for (; i < count; i++) lid[i] = (uint16_t)fixed_id_slow(ids, w, i);
+  if (((int64_t)1 << w) > lists) {
+    unsigned bad = 0;
+    for (int64_t k = 0; k < count; k++) bad |= lid[k] >= (unsigned)lists;
+    if (bad)
+      for (int64_t k = 0; k < count; k++)
+        if (lid[k] >= lists) return sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_LISTS, at + k * w / 8, lid[k]);
+  }
+  return SC_OK;
 }
 
-/* Each key's value: its list's value at the Max of its cells. The list ids come from lid
- * (Huffman, already read) or, at fixed width w, straight from ids[0..id_bytes) at known bit
- * offsets (no chain from one key to the next). Checked on the way, without a branch a key:
- * each id < lists, list l's ids exactly ln[l] of them, each offset inside its list's
- * buckets in use (a malformed one reads a padding entry of the value table); the first
- * fault is then reported. */
-static int query_values(const dec_list* L, int64_t lists, const int64_t* ln, const uint16_t* lid,
-                        const uint8_t* ids, int64_t id_bytes, int w, const uint16_t* cells, int64_t s,
-                        const int64_t* keys, int64_t count, const void* vtab, int vs, void* val_out,
-                        int64_t at, sc_error_info* err) {
-  uint64_t rk[SC_SKC_MAX_ROWS];
-  for (int64_t j = 0; j < (s + 1) / 2; j++) rk[j] = row_key(j);
+/* List l holds exactly ln[l] of the ids lid[0..count) (each < lists). */
+static int check_id_counts(const uint16_t* lid, int64_t count, int64_t lists, const int64_t* ln, int64_t at,
+                           sc_error_info* err) {
   int64_t* seen = (int64_t*)calloc((size_t)(4 * lists), sizeof(int64_t));
   if (!seen) return SC_ERR_NOMEM;
-  unsigned bad_id = 0, bad_cell = 0;
-  int64_t fast = count;
-  if (!lid) { /* ids whose 8-byte read stays inside the stream */
-    fast = id_bytes >= 8 ? ((id_bytes - 8) * 8) / w + 1 : 0;
-    if (fast > count) fast = count;
+  int64_t *s0 = seen, *s1 = seen + lists, *s2 = s1 + lists, *s3 = s2 + lists, i = 0;
+  for (; i + 4 <= count; i += 4) { /* four counters a list: runs of one list do not wait */
+    s0[lid[i]]++;
+    s1[lid[i + 1]]++;
+    s2[lid[i + 2]]++;
+    s3[lid[i + 3]]++;
   }
-#define SKC_QUERY(ID)                                                            \
-  do {                                                                          \
-    unsigned v = (ID);                                                          \
-    bad_id |= v >= (unsigned)lists;                                             \
-    v = v < (unsigned)lists ? v : 0;                                            \
-    const dec_list* l = &L[v];                                                  \
-    seen[(i & 3) * lists + v]++; /* four counters a list: runs do not wait */   \
-    unsigned best = query_cell(l, cells, s, rk, (uint64_t)keys[i]);            \
-    bad_cell |= (int64_t)best >= l->lim;                                        \
-    if (vs == 4)                                                                \
-      ((float*)val_out)[i] = ((const float*)vtab)[l->vals + best];             \
-    else                                                                        \
-      ((double*)val_out)[i] = ((const double*)vtab)[l->vals + best];           \
-  } while (0)
-  int64_t i = 0;
-  if (lid) {
-    for (; i < count; i++) SKC_QUERY(lid[i]);
-  } else {
-    for (; i < fast; i++) SKC_QUERY(fixed_id_fast(ids, w, i));
-    for (; i < count; i++) SKC_QUERY(fixed_id_slow(ids, w, i));
-  }
-#undef SKC_QUERY
+  for (; i < count; i++) s0[lid[i]]++;
   int st = SC_OK;
-  if (bad_id) {
-    for (i = 0; i < count; i++)
-      if (fixed_id_slow(ids, w, i) >= lists) {
-        st = sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_LISTS, at + i * w / 8, fixed_id_slow(ids, w, i));
-        break;
-      }
-  }
-  for (int64_t l = 0; l < lists && !st; l++)
-    if (seen[l] + seen[lists + l] + seen[2 * lists + l] + seen[3 * lists + l] != ln[l])
+  for (int64_t l = 0; l < lists; l++)
+    if (s0[l] + s1[l] + s2[l] + s3[l] != ln[l]) {
       st = sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_LISTS, at, l);
-  if (bad_cell && !st)
-    for (i = 0; i < count; i++) {
-      const dec_list* l = &L[lid ? lid[i] : fixed_id_slow(ids, w, i)];
-      unsigned best = query_cell(l, cells, s, rk, (uint64_t)keys[i]);
-      if ((int64_t)best >= l->lim) { st = sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_CELL, at, (int64_t)best); break; }
+      break;
     }
   free(seen);
   return st;
@@ -545,7 +445,7 @@ static int decode_sketched(const uint8_t* body, int64_t len, int64_t pos, int ic
   dec_list* L = (dec_list*)malloc(sizeof(dec_list) * (size_t)lists);
   int64_t* ln = (int64_t*)malloc(sizeof(int64_t) * (size_t)lists);
   double* means = (double*)malloc(sizeof(double) * (size_t)(nb[0] + nb[1] + 1));
-  uint16_t* cells = NULL;
+  void* cells = NULL;
   uint16_t* lid = NULL;
   hf_table idt = {0, NULL}, ct = {0, NULL};
   int st = SC_OK;
@@ -639,11 +539,18 @@ static int decode_sketched(const uint8_t* body, int64_t len, int64_t pos, int ic
     goto done;
   }
   pos += 8;
-  cells = (uint16_t*)malloc(sizeof(uint16_t) * (size_t)(total_cells + 1));
+  int narrow = G <= 255; /* one byte a cell */
+  cells = malloc((size_t)(total_cells + 1) * (narrow ? 1 : 2));
   if (!cells) { st = SC_ERR_NOMEM; goto done; }
+  /* an empty list's sketch (cols 0) is this cell: a malformed id naming that list reads 0
+   * here, and its count gives it away */
+  if (narrow) ((uint8_t*)cells)[total_cells] = 0;
+  else ((uint16_t*)cells)[total_cells] = 0;
   if (total_cells) {
     int64_t bad = 0;
-    if (read_codes(body + pos, (int64_t)cbits, &ct, total_cells, cells, &bad)) {
+    int rc = narrow ? read_codes_u8(body + pos, (int64_t)cbits, &ct, total_cells, (uint8_t*)cells, &bad)
+                    : read_codes_u16(body + pos, (int64_t)cbits, &ct, total_cells, (uint16_t*)cells, &bad);
+    if (rc) {
       st = bad < total_cells ? sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_CODE, pos, bad)
                              : sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_PADDING, pos - 8, (int64_t)cbits);
       goto done;
@@ -660,14 +567,14 @@ static int decode_sketched(const uint8_t* body, int64_t len, int64_t pos, int ic
   if (st) goto done;
   if (pos != len) { st = sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_SIZE, pos, len); goto done; }
   if (count) {
-    if (id_scheme) {
-      lid = (uint16_t*)malloc(sizeof(uint16_t) * (size_t)count);
-      if (!lid) { st = SC_ERR_NOMEM; goto done; }
-      st = read_ids(body, id_at, (int64_t)id_bits, &idt, count, lid, err);
-      if (st) goto done;
-    }
-    st = query_values(L, lists, ln, lid, body + id_at, id_bytes, (int)id_width(lists), cells, s, idx_out,
-                      count, vtab, (int)vs, val_out, id_at, err);
+    lid = (uint16_t*)malloc(sizeof(uint16_t) * (size_t)count);
+    if (!lid) { st = SC_ERR_NOMEM; goto done; }
+    st = id_scheme ? read_ids(body, id_at, (int64_t)id_bits, &idt, count, lid, err)
+                   : read_fixed_ids(body + id_at, count, (int)id_width(lists), lists, lid, id_at, err);
+    if (!st) st = check_id_counts(lid, count, lists, ln, id_at, err);
+    if (!st)
+      st = narrow ? query_values_u8(L, lid, (const uint8_t*)cells, s, idx_out, count, vtab, (int)vs, val_out, id_at, err)
+                  : query_values_u16(L, lid, (const uint16_t*)cells, s, idx_out, count, vtab, (int)vs, val_out, id_at, err);
   }
 done:
   skc_hf_table_free(&idt);
