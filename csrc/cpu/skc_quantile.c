@@ -198,10 +198,10 @@ int sc_skc_quantiles(sc_dtype vt, const void* x, int64_t n, int64_t nq, int64_t 
   return st;
 }
 
-int skc_quantify(sc_dtype vt, const void* v, int64_t n, int64_t B, int64_t exact_max,
-                    int32_t* bucket, int combined, quantized* qz, sc_error_info* err) {
-  return vt == SC_F32 ? quantify_f32((const float*)v, n, B, exact_max, bucket, combined, qz, err)
-                      : quantify_f64((const double*)v, n, B, exact_max, bucket, combined, qz, err);
+int skc_quantify(sc_dtype vt, const void* v, int64_t n, int64_t B, int64_t exact_max, int32_t* out,
+                    const skc_bucket_map* map, void* scratch, quantized* qz, sc_error_info* err) {
+  return vt == SC_F32 ? quantify_f32((const float*)v, n, B, exact_max, out, map, scratch, qz, err)
+                      : quantify_f64((const double*)v, n, B, exact_max, out, map, scratch, qz, err);
 }
 
 int sc_skc_quantize(sc_dtype vt, const void* v, int64_t n, int64_t q, int64_t exact_max,
@@ -214,7 +214,7 @@ int sc_skc_quantize(sc_dtype vt, const void* v, int64_t n, int64_t q, int64_t ex
   quantized qz;
   qz.splits[0] = splits;
   qz.splits[1] = splits + B + 1;
-  int st = skc_quantify(vt, v, n, B, exact_max, bucket, 0, &qz, err);
+  int st = skc_quantify(vt, v, n, B, exact_max, bucket, NULL, NULL, &qz, err);
   if (st) return st;
   used[0] = qz.nb[0];
   used[1] = qz.nb[1];
