@@ -264,6 +264,58 @@ def test_auto_picks_the_smallest_scheme(name):
     assert auto >= 8 + 2 + 8 + best // 8 + 4 * len(keys)
 
 
+def _ref_stream_codes(keys, N, m):
+    """Per key its prefix value (c - 1) and data bits (c * b), each stream's first key from -1:
+    one stream below 8192 keys, else two (the first n // 2 keys, then the rest)."""
+    W = 32 if N <= 2 ** 32 else 64
+    b = W // m
+    n = len(keys)
+    starts = [0, n // 2] if n >= 8192 else [0]
+    codes = []
+    for s, a in enumerate(starts):
+        e = starts[s + 1] if s + 1 < len(starts) else n
+        prev = -1
+        stream = []
+        for k in keys[a:e]:
+            c = max(1, -(-max(1, (k - prev - 1).bit_length()) // b))
+            stream.append((c - 1, c * b))
+            prev = k
+        codes.append(stream)
+    return codes
+
+
+@pytest.mark.parametrize("n", [8191, 8192, 20001])
+def test_delta_binary_two_streams_from_8192_keys(n):
+    """Sections of 8192 keys or more are two streams, each from an absolute key: the size is
+    the smallest scheme's, counted per stream (each zero-padded, each with its u64 bit count)."""
+    N = 50 * n
+    keys = sorted(_rng(n).choice(N, n, replace=False).tolist())
+    idx = torch.tensor(keys, dtype=torch.int64)
+    val = torch.ones(n)
+    codes = _ref_stream_codes(keys, N, 2)   # the stream split does not depend on m
+    best = None
+    for m in (2, 4, 8, 16):
+        streams = _ref_stream_codes(keys, N, m)
+        for scheme in (0, 1):
+            body = ops.skcompress_encode(idx, val, N, index_codec=1, value_codec=0, m=m, prefix=1 + scheme)
+            if scheme == 0:
+                lens = [int(math.log2(m))] * m
+                table = 0
+            else:   # the body's code lengths (optimal ones tie differently), checked optimal
+                freq = [sum(1 for st in streams for p, _ in st if p == j) for j in range(m)]
+                lens = body[10:10 + m].tolist()
+                assert sum(f * ln for f, ln in zip(freq, lens)) == _ref_huffman_cost(freq)
+                table = m
+            size = sum(-(-sum(lens[p] + d for p, d in st) // 8) for st in streams)
+            total = 8 + 2 + table + 8 * len(streams) + size + 4 * n
+            best = total if best is None else min(best, total)
+            assert body.numel() == total, (m, scheme)
+            di, dv = ops.skcompress_decode(body, N, n, torch.float32)
+            assert di.tolist() == keys
+    assert len(codes) == (2 if n >= 8192 else 1)
+    assert ops.skcompress_encode(idx, val, N, index_codec=1, value_codec=0).numel() == best
+
+
 def test_one_symbol_and_all_equal_values():
     idx = torch.arange(0, 5000)
     val = torch.full((5000,), 3.0)

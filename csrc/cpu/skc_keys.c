@@ -1,12 +1,16 @@
 /* SKCompress: writing and reading the keys sections of a body. Layout:
  * sparsecomm/skcompress.h.
  *
- * Speed: a delta and its prefix go out as one code of up to 47 bits (32-bit keys) through
- * the 64-bit bit writer, from a table indexed by the delta's bit length; the reader takes
- * a delta's prefix and length from one table lookup on its window. The fast reader checks
- * what it can without a branch per key (a code that is no code, a key past N, the bit count)
- * and, when anything is wrong, the checked reader reads the section again to report the
- * first fault at its byte (it is also the reader of 64-bit keys). */
+ * Speed. A delta and its prefix go out as one code of up to 47 bits (32-bit keys) through
+ * the 64-bit bit writer, from a table indexed by the delta's bit length, and two codes at
+ * a time when two of the longest fit one 56-bit put. Reading is a chain from one code to
+ * the next (a code's prefix gives its length, which gives the next code's position), so a
+ * section of SKC_KEY_SPLIT or more keys is written as two streams, the first and the
+ * second half of the keys, each starting from an absolute key: the reader follows both
+ * chains at once. The fast reader checks what it can without a branch per key (a code
+ * that is no code, a key past N, the bit counts) and, when anything is wrong, the checked
+ * reader reads the section again to report the first fault at its byte (it is also the
+ * reader of 64-bit keys). */
 #include "skc_keys.h"
 
 #include <stdlib.h>
@@ -23,9 +27,14 @@ static const int64_t M_CHOICES[4] = {2, 4, 8, 16};
 
 static inline int log2_small(int64_t m) { return m == 2 ? 1 : m == 4 ? 2 : m == 8 ? 3 : 4; }
 
-/* occur[L] = deltas of bit length L (1..64); keys strictly ascending. Four counters per
- * length: neighbouring deltas often share a length, and one counter would make each
- * increment wait for the last. */
+int skc_key_streams(int64_t n) { return n >= SKC_KEY_SPLIT ? 2 : 1; }
+
+/* First key of stream s of k over n keys. */
+static inline int64_t stream_start(int64_t n, int k, int s) { return s * (n / k); }
+
+/* occur[L] += deltas of bit length L (1..64) among keys[0..n) (strictly ascending), the
+ * first taken from -1. Four counters per length: neighbouring deltas often share a length,
+ * and one counter would make each increment wait for the last. */
 static void delta_lengths(const int64_t* keys, int64_t n, int64_t occur[65]) {
   int64_t part[4][65];
   memset(part, 0, sizeof part);
@@ -45,14 +54,75 @@ static void delta_lengths(const int64_t* keys, int64_t n, int64_t occur[65]) {
     part[0][64 - __builtin_clzll((k - prev - 1) | 1)]++;
     prev = k;
   }
-  for (int L = 0; L <= 64; L++) occur[L] = part[0][L] + part[1][L] + part[2][L] + part[3][L];
+  for (int L = 0; L <= 64; L++) occur[L] += part[0][L] + part[1][L] + part[2][L] + part[3][L];
+}
+
+/* Per delta bit length L: the code's prefix (above the data bits for 32-bit keys, alone for
+ * 64-bit ones), its total length and its data length. */
+typedef struct {
+  uint64_t pre[65];
+  int len[65];
+  int data[65];
+} code_table;
+
+/* The keys[0..n) of one stream (the first from -1) into w; pairs when two codes fit a put. */
+static void write_stream(const int64_t* keys, int64_t n, int W, const code_table* ct, int paired,
+                         bit_writer* wp) {
+  bit_writer w = *wp;
+  uint64_t prev = (uint64_t)-1;
+  int64_t i = 0;
+  if (W == 32) {
+    if (n) { /* the stream's first key: absolute, possibly long */
+      uint64_t d = (uint64_t)keys[0];
+      int L = 64 - __builtin_clzll(d | 1);
+      bw_put_fit(&w, ct->pre[L] | d, ct->len[L]);
+      prev = (uint64_t)keys[0];
+      i = 1;
+    }
+    if (paired)
+      for (; i + 2 <= n; i += 2) {
+        uint64_t k0 = (uint64_t)keys[i], k1 = (uint64_t)keys[i + 1];
+        uint64_t d0 = k0 - prev - 1, d1 = k1 - k0 - 1;
+        prev = k1;
+        int L0 = 64 - __builtin_clzll(d0 | 1), L1 = 64 - __builtin_clzll(d1 | 1);
+        int l1 = ct->len[L1];
+        bw_put_fit(&w, ((ct->pre[L0] | d0) << l1) | ct->pre[L1] | d1, ct->len[L0] + l1);
+      }
+    for (; i < n; i++) {
+      uint64_t k = (uint64_t)keys[i], d = k - prev - 1;
+      prev = k;
+      int L = 64 - __builtin_clzll(d | 1);
+      bw_put_fit(&w, ct->pre[L] | d, ct->len[L]);
+    }
+  } else { /* 64-bit keys: the prefix, then the data in up to two puts */
+    for (; i < n; i++) {
+      uint64_t k = (uint64_t)keys[i], d = k - prev - 1;
+      prev = k;
+      int L = 64 - __builtin_clzll(d | 1);
+      bw_put_fit(&w, ct->pre[L], ct->len[L] - ct->data[L]);
+      if (ct->data[L] > 32) {
+        bw_put_fit(&w, d >> 32, ct->data[L] - 32);
+        bw_put_fit(&w, d & 0xFFFFFFFFull, 32);
+      } else {
+        bw_put_fit(&w, d, ct->data[L]);
+      }
+    }
+  }
+  *wp = w;
 }
 
 int64_t skc_write_delta_keys(const int64_t* keys, int64_t n, int64_t N, int64_t want_m,
                                 int want_prefix, uint8_t* out, int64_t cap) {
-  int W = key_width(N);
+  int W = key_width(N), K = skc_key_streams(n);
+  /* bit lengths of the deltas, per stream (each stream's first key from -1) */
+  int64_t occ[2][65];
+  memset(occ, 0, sizeof occ);
+  for (int s = 0; s < K; s++) {
+    int64_t a = stream_start(n, K, s), e = s + 1 < K ? stream_start(n, K, s + 1) : n;
+    delta_lengths(keys + a, e - a, occ[s]);
+  }
   int64_t occur[65];
-  delta_lengths(keys, n, occur);
+  for (int L = 0; L <= 64; L++) occur[L] = occ[0][L] + occ[1][L];
   int64_t best_bits = -1, best_m = 2;
   int best_scheme = 0;
   uint8_t best_len[16] = {0};
@@ -90,47 +160,60 @@ int64_t skc_write_delta_keys(const int64_t* keys, int64_t n, int64_t N, int64_t 
   }
   int64_t m = best_m;
   int b = W / (int)m;
-  int64_t head = 2 + (best_scheme ? m : 0) + 8;
+  int64_t head = 2 + (best_scheme ? m : 0) + 8 * K;
   if (cap < head) return -1;
   out[0] = (uint8_t)m;
   out[1] = (uint8_t)best_scheme;
   if (best_scheme) memcpy(out + 2, best_len, (size_t)m);
   uint32_t code[16] = {0};
   if (best_scheme) skc_huffman_codes(best_len, (int)m, code);
-  /* per bit length L: the prefix code of its interval count, its length and the data bits */
-  uint64_t pcode[65];
-  int plen[65], dlen[65];
-  int pbits = log2_small(m);
-  for (int L = 1; L <= W; L++) { /* a delta has at most W bits */
+  /* per bit length L (a delta has at most W bits): the prefix code above the c * b data
+   * bits and the code's length */
+  code_table ct;
+  memset(&ct, 0, sizeof ct);
+  int pbits = log2_small(m), longest = 0;
+  for (int L = 1; L <= W; L++) {
     int c = (L + b - 1) / b;
-    pcode[L] = best_scheme ? code[c - 1] : (uint64_t)(c - 1);
-    plen[L] = best_scheme ? best_len[c - 1] : pbits;
-    dlen[L] = c * b;
+    uint64_t pc = best_scheme ? code[c - 1] : (uint64_t)(c - 1);
+    int pl = best_scheme ? best_len[c - 1] : pbits;
+    ct.len[L] = pl + c * b;
+    ct.data[L] = c * b;
+    ct.pre[L] = W == 32 ? pc << (c * b) : pc;
   }
-  bit_writer w;
-  bw_init(&w, out + head, cap - head);
-  uint64_t prev = (uint64_t)-1;
-  int64_t stream_bits = best_bits - (best_scheme ? 8 * m : 0);
-  if (W == 32 && cap - head >= (stream_bits + 7) / 8 + 8) {
-    /* prefix + data <= 15 + 32 bits: one put, with room for its 8-byte store */
-    for (int64_t i = 0; i < n; i++) {
-      uint64_t k = (uint64_t)keys[i], d = k - prev - 1;
-      prev = k;
-      int L = 64 - __builtin_clzll(d | 1);
-      bw_put_fit(&w, (pcode[L] << dlen[L]) | d, plen[L] + dlen[L]);
+  /* bits per stream; the longest code of a key after a stream's first */
+  int64_t bits[2] = {0, 0}, pos = head;
+  for (int s = 0; s < K; s++) {
+    for (int L = 1; L <= W; L++) bits[s] += occ[s][L] * ct.len[L];
+    int64_t a = stream_start(n, K, s);
+    if (a < n) {
+      uint64_t d0 = (uint64_t)keys[a];
+      int L0 = 64 - __builtin_clzll(d0 | 1);
+      for (int L = 1; L <= W; L++)
+        if ((occ[s][L] > (L == L0)) && ct.len[L] > longest) longest = ct.len[L];
     }
-  } else {
-    for (int64_t i = 0; i < n; i++) {
-      uint64_t k = (uint64_t)keys[i], d = k - prev - 1;
-      prev = k;
-      int L = 64 - __builtin_clzll(d | 1);
-      bw_put(&w, pcode[L], plen[L]);
-      bw_put_wide(&w, d, dlen[L]);
-    }
+    put_u64(out + 2 + (best_scheme ? m : 0) + 8 * s, (uint64_t)bits[s]);
   }
-  if (w.overflow) return -1;
-  put_u64(out + head - 8, (uint64_t)bw_bits(&w));
-  return head + bw_bytes(&w);
+  for (int s = 0; s < K; s++) {
+    int64_t a = stream_start(n, K, s), e = s + 1 < K ? stream_start(n, K, s + 1) : n;
+    int64_t bytes = (bits[s] + 7) / 8;
+    bit_writer w;
+    bw_init(&w, out + pos, cap - pos);
+    if (cap - pos >= bytes + 8) {
+      write_stream(keys + a, e - a, W, &ct, 2 * longest <= 56, &w);
+    } else { /* no room for the 8-byte stores: code by code, inside the buffer */
+      uint64_t prev = (uint64_t)-1;
+      for (int64_t i = a; i < e; i++) {
+        uint64_t k = (uint64_t)keys[i], d = k - prev - 1;
+        prev = k;
+        int L = 64 - __builtin_clzll(d | 1), data = ct.data[L];
+        bw_put(&w, W == 32 ? ct.pre[L] >> data : ct.pre[L], ct.len[L] - data);
+        bw_put_wide(&w, d, data);
+      }
+    }
+    if (w.overflow || bw_bits(&w) != bits[s]) return -1;
+    pos += bytes;
+  }
+  return pos;
 }
 
 int64_t skc_write_raw_keys(const int64_t* keys, int64_t n, int64_t N, uint8_t* out, int64_t cap) {
@@ -172,78 +255,117 @@ static int read_raw(const uint8_t* body, int64_t p, int64_t n, int64_t N, int64_
   return SC_OK;
 }
 
-/* Delta-binary keys with one check per code (any key width): the first fault at its byte. */
-static int read_delta_checked(const uint8_t* body, int64_t p, int64_t head, int64_t n, int64_t N,
-                              int64_t m, int scheme, const hf_table* t, int64_t nbits,
-                              int64_t* keys, sc_error_info* err) {
+/* One delta-binary stream of n keys (the first from -1) with one check per code (any key
+ * width): the first fault at its byte. prev_key: the last key of the stream before (-1). */
+static int read_stream_checked(const uint8_t* body, int64_t at, int64_t nbits, int64_t bits_at, int64_t n,
+                               int64_t N, int64_t m, int scheme, const hf_table* t, int64_t prev_key,
+                               int64_t* keys, sc_error_info* err) {
   uint8_t tail[BR_TAIL];
   bit_reader r;
-  br_init(&r, body + p + head, nbits, tail);
+  br_init(&r, body + at, nbits, tail);
   int W = key_width(N), b = W / (int)m, pbits = log2_small(m);
   int64_t prev = -1;
   for (int64_t i = 0; i < n; i++) {
-    int64_t at = p + head + (br_consumed(&r) >> 3);
+    int64_t pos = at + (br_consumed(&r) >> 3);
     uint64_t pv;
     br_refill(&r);
     if (scheme) {
       int sym = t->e ? hf_read(&r, t) : -1;
-      if (sym < 0 || br_consumed(&r) > nbits) return sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_CODE, at, i);
+      if (sym < 0 || br_consumed(&r) > nbits) return sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_CODE, pos, i);
       pv = (uint64_t)sym;
     } else {
       pv = br_top(&r, pbits);
       br_skip(&r, pbits);
-      if (br_consumed(&r) > nbits) return sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_CODE, at, i);
+      if (br_consumed(&r) > nbits) return sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_CODE, pos, i);
     }
-    if (pv >= (uint64_t)m) return sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_PREFIX, at, (int64_t)pv);
+    if (pv >= (uint64_t)m) return sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_PREFIX, pos, (int64_t)pv);
     uint64_t d = br_get_wide(&r, (int)(pv + 1) * b);
-    if (br_consumed(&r) > nbits) return sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_CODE, at, i);
+    if (br_consumed(&r) > nbits) return sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_CODE, pos, i);
     /* key = prev + 1 + d must stay < N (no wrap: compare before adding) */
     if (d >= (uint64_t)(N - (prev + 1)))
-      return sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_INDEX_RANGE, at, (int64_t)(d > INT64_MAX ? INT64_MAX : d));
+      return sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_INDEX_RANGE, pos, (int64_t)(d > INT64_MAX ? INT64_MAX : d));
     keys[i] = prev = prev + 1 + (int64_t)d;
+    if (i == 0 && prev <= prev_key) /* a stream's first key follows the stream before */
+      return sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_INDEX_ORDER, pos, prev);
   }
-  if (br_consumed(&r) != nbits)
-    return sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_PADDING, p + head - 8, nbits);
+  if (br_consumed(&r) != nbits) return sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_PADDING, bits_at, nbits);
   return SC_OK;
 }
 
-/* 32-bit keys: per code one table lookup gives the prefix length and the data length. */
-static int read_delta_fast(const uint8_t* stream, int64_t nbits, int64_t n, int64_t N, int64_t m,
-                           int scheme, const hf_table* t, int64_t* keys) {
+/* Decoding table of 32-bit keys: per the top tb bits, the code's total length (0: no code)
+ * and its data length. */
+typedef struct {
+  int tb;
+  uint8_t* total;
+  uint8_t* data;
+  uint8_t small[2][16];
+} key_table;
+
+static int key_table_build(key_table* kt, int64_t m, int scheme, const hf_table* t) {
   int b = 32 / (int)m, pbits = log2_small(m);
-  int tb = scheme ? t->maxlen : pbits;
-  /* entry: prefix length | data length << 4 (0: no code) */
-  uint16_t small[16];
-  uint16_t* tab = small;
+  kt->tb = scheme ? t->maxlen : pbits;
+  kt->total = kt->small[0];
+  kt->data = kt->small[1];
   if (scheme) {
-    tab = (uint16_t*)malloc(sizeof(uint16_t) << tb);
-    if (!tab) return SC_ERR_NOMEM;
-    for (int64_t e = 0; e < (1ll << tb); e++) {
+    kt->total = (uint8_t*)malloc((size_t)2 << kt->tb);
+    if (!kt->total) return SC_ERR_NOMEM;
+    kt->data = kt->total + ((size_t)1 << kt->tb);
+    for (int64_t e = 0; e < (1ll << kt->tb); e++) {
       unsigned h = t->e[e];
-      tab[e] = h ? (uint16_t)((h & 15) | ((((h >> 4) + 1) * (unsigned)b) << 4)) : 0;
+      kt->data[e] = h ? (uint8_t)(((h >> 4) + 1) * (unsigned)b) : 0;
+      kt->total[e] = h ? (uint8_t)((h & 15) + kt->data[e]) : 0;
     }
   } else {
-    for (int pv = 0; pv < m; pv++) tab[pv] = (uint16_t)(pbits | (((pv + 1) * b) << 4));
+    for (int pv = 0; pv < m; pv++) {
+      kt->data[pv] = (uint8_t)((pv + 1) * b);
+      kt->total[pv] = (uint8_t)(pbits + kt->data[pv]);
+    }
   }
-  uint8_t tail[BR_TAIL];
-  bit_reader r;
-  br_init(&r, stream, nbits, tail);
-  uint64_t prev = (uint64_t)-1, bad = 0, un = (uint64_t)N;
-  int64_t i = 0;
-  for (; i < n; i++) {
-    br_refill(&r);
-    unsigned e = tab[br_top(&r, tb)];
-    if (__builtin_expect(!e, 0)) break;
-    int pl = (int)(e & 15), dl = (int)(e >> 4);
-    uint64_t d = (r.w << pl) >> (64 - dl);
-    br_skip(&r, pl + dl);
-    uint64_t k = prev + 1 + d; /* < 2^33 while prev < N <= 2^32 */
-    bad |= (uint64_t)(k >= un);
-    keys[i] = (int64_t)k;
-    prev = k;
+  return SC_OK;
+}
+
+static void key_table_free(key_table* kt) {
+  if (kt->total != kt->small[0]) free(kt->total);
+}
+
+/* One code of a 32-bit key stream: d, and whether the code was one (a = its length). The
+ * code is at most 47 bits, below the 56 a refill leaves. */
+#define KEY_STEP(r, kt, prev, bad, out)                                  \
+  do {                                                                   \
+    br_refill(&(r));                                                     \
+    unsigned x_ = (unsigned)br_top(&(r), (kt)->tb);                      \
+    int a_ = (kt)->total[x_];                                            \
+    uint64_t d_ = ((r).w >> 1 >> (63 - a_)) & ((1ull << (kt)->data[x_]) - 1); \
+    br_skip(&(r), a_);                                                   \
+    (bad) |= (uint64_t)(a_ == 0);                                        \
+    (prev) = (prev) + 1 + d_;                                            \
+    (bad) |= (uint64_t)((prev) >= un);                                   \
+    (out) = (int64_t)(prev);                                             \
+  } while (0)
+
+/* 32-bit keys, K streams read side by side: SC_OK, or SC_ERR_MALFORMED for the checked
+ * reader to place. */
+static int read_streams_fast(const uint8_t* const* stream, const int64_t* nbits, int K, int64_t n,
+                             int64_t N, const key_table* kt, int64_t* keys) {
+  uint64_t bad = 0, un = (uint64_t)N;
+  uint8_t tail0[BR_TAIL], tail1[BR_TAIL];
+  bit_reader r0, r1;
+  br_init(&r0, stream[0], nbits[0], tail0);
+  if (K == 1) {
+    uint64_t p0 = (uint64_t)-1;
+    for (int64_t i = 0; i < n; i++) KEY_STEP(r0, kt, p0, bad, keys[i]);
+    return !bad && br_consumed(&r0) == nbits[0] ? SC_OK : SC_ERR_MALFORMED;
   }
-  if (scheme) free(tab);
-  return i == n && !bad && br_consumed(&r) == nbits ? SC_OK : SC_ERR_MALFORMED;
+  br_init(&r1, stream[1], nbits[1], tail1);
+  int64_t h = stream_start(n, 2, 1), i = 0;
+  uint64_t p0 = (uint64_t)-1, p1 = (uint64_t)-1;
+  for (; i < h; i++) { /* the second stream holds h or h + 1 keys */
+    KEY_STEP(r0, kt, p0, bad, keys[i]);
+    KEY_STEP(r1, kt, p1, bad, keys[h + i]);
+  }
+  for (i = 2 * h; i < n; i++) KEY_STEP(r1, kt, p1, bad, keys[i]);
+  if (h && h < n) bad |= (uint64_t)(keys[h] <= keys[h - 1]);
+  return !bad && br_consumed(&r0) == nbits[0] && br_consumed(&r1) == nbits[1] ? SC_OK : SC_ERR_MALFORMED;
 }
 
 int skc_read_keys(const uint8_t* body, int64_t len, int64_t* pos, int codec, int64_t n,
@@ -263,32 +385,54 @@ int skc_read_keys(const uint8_t* body, int64_t len, int64_t* pos, int codec, int
   if (m != 2 && m != 4 && m != 8 && m != 16)
     return sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_PREFIX, p, m);
   if (scheme > 1) return sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_PREFIX, p + 1, scheme);
-  int64_t head = 2 + (scheme ? m : 0) + 8;
+  int K = skc_key_streams(n);
+  int64_t table = 2 + (scheme ? m : 0), head = table + 8 * K;
   if (len - p < head) return sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_SIZE, p, len);
+  /* the streams' bit counts: each inside the body, together too */
+  int64_t nbits[2] = {0, 0}, at[2] = {0, 0}, end = p + head;
+  for (int s = 0; s < K; s++) {
+    uint64_t nb = get_u64(body + p + table + 8 * s);
+    int64_t avail = len - end;
+    if (nb > (uint64_t)avail * 8 || (int64_t)((nb + 7) / 8) > avail)
+      return sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_SIZE, p + table + 8 * s, (int64_t)(nb > INT64_MAX ? INT64_MAX : nb));
+    nbits[s] = (int64_t)nb;
+    at[s] = end;
+    end += (nbits[s] + 7) / 8;
+  }
   hf_table t = {0, NULL};
   if (scheme) {
     int st = skc_hf_table_build(body + p + 2, (int)m, n == 0, p + 2, &t, err);
     if (st) return st;
   }
-  uint64_t nbits = get_u64(body + p + head - 8);
-  int64_t avail = len - p - head;
-  if (nbits > (uint64_t)avail * 8 || (int64_t)((nbits + 7) / 8) > avail) {
-    skc_hf_table_free(&t);
-    return sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_SIZE, p + head - 8, (int64_t)nbits);
+  int st = SC_ERR_MALFORMED, fast = key_width(N) == 32 && (!scheme || t.e);
+  if (fast) {
+    key_table kt;
+    st = key_table_build(&kt, m, scheme, &t);
+    if (!st) {
+      const uint8_t* streams[2] = {body + at[0], body + at[1]};
+      st = read_streams_fast(streams, nbits, K, n, N, &kt, keys);
+      key_table_free(&kt);
+    }
   }
-  int st = SC_ERR_MALFORMED;
-  if (key_width(N) == 32 && (!scheme || t.e))
-    st = read_delta_fast(body + p + head, (int64_t)nbits, n, N, m, scheme, &t, keys);
-  if (st == SC_ERR_MALFORMED)
-    st = read_delta_checked(body, p, head, n, N, m, scheme, &t, (int64_t)nbits, keys, err);
+  if (st == SC_ERR_MALFORMED) { /* 64-bit keys, or a fault to place */
+    st = SC_OK;
+    for (int s = 0; s < K && !st; s++) {
+      int64_t a = stream_start(n, K, s), e = s + 1 < K ? stream_start(n, K, s + 1) : n;
+      st = read_stream_checked(body, at[s], nbits[s], p + table + 8 * s, e - a, N, m, scheme, &t,
+                               a ? keys[a - 1] : -1, keys + a, err);
+    }
+    /* the fast reader's faults are all the checked reader's */
+    if (!st && fast) st = sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_CODE, p, 0);
+  }
   skc_hf_table_free(&t);
   if (st) return st;
-  int64_t nbytes = (int64_t)((nbits + 7) / 8);
-  if (nbits & 7) {
-    uint8_t last = body[p + head + nbytes - 1];
-    if (last & ((1u << (8 - (nbits & 7))) - 1))
-      return sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_PADDING, p + head + nbytes - 1, last);
-  }
-  *pos = p + head + nbytes;
+  for (int s = 0; s < K; s++)
+    if (nbits[s] & 7) {
+      int64_t last_at = at[s] + (nbits[s] + 7) / 8 - 1;
+      uint8_t last = body[last_at];
+      if (last & ((1u << (8 - (nbits[s] & 7))) - 1))
+        return sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_PADDING, last_at, last);
+    }
+  *pos = end;
   return SC_OK;
 }

@@ -7,6 +7,12 @@
 
 #include "sparsecomm/abi.h"
 
+/* A delta-binary section of this many keys or more is written as two streams. */
+#define SKC_KEY_SPLIT 8192
+
+/* Streams of a delta-binary section of n keys: 2 from SKC_KEY_SPLIT keys, else 1. */
+int skc_key_streams(int64_t n);
+
 /* Bytes of a raw keys section. */
 static inline int64_t raw_key_size(int64_t N) { return N < (1ll << 31) ? 4 : 8; }
 

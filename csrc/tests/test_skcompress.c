@@ -3,8 +3,8 @@
  * main: the quantile sketch's rank-error bound after updates and after merges; codec
  * round trips over 1,021,000 random messages (a million of them tiny) (keys lossless; values never change sign, never
  * decode to a bucket further from zero or outside their group, checked against
- * sc_skc_quantize); every byte of a body flipped once must give SC_ERR_MALFORMED or a
- * valid vector.
+ * sc_skc_quantize); every byte of a body flipped once (of large ones, 3000 random bytes)
+ * must give SC_ERR_MALFORMED or a valid vector.
  */
 #include <math.h>
 #include <stdint.h>
@@ -140,8 +140,10 @@ static void round_trip(int64_t n, int64_t N, sc_skc_options o, int flip_all) {
     free(b);
     free(sp);
   }
-  if (flip_all) { /* every byte flipped: malformed or still a valid vector, never a crash */
-    for (int64_t p = 0; p < len; p++) {
+  if (flip_all) { /* every byte flipped (or flip_all random ones): malformed or still a
+                   * valid vector, never a crash */
+    for (int64_t f = 0; f < (flip_all > 1 ? flip_all : len); f++) {
+      int64_t p = flip_all > 1 ? (int64_t)(srnd() % (uint64_t)len) : f;
       uint8_t* bad = (uint8_t*)malloc((size_t)len);
       memcpy(bad, body, (size_t)len);
       bad[p] ^= (uint8_t)(1 + srnd() % 255);
@@ -174,6 +176,13 @@ static void test_skcompress(long* checks, long* failed) {
     round_trip(1 + (int64_t)(srnd() % 60), 1 + (int64_t)(srnd() % 100000), o, 1);
   }
   round_trip(100000, 1000000, opts(1, 1, 256, 2, 0.2, 8), 0); /* past exact_max: the sketch path */
+  /* delta-binary sections of SKC_KEY_SPLIT = 8192 keys and more are two streams: round trips
+   * around that size, and 3000 random byte flips of each body */
+  for (int it = 0; it < 6; it++) {
+    sc_skc_options o = opts(1, it % 2, 256, 2, 0.2, 8);
+    o.exact_max = 1 << 20;
+    round_trip(8190 + (int64_t)(srnd() % 8), 8200 + (int64_t)(srnd() % 400000), o, 3000);
+  }
   /* a million tiny messages (few keys, narrow sketches: collisions everywhere) */
   for (int it = 0; it < 1000000; it++) {
     int64_t q = 2 << (srnd() % 5);

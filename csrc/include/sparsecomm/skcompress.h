@@ -73,7 +73,10 @@
  *                           [keys section of all count keys]
  *   keys section raw:          n keys as int32 (N < 2^31) or int64
  *   keys section delta_binary: [u8 m][u8 scheme (0 fixed, 1 Huffman)][m code lengths if Huffman]
- *                              [u64 bits][bit stream, zero-padded to a byte]
+ *                              K x [u64 bits of stream k][K bit streams, each zero-padded to a byte]
+ *     K = 1 below 8192 keys, else 2: stream 0 holds the first floor(n / 2) keys, stream 1 the
+ *     rest; each stream's first delta is taken from -1 (its key itself), so the two streams
+ *     decode independently (two chains of codes at once); the scheme is chosen over both.
  *   varint: LEB128 (7 bits a byte, low first, high bit = more), at most 10 bytes, no
  *   needless trailing zero byte.
  * Means have the value dtype (float32 or float64).
@@ -84,8 +87,9 @@
  * varints, code tables (lengths <= 15, a complete code or one symbol of length 1; a list
  * id has a code exactly when its list is not empty), the id bit count (the sum of n_l
  * times its code length) and each list's id count, every code present, prefix values
- * < m, deltas keeping keys < N, keys strictly ascending, a decoded bucket < nb, exact bit
- * counts with zero padding, and the exact total length. Failures: SC_ERR_MALFORMED with
+ * < m, deltas keeping keys < N, keys strictly ascending (also from one key stream to the
+ * next), a decoded bucket < nb, exact bit counts with zero padding, and the exact total
+ * length. Failures: SC_ERR_MALFORMED with
  * err = (field sc_skc_field, byte offset, value).
  */
 #ifndef SPARSECOMM_SKCOMPRESS_H
