@@ -10,35 +10,38 @@
 #define CX(name) CELLS_CAT(name, SX)
 #define CELL_EMPTY ((CT)~(CT)0)
 
-/* Min on insert of every entry into its list's s rows; code[i] = list << 12 | offset. */
-static void CX(sketch_insert)(const int64_t* idx, const uint32_t* code, int64_t n, const enc_list* L,
-                              int64_t s, const uint64_t* rk, CT* cells) {
-  if (s == 2) { /* the default: one hash a key */
-    uint64_t rk0 = rk[0];
-    for (int64_t i = 0; i < n; i++) {
-      const enc_list* l = &L[code[i] >> 12];
-      CT off = (CT)(code[i] & 0xFFF);
-      uint64_t key = (uint64_t)idx[i], cols = (uint64_t)l->cols;
-      uint64_t h = sc_mix64(key ^ rk0);
-      CT* c0 = cells + l->base + (((h >> 32) * cols) >> 32);
-      CT* c1 = cells + l->base + cols + (((h & 0xFFFFFFFFull) * cols) >> 32);
-      *c0 = off < *c0 ? off : *c0;
-      *c1 = off < *c1 ? off : *c1;
-    }
-    return;
-  }
-  for (int64_t i = 0; i < n; i++) {
-    const enc_list* l = &L[code[i] >> 12];
-    CT off = (CT)(code[i] & 0xFFF);
-    uint64_t key = (uint64_t)idx[i], cols = (uint64_t)l->cols;
-    CT* row = cells + l->base;
-    for (int64_t j = 0; j < s; j += 2, row += 2 * cols) {
-      uint64_t h = sc_mix64(key ^ rk[j >> 1]);
-      CT* c = row + (((h >> 32) * cols) >> 32);
-      *c = off < *c ? off : *c;
-      if (j + 1 < s) {
-        c = row + cols + (((h & 0xFFFFFFFFull) * cols) >> 32);
-        *c = off < *c ? off : *c;
+#ifndef SKC_UMAX3
+#define SKC_UMAX3
+/* The largest of three, without a branch (a compare of cells would be a coin toss). */
+static inline unsigned umax3(unsigned a, unsigned b, unsigned c) {
+  unsigned m = a ^ ((a ^ b) & -(unsigned)(b > a));
+  return m ^ ((m ^ c) & -(unsigned)(c > m));
+}
+#endif
+
+/* Min on insert of every entry into its list's s rows; code[i] = list << 12 | offset. The
+ * cells of a block of entries first (cell_index: no dependence from one to the next), then
+ * their minima. */
+static void CX(sketch_insert)(const int64_t* idx, const uint32_t* code, int64_t n, const uint64_t* lbase,
+                              const uint64_t* lcols, int64_t s, const uint64_t* rk, CT* cells) {
+  cell_index_fn index = cell_index();
+  uint64_t i0[SKC_BLOCK], i1[SKC_BLOCK];
+  for (int64_t b = 0; b < n; b += SKC_BLOCK) {
+    int64_t m = n - b < SKC_BLOCK ? n - b : SKC_BLOCK;
+    const uint32_t* c = code + b;
+    for (int64_t p = 0; 2 * p < s; p++) {
+      index(idx + b, c, 12, m, lbase, lcols, rk[p], (uint64_t)(2 * p), i0, i1);
+      if (2 * p + 1 < s) {
+        for (int64_t i = 0; i < m; i++) {
+          CT off = (CT)(c[i] & 0xFFF), *c0 = cells + i0[i], *c1 = cells + i1[i];
+          *c0 = off < *c0 ? off : *c0;
+          *c1 = off < *c1 ? off : *c1;
+        }
+      } else { /* an odd s: the last row alone */
+        for (int64_t i = 0; i < m; i++) {
+          CT off = (CT)(c[i] & 0xFFF), *c0 = cells + i0[i];
+          *c0 = off < *c0 ? off : *c0;
+        }
       }
     }
   }
@@ -104,64 +107,69 @@ static int CX(read_codes)(const uint8_t* stream, int64_t nbits, const hf_table* 
   return SC_OK;
 }
 
-/* The Max of a key's s cells in its list's sketch. */
-static inline unsigned CX(query_cell)(const dec_list* l, const CT* cells, int64_t s, const uint64_t* rk,
-                                      uint64_t key) {
-  uint64_t cols = l->cols;
-  const CT* row = cells + l->base;
-  if (s == 2) {
-    uint64_t h = sc_mix64(key ^ rk[0]);
-    unsigned v0 = row[((h >> 32) * cols) >> 32];
-    unsigned v1 = row[cols + (((h & 0xFFFFFFFFull) * cols) >> 32)];
-    return v0 > v1 ? v0 : v1;
-  }
-  unsigned best = 0;
-  for (int64_t j = 0; j < s; j += 2, row += 2 * cols) {
-    uint64_t h = sc_mix64(key ^ rk[j >> 1]);
-    unsigned v = row[((h >> 32) * cols) >> 32];
-    best = v > best ? v : best;
-    if (j + 1 < s) {
-      v = row[cols + (((h & 0xFFFFFFFFull) * cols) >> 32)];
-      best = v > best ? v : best;
-    }
-  }
-  return best;
-}
-
 /* Each key's value: its list's value at the Max of its cells; lid[i] is its list (< lists).
- * Checked on the way, without a branch a key: each offset inside its list's buckets in use
- * (a malformed one reads a padding entry of the value table); the first fault is then
+ * The cells of a block of keys first (cell_index), then their maxima and values. Checked on
+ * the way, without a branch a key: each offset inside its list's buckets in use (a
+ * malformed one reads a padding entry of the value table); the first fault is then
  * reported. */
-static int CX(query_values)(const dec_list* L, const uint16_t* lid, const CT* cells, int64_t s,
-                            const int64_t* keys, int64_t count, const void* vtab, int vs, void* val_out,
-                            int64_t at, sc_error_info* err) {
+static int CX(query_values)(const dec_list* L, const uint64_t* lbase, const uint64_t* lcols, const uint32_t* lid,
+                            const CT* cells, int64_t s, const int64_t* keys, int64_t count, const void* vtab,
+                            int vs, void* val_out, int64_t at, sc_error_info* err) {
   uint64_t rk[SC_SKC_MAX_ROWS];
   for (int64_t j = 0; j < (s + 1) / 2; j++) rk[j] = row_key(j);
+  cell_index_fn index = cell_index();
+  uint64_t i0[SKC_BLOCK], i1[SKC_BLOCK];
+  uint16_t bw[SKC_BLOCK]; /* each key's Max */
   unsigned bad = 0;
-  if (vs == 4) {
-    const float* vt = (const float*)vtab;
-    float* o = (float*)val_out;
-    for (int64_t i = 0; i < count; i++) {
-      const dec_list* l = &L[lid[i]];
-      unsigned best = CX(query_cell)(l, cells, s, rk, (uint64_t)keys[i]);
-      bad |= (int64_t)best >= l->lim;
-      o[i] = vt[l->vals + best];
+  for (int64_t b = 0; b < count; b += SKC_BLOCK) {
+    int64_t m = count - b < SKC_BLOCK ? count - b : SKC_BLOCK;
+    const uint32_t* l = lid + b;
+    for (int64_t i = 0; i < m; i++) bw[i] = 0;
+    for (int64_t p = 0; 2 * p < s; p++) { /* each row pair */
+      index(keys + b, l, 0, m, lbase, lcols, rk[p], (uint64_t)(2 * p), i0, i1);
+      if (2 * p + 1 < s)
+        for (int64_t i = 0; i < m; i++) bw[i] = (uint16_t)umax3(bw[i], cells[i0[i]], cells[i1[i]]);
+      else /* an odd s: the last row alone */
+        for (int64_t i = 0; i < m; i++) bw[i] = (uint16_t)umax3(bw[i], cells[i0[i]], 0);
     }
-  } else {
-    const double* vt = (const double*)vtab;
-    double* o = (double*)val_out;
-    for (int64_t i = 0; i < count; i++) {
-      const dec_list* l = &L[lid[i]];
-      unsigned best = CX(query_cell)(l, cells, s, rk, (uint64_t)keys[i]);
-      bad |= (int64_t)best >= l->lim;
-      o[i] = vt[l->vals + best];
+    if (vs == 4) {
+      const float* vt = (const float*)vtab;
+      float* o = (float*)val_out + b;
+      for (int64_t i = 0; i < m; i++) {
+        const dec_list* d = &L[l[i]];
+        bad |= (int64_t)bw[i] >= d->lim;
+        o[i] = vt[d->vals + bw[i]];
+      }
+    } else {
+      const double* vt = (const double*)vtab;
+      double* o = (double*)val_out + b;
+      for (int64_t i = 0; i < m; i++) {
+        const dec_list* d = &L[l[i]];
+        bad |= (int64_t)bw[i] >= d->lim;
+        o[i] = vt[d->vals + bw[i]];
+      }
     }
   }
   if (bad)
-    for (int64_t i = 0; i < count; i++) {
-      const dec_list* l = &L[lid[i]];
-      unsigned best = CX(query_cell)(l, cells, s, rk, (uint64_t)keys[i]);
-      if ((int64_t)best >= l->lim) return sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_CELL, at, (int64_t)best);
+    for (int64_t b = 0; b < count; b += SKC_BLOCK) {
+      int64_t m = count - b < SKC_BLOCK ? count - b : SKC_BLOCK;
+      /* the same maxima again, block by block, to find the first fault */
+      for (int64_t i = 0; i < m; i++) {
+        const dec_list* d = &L[lid[b + i]];
+        uint64_t key = (uint64_t)keys[b + i], cols = d->cols;
+        const CT* row = cells + d->base;
+        unsigned v = 0;
+        for (int64_t j = 0; j < s; j += 2, row += 2 * cols) {
+          uint64_t h = sc_mix64(key ^ rk[j >> 1]);
+          unsigned x = row[((h >> 32) * cols) >> 32];
+          v = x > v ? x : v;
+          if (j + 1 < s) {
+            x = row[cols + (((h & 0xFFFFFFFFull) * cols) >> 32)];
+            v = x > v ? x : v;
+          }
+        }
+        if ((int64_t)v >= d->lim) return sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_CELL, at, (int64_t)v);
+      }
     }
   return SC_OK;
 }

@@ -101,6 +101,85 @@ typedef struct {
   int64_t vals;   /* first of its G values in the value table */
 } dec_list;
 
+/* ------------------------------------------------------------------ cell indices */
+
+/* The cells of entries in blocks of SKC_BLOCK: for entry i (key keys[i], list lst[i] >>
+ * shift), row pair p of its list's sketch: i0[i] in row 2p, i1[i] in row 2p + 1. One body,
+ * compiled three times: AVX-512 (the 64-bit multiplies of the hash in vectors), AVX2 and
+ * the baseline; which runs is chosen at run time (sc_skc_set_simd). The bodies compute the
+ * same integers: the tests compare whole messages from each. */
+#define SKC_BLOCK 256
+
+typedef void (*cell_index_fn)(const int64_t* restrict keys, const uint32_t* restrict lst, int shift, int64_t n,
+                              const uint64_t* restrict lbase, const uint64_t* restrict lcols, uint64_t rk,
+                              uint64_t p2, uint64_t* restrict i0, uint64_t* restrict i1);
+
+static inline __attribute__((always_inline)) void cell_index_body(
+    const int64_t* restrict keys, const uint32_t* restrict lst, int shift, int64_t n,
+    const uint64_t* restrict lbase, const uint64_t* restrict lcols, uint64_t rk, uint64_t p2,
+    uint64_t* restrict i0, uint64_t* restrict i1) {
+  for (int64_t i = 0; i < n; i++) {
+    uint64_t l = lst[i] >> shift;
+    uint64_t h = sc_mix64((uint64_t)keys[i] ^ rk);
+    uint64_t cols = lcols[l], row = lbase[l] + p2 * cols;
+    i0[i] = row + (((h >> 32) * cols) >> 32);
+    i1[i] = row + cols + (((h & 0xFFFFFFFFull) * cols) >> 32);
+  }
+}
+
+static void cell_index_base(const int64_t* restrict keys, const uint32_t* restrict lst, int shift, int64_t n,
+                            const uint64_t* restrict lbase, const uint64_t* restrict lcols, uint64_t rk,
+                            uint64_t p2, uint64_t* restrict i0, uint64_t* restrict i1) {
+  cell_index_body(keys, lst, shift, n, lbase, lcols, rk, p2, i0, i1);
+}
+
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && \
+    !defined(SC_NO_AVX2)
+#define SKC_X86_SIMD 1
+__attribute__((target("avx2"))) static void cell_index_avx2(
+    const int64_t* restrict keys, const uint32_t* restrict lst, int shift, int64_t n,
+    const uint64_t* restrict lbase, const uint64_t* restrict lcols, uint64_t rk, uint64_t p2,
+    uint64_t* restrict i0, uint64_t* restrict i1) {
+  cell_index_body(keys, lst, shift, n, lbase, lcols, rk, p2, i0, i1);
+}
+
+__attribute__((target("avx512f,avx512dq,avx512vl"))) static void cell_index_avx512(
+    const int64_t* restrict keys, const uint32_t* restrict lst, int shift, int64_t n,
+    const uint64_t* restrict lbase, const uint64_t* restrict lcols, uint64_t rk, uint64_t p2,
+    uint64_t* restrict i0, uint64_t* restrict i1) {
+  cell_index_body(keys, lst, shift, n, lbase, lcols, rk, p2, i0, i1);
+}
+#endif
+
+static int skc_simd_allowed = 1;
+
+static int skc_simd_level(void) {
+#ifdef SKC_X86_SIMD
+  if (!__atomic_load_n(&skc_simd_allowed, __ATOMIC_RELAXED)) return 0;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512vl"))
+    return 2;
+  if (__builtin_cpu_supports("avx2")) return 1;
+#endif
+  return 0;
+}
+
+int sc_skc_set_simd(int allow) {
+  __atomic_store_n(&skc_simd_allowed, allow != 0, __ATOMIC_RELAXED);
+  return skc_simd_level();
+}
+
+static cell_index_fn cell_index(void) {
+#ifdef SKC_X86_SIMD
+  switch (skc_simd_level()) {
+    case 2: return cell_index_avx512;
+    case 1: return cell_index_avx2;
+    default: break;
+  }
+#endif
+  return cell_index_base;
+}
+
 #define CT uint8_t
 #define SX _u8
 #include "skc_cells_impl.h"
@@ -228,13 +307,17 @@ static int encode_sketched(const sc_skc_options* o, int64_t N, const int64_t* id
   memset(cells, 0xFF, (size_t)total_cells * (narrow ? 1 : 2));
   memset(freq, 0, sizeof(uint64_t) * (size_t)G);
   {
-    uint64_t rk[SC_SKC_MAX_ROWS];
+    uint64_t rk[SC_SKC_MAX_ROWS], lbase[2 * 255], lcols[2 * 255];
     for (int64_t j = 0; j < (s + 1) / 2; j++) rk[j] = row_key(j);
+    for (int64_t l = 0; l < lists; l++) {
+      lbase[l] = (uint64_t)L[l].base;
+      lcols[l] = (uint64_t)L[l].cols;
+    }
     if (narrow) {
-      sketch_insert_u8(idx, code, n, L, s, rk, (uint8_t*)cells);
+      sketch_insert_u8(idx, code, n, lbase, lcols, s, rk, (uint8_t*)cells);
       cells_finish_u8((uint8_t*)cells, total_cells, freq);
     } else {
-      sketch_insert_u16(idx, code, n, L, s, rk, (uint16_t*)cells);
+      sketch_insert_u16(idx, code, n, lbase, lcols, s, rk, (uint16_t*)cells);
       cells_finish_u16((uint16_t*)cells, total_cells, freq);
     }
   }
@@ -344,7 +427,7 @@ static int check_padding(const uint8_t* body, int64_t at, uint64_t nbits, sc_err
 
 /* The count Huffman-coded list ids at body[id_at..] (table t) into lid. */
 static int read_ids(const uint8_t* body, int64_t id_at, int64_t id_bits, const hf_table* t, int64_t count,
-                    uint16_t* lid, sc_error_info* err) {
+                    uint32_t* lid, sc_error_info* err) {
   uint8_t tail[BR_TAIL];
   bit_reader r;
   br_init(&r, body + id_at, id_bits, tail);
@@ -378,19 +461,19 @@ static inline unsigned fixed_id_slow(const uint8_t* ids, int w, int64_t i) {
 
 /* The count fixed-width (w bits) list ids at ids[0..ceil(count w / 8)) into lid, each < lists:
  * at known bit offsets, so read without a chain from one to the next. */
-static int read_fixed_ids(const uint8_t* ids, int64_t count, int w, int64_t lists, uint16_t* lid, int64_t at,
+static int read_fixed_ids(const uint8_t* ids, int64_t count, int w, int64_t lists, uint32_t* lid, int64_t at,
                           sc_error_info* err) {
   int64_t nbytes = (count * w + 7) / 8, i = 0;
   if (w == 4) { /* the default (2r = 16 lists): two ids a byte */
     for (; 2 * i + 2 <= count; i++) {
-      lid[2 * i] = (uint16_t)(ids[i] >> 4);
-      lid[2 * i + 1] = (uint16_t)(ids[i] & 15);
+      lid[2 * i] = (uint32_t)(ids[i] >> 4);
+      lid[2 * i + 1] = (uint32_t)(ids[i] & 15);
     }
     i *= 2;
   } else {
-    for (; ((i * w) >> 3) + 8 <= nbytes && i < count; i++) lid[i] = (uint16_t)fixed_id_fast(ids, w, i);
+    for (; ((i * w) >> 3) + 8 <= nbytes && i < count; i++) lid[i] = fixed_id_fast(ids, w, i);
   }
-  for (; i < count; i++) lid[i] = (uint16_t)fixed_id_slow(ids, w, i);
+  for (; i < count; i++) lid[i] = fixed_id_slow(ids, w, i);
   if (((int64_t)1 << w) > lists) {
     unsigned bad = 0;
     for (int64_t k = 0; k < count; k++) bad |= lid[k] >= (unsigned)lists;
@@ -402,7 +485,7 @@ static int read_fixed_ids(const uint8_t* ids, int64_t count, int w, int64_t list
 }
 
 /* List l holds exactly ln[l] of the ids lid[0..count) (each < lists). */
-static int check_id_counts(const uint16_t* lid, int64_t count, int64_t lists, const int64_t* ln, int64_t at,
+static int check_id_counts(const uint32_t* lid, int64_t count, int64_t lists, const int64_t* ln, int64_t at,
                            sc_error_info* err) {
   int64_t* seen = (int64_t*)calloc((size_t)(4 * lists), sizeof(int64_t));
   if (!seen) return SC_ERR_NOMEM;
@@ -446,7 +529,7 @@ static int decode_sketched(const uint8_t* body, int64_t len, int64_t pos, int ic
   int64_t* ln = (int64_t*)malloc(sizeof(int64_t) * (size_t)lists);
   double* means = (double*)malloc(sizeof(double) * (size_t)(nb[0] + nb[1] + 1));
   void* cells = NULL;
-  uint16_t* lid = NULL;
+  uint32_t* lid = NULL;
   hf_table idt = {0, NULL}, ct = {0, NULL};
   int st = SC_OK;
   if (!vtab || !L || !ln || !means) { st = SC_ERR_NOMEM; goto done; }
@@ -567,14 +650,21 @@ static int decode_sketched(const uint8_t* body, int64_t len, int64_t pos, int ic
   if (st) goto done;
   if (pos != len) { st = sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_SIZE, pos, len); goto done; }
   if (count) {
-    lid = (uint16_t*)malloc(sizeof(uint16_t) * (size_t)count);
+    lid = (uint32_t*)malloc(sizeof(uint32_t) * (size_t)count);
     if (!lid) { st = SC_ERR_NOMEM; goto done; }
     st = id_scheme ? read_ids(body, id_at, (int64_t)id_bits, &idt, count, lid, err)
                    : read_fixed_ids(body + id_at, count, (int)id_width(lists), lists, lid, id_at, err);
     if (!st) st = check_id_counts(lid, count, lists, ln, id_at, err);
+    uint64_t lbase[2 * 255], lcols[2 * 255];
+    for (int64_t l = 0; l < lists; l++) {
+      lbase[l] = (uint64_t)L[l].base;
+      lcols[l] = L[l].cols;
+    }
     if (!st)
-      st = narrow ? query_values_u8(L, lid, (const uint8_t*)cells, s, idx_out, count, vtab, (int)vs, val_out, id_at, err)
-                  : query_values_u16(L, lid, (const uint16_t*)cells, s, idx_out, count, vtab, (int)vs, val_out, id_at, err);
+      st = narrow ? query_values_u8(L, lbase, lcols, lid, (const uint8_t*)cells, s, idx_out, count, vtab, (int)vs,
+                                    val_out, id_at, err)
+                  : query_values_u16(L, lbase, lcols, lid, (const uint16_t*)cells, s, idx_out, count, vtab, (int)vs,
+                                     val_out, id_at, err);
   }
 done:
   skc_hf_table_free(&idt);

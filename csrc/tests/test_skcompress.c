@@ -15,6 +15,8 @@
 #include "sparsecomm/skcompress.h"
 
 static long s_checks = 0, s_failed = 0;
+static int s_simd_twin = 0; /* the CPU runs a SIMD body: compare it with the baseline */
+static long s_twin_every = 0;
 #define SCHECK(cond)                                                                  \
   do {                                                                                \
     s_checks++;                                                                       \
@@ -116,6 +118,21 @@ static void round_trip(int64_t n, int64_t N, sc_skc_options o, int flip_all) {
   int64_t* di = (int64_t*)malloc(sizeof(int64_t) * (size_t)(n + 1));
   float* dv = (float*)malloc(sizeof(float) * (size_t)(n + 1));
   SCHECK(sc_skc_decode(body, len, N, n, SC_F32, o.index_codec, o.value_codec, di, dv, &e) == SC_OK);
+  if (s_simd_twin && (s_twin_every++ % 8 == 0 || n > 1000)) {
+    /* the baseline body of the SIMD cell indices: the same message, the same values */
+    uint8_t* base = (uint8_t*)malloc((size_t)cap);
+    int64_t blen = -1;
+    int64_t* bi = (int64_t*)malloc(sizeof(int64_t) * (size_t)(n + 1));
+    float* bv = (float*)malloc(sizeof(float) * (size_t)(n + 1));
+    sc_skc_set_simd(0);
+    SCHECK(sc_skc_encode(&o, N, idx, SC_F32, val, n, base, cap, &blen, &e) == SC_OK);
+    SCHECK(blen == len && memcmp(base, body, (size_t)len) == 0);
+    SCHECK(sc_skc_decode(body, len, N, n, SC_F32, -1, -1, bi, bv, &e) == SC_OK);
+    SCHECK(n == 0 || (memcmp(bi, di, sizeof(int64_t) * (size_t)n) == 0 &&
+                      memcmp(bv, dv, sizeof(float) * (size_t)n) == 0));
+    sc_skc_set_simd(1);
+    free(base); free(bi); free(bv);
+  }
   SCHECK(n == 0 || memcmp(di, idx, sizeof(int64_t) * (size_t)n) == 0);
   if (o.value_codec == SC_SKC_VALUE_RAW) {
     SCHECK(n == 0 || memcmp(dv, val, sizeof(float) * (size_t)n) == 0);
@@ -159,6 +176,8 @@ static void round_trip(int64_t n, int64_t N, sc_skc_options o, int flip_all) {
 }
 
 static void test_skcompress(long* checks, long* failed) {
+  s_simd_twin = sc_skc_set_simd(1) > 0;
+  printf("skcompress cell indices: %s\n", s_simd_twin ? "SIMD, checked against the baseline" : "baseline");
   test_qsketch();
   /* many random messages: small ones (all code paths) and a few large ones */
   for (int it = 0; it < 20000; it++) {

@@ -186,6 +186,11 @@ int sc_skc_encode(const sc_skc_options* o, int64_t N, const int64_t* idx, sc_dty
                   const void* val, int64_t n, uint8_t* out, int64_t cap, int64_t* out_len,
                   sc_error_info* err);
 
+/* The MinMaxSketch's cell indices run in AVX-512 or AVX2 vectors where the CPU has them
+ * (the same integers as the baseline body). allow = 0 forces the baseline, 1 lets the
+ * CPU decide; returns the level in use (0 baseline, 1 AVX2, 2 AVX-512). For tests. */
+int sc_skc_set_simd(int allow);
+
 /* Validate and decode a body of len bytes holding count entries of a vector of length
  * N: idx_out (count, ascending) and val_out (count, dtype vt). expect_index /
  * expect_value: the codecs the receiver expects (-1: any). Nothing is read outside
