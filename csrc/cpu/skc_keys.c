@@ -32,29 +32,31 @@ int skc_key_streams(int64_t n) { return n >= SKC_KEY_SPLIT ? 2 : 1; }
 /* First key of stream s of k over n keys. */
 static inline int64_t stream_start(int64_t n, int k, int s) { return s * (n / k); }
 
-/* occur[L] += deltas of bit length L (1..64) among keys[0..n) (strictly ascending), the
- * first taken from -1. Four counters per length: neighbouring deltas often share a length,
- * and one counter would make each increment wait for the last. */
+/* occur[L] += deltas of bit length L (1..64) among keys[0..n), the first taken from -1.
+ * A key not above the one before (taken as unsigned) makes a delta of 2^63 or more: L = 64.
+ * Four counters per length: neighbouring deltas often share a length, and one counter would
+ * make each increment wait for the last. (63 - clz is the bit scan's own result: the tables
+ * are indexed from L - 1.) */
 static void delta_lengths(const int64_t* keys, int64_t n, int64_t occur[65]) {
-  int64_t part[4][65];
+  int64_t part[4][64];
   memset(part, 0, sizeof part);
   uint64_t prev = (uint64_t)-1;
   int64_t i = 0;
   for (; i + 4 <= n; i += 4) {
     uint64_t k0 = (uint64_t)keys[i], k1 = (uint64_t)keys[i + 1], k2 = (uint64_t)keys[i + 2],
              k3 = (uint64_t)keys[i + 3];
-    part[0][64 - __builtin_clzll((k0 - prev - 1) | 1)]++;
-    part[1][64 - __builtin_clzll((k1 - k0 - 1) | 1)]++;
-    part[2][64 - __builtin_clzll((k2 - k1 - 1) | 1)]++;
-    part[3][64 - __builtin_clzll((k3 - k2 - 1) | 1)]++;
+    part[0][63 - __builtin_clzll((k0 - prev - 1) | 1)]++;
+    part[1][63 - __builtin_clzll((k1 - k0 - 1) | 1)]++;
+    part[2][63 - __builtin_clzll((k2 - k1 - 1) | 1)]++;
+    part[3][63 - __builtin_clzll((k3 - k2 - 1) | 1)]++;
     prev = k3;
   }
   for (; i < n; i++) {
     uint64_t k = (uint64_t)keys[i];
-    part[0][64 - __builtin_clzll((k - prev - 1) | 1)]++;
+    part[0][63 - __builtin_clzll((k - prev - 1) | 1)]++;
     prev = k;
   }
-  for (int L = 0; L <= 64; L++) occur[L] += part[0][L] + part[1][L] + part[2][L] + part[3][L];
+  for (int L = 1; L <= 64; L++) occur[L] += part[0][L - 1] + part[1][L - 1] + part[2][L - 1] + part[3][L - 1];
 }
 
 /* Per delta bit length L: the code's prefix (above the data bits for 32-bit keys, alone for
@@ -69,13 +71,15 @@ typedef struct {
 static void write_stream(const int64_t* keys, int64_t n, int W, const code_table* ct, int paired,
                          bit_writer* wp) {
   bit_writer w = *wp;
+  const uint64_t* pre = ct->pre + 1; /* indexed by the bit scan, L - 1 */
+  const int* len = ct->len + 1;
   uint64_t prev = (uint64_t)-1;
   int64_t i = 0;
   if (W == 32) {
     if (n) { /* the stream's first key: absolute, possibly long */
       uint64_t d = (uint64_t)keys[0];
-      int L = 64 - __builtin_clzll(d | 1);
-      bw_put_fit(&w, ct->pre[L] | d, ct->len[L]);
+      int L = 63 - __builtin_clzll(d | 1);
+      bw_put_fit(&w, pre[L] | d, len[L]);
       prev = (uint64_t)keys[0];
       i = 1;
     }
@@ -84,15 +88,15 @@ static void write_stream(const int64_t* keys, int64_t n, int W, const code_table
         uint64_t k0 = (uint64_t)keys[i], k1 = (uint64_t)keys[i + 1];
         uint64_t d0 = k0 - prev - 1, d1 = k1 - k0 - 1;
         prev = k1;
-        int L0 = 64 - __builtin_clzll(d0 | 1), L1 = 64 - __builtin_clzll(d1 | 1);
-        int l1 = ct->len[L1];
-        bw_put_fit(&w, ((ct->pre[L0] | d0) << l1) | ct->pre[L1] | d1, ct->len[L0] + l1);
+        int L0 = 63 - __builtin_clzll(d0 | 1), L1 = 63 - __builtin_clzll(d1 | 1);
+        int l1 = len[L1];
+        bw_put_fit(&w, ((pre[L0] | d0) << l1) | pre[L1] | d1, len[L0] + l1);
       }
     for (; i < n; i++) {
       uint64_t k = (uint64_t)keys[i], d = k - prev - 1;
       prev = k;
-      int L = 64 - __builtin_clzll(d | 1);
-      bw_put_fit(&w, ct->pre[L] | d, ct->len[L]);
+      int L = 63 - __builtin_clzll(d | 1);
+      bw_put_fit(&w, pre[L] | d, len[L]);
     }
   } else { /* 64-bit keys: the prefix, then the data in up to two puts */
     for (; i < n; i++) {
@@ -123,6 +127,13 @@ int64_t skc_write_delta_keys(const int64_t* keys, int64_t n, int64_t N, int64_t 
   }
   int64_t occur[65];
   for (int L = 0; L <= 64; L++) occur[L] = occ[0][L] + occ[1][L];
+  /* keys strictly ascending in [0, N): no delta of W + 1 bits or more (a step down is a delta
+   * of 64 bits; a key past N, or a step from N - 1 up past it, one of more than W bits or a
+   * last key >= N), and each stream after the first above the key before it */
+  int bad = n && (keys[0] < 0 || keys[n - 1] >= N);
+  for (int L = W + 1; L <= 64; L++) bad |= occur[L] != 0;
+  for (int s = 1; s < K; s++) bad |= keys[stream_start(n, K, s)] <= keys[stream_start(n, K, s) - 1];
+  if (bad) return -3;
   int64_t best_bits = -1, best_m = 2;
   int best_scheme = 0;
   uint8_t best_len[16] = {0};
@@ -218,6 +229,9 @@ int64_t skc_write_delta_keys(const int64_t* keys, int64_t n, int64_t N, int64_t 
 
 int64_t skc_write_raw_keys(const int64_t* keys, int64_t n, int64_t N, uint8_t* out, int64_t cap) {
   int64_t ks = raw_key_size(N);
+  uint64_t bad = n && (keys[0] < 0 || keys[n - 1] >= N);
+  for (int64_t i = 1; i < n; i++) bad |= (uint64_t)(keys[i] <= keys[i - 1]);
+  if (bad) return -3;
   if (cap < n * ks) return -1;
   if (ks == 4)
     for (int64_t i = 0; i < n; i++) put_u32(out + 4 * i, (uint32_t)keys[i]);

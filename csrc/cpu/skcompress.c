@@ -64,6 +64,15 @@ static uint8_t* put_varint(uint8_t* p, uint64_t v) {
   return p;
 }
 
+/* The first key out of range or order (a writer found one). */
+static int key_fault(const int64_t* idx, int64_t n, int64_t N, sc_error_info* err) {
+  for (int64_t i = 0; i < n; i++) {
+    if (idx[i] < 0 || idx[i] >= N) return sc_fail(err, SC_ERR_INDEX_RANGE, 0, i, idx[i]);
+    if (i && idx[i] <= idx[i - 1]) return sc_fail(err, SC_ERR_INDEX_ORDER, 0, i, idx[i]);
+  }
+  return sc_fail(err, SC_ERR_INDEX_ORDER, 0, 0, 0); /* not reached: the writer found a fault */
+}
+
 /* Bits of a fixed-width list id among lists >= 2. */
 static int64_t id_width(int64_t lists) {
   int64_t w = 1;
@@ -345,6 +354,7 @@ static int encode_sketched(const sc_skc_options* o, int64_t N, const int64_t* id
                      ? skc_write_delta_keys(idx, n, N, o->m, o->prefix, out + pos, cap - pos)
                      : skc_write_raw_keys(idx, n, N, out + pos, cap - pos);
     if (wr == -2) { st = SC_ERR_NOMEM; goto done; }
+    if (wr == -3) { st = key_fault(idx, n, N, err); goto done; }
     if (wr < 0) { st = sc_fail(err, SC_ERR_ARG, 8, 0, cap); goto done; }
     pos += wr;
   }
@@ -362,16 +372,8 @@ int sc_skc_encode(const sc_skc_options* o, int64_t N, const int64_t* idx, sc_dty
   if (st) return st;
   if (vt != SC_F32 && vt != SC_F64) return sc_fail(err, SC_ERR_ARG, 9, 0, vt);
   if (N < 0 || n < 0 || n > N) return sc_fail(err, SC_ERR_ARG, 10, n, N);
-  { /* keys strictly ascending in [0, N): one check for the whole vector, then the fault */
-    uint64_t bad = 0;
-    for (int64_t i = 1; i < n; i++) bad |= (uint64_t)(idx[i] <= idx[i - 1]);
-    if (bad || (n && (idx[0] < 0 || idx[n - 1] >= N)))
-      for (int64_t i = 0; i < n; i++) {
-        if (idx[i] < 0 || idx[i] >= N) return sc_fail(err, SC_ERR_INDEX_RANGE, 0, i, idx[i]);
-        if (i && idx[i] <= idx[i - 1]) return sc_fail(err, SC_ERR_INDEX_ORDER, 0, i, idx[i]);
-      }
-  }
   if (cap < SC_SKC_BODY_HEAD) return sc_fail(err, SC_ERR_ARG, 8, 0, cap);
+  /* the keys' order and range are checked where the keys are written (-3 there) */
   int64_t vs = (int64_t)sc_dtype_size(vt);
   memset(out, 0, SC_SKC_BODY_HEAD);
   out[0] = (uint8_t)o->index_codec;
@@ -383,6 +385,7 @@ int sc_skc_encode(const sc_skc_options* o, int64_t N, const int64_t* idx, sc_dty
                     ? skc_write_delta_keys(idx, n, N, o->m, o->prefix, out + pos, cap - pos)
                     : skc_write_raw_keys(idx, n, N, out + pos, cap - pos);
     if (w == -2) return SC_ERR_NOMEM;
+    if (w == -3) return key_fault(idx, n, N, err);
     if (w < 0 || cap - pos - w < n * vs) return sc_fail(err, SC_ERR_ARG, 8, 0, cap);
     pos += w;
     if (n) memcpy(out + pos, val, (size_t)(n * vs));
