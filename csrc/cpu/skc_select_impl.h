@@ -138,56 +138,57 @@ done:
 }
 
 /* Bucket lookup of one sign: bucket(a) = #{j in 1..nb-1 : split[j] <= a} for keys a in
- * [split[0], split[nb]], mapped through map[] (the encoder's list and offset; the bucket
- * itself when map is NULL), through a table over bins of the key range (about one bin per
- * two keys, at most 2^16): a bin without a split inside holds its keys' mapped bucket, one
- * load; a bin with a split inside is marked and its keys are searched among the splits
- * (one key in a few hundred on spread-out data). */
+ * [split[0], split[nb]], through a table over bins of the key range (about four bins per
+ * key, at most 2^16, two bytes each): a bin without a split inside holds its keys' bucket,
+ * one load; a bin with a split inside is marked and its keys are searched among the splits
+ * (few keys: the bins are narrower than a bucket wherever the keys crowd). */
 typedef struct {
   SEL(binning) bn;
   const KT* split;   /* nb + 1 */
   int64_t nb;
-  const uint32_t* map;
-  uint32_t* tab;     /* per bin: mapped bucket, or BUCKET_SPLIT */
+  uint16_t* tab;     /* per bin: bucket, or BUCKET_SPLIT */
 } SEL(bucket_table);
 
 #ifndef BUCKET_SPLIT
-#define BUCKET_SPLIT 0x80000000u
+#define BUCKET_SPLIT 0x8000u
 #endif
 
-static int SEL(bucket_table_build)(SEL(bucket_table)* t, const KT* split, int64_t nb, int64_t n,
-                                   const uint32_t* map) {
+static int SEL(bucket_table_build)(SEL(bucket_table)* t, const KT* split, int64_t nb, int64_t n) {
   t->nb = nb;
   t->split = split;
-  t->map = map;
-  t->bn = SEL(make_binning)(split[0], split[nb], n, 2, 16);
-  t->tab = (uint32_t*)malloc(sizeof(uint32_t) * (size_t)t->bn.nbins);
+  t->bn = SEL(make_binning)(split[0], split[nb], 4 * n, 1, 16);
+  t->tab = (uint16_t*)malloc(sizeof(uint16_t) * (size_t)t->bn.nbins);
   if (!t->tab) return SC_ERR_NOMEM;
-  int64_t j = 1; /* splits <= the current bin's first key: j - 1 of them counted */
-  KT width_minus_1 = (KT)((((KT)1) << t->bn.shift) - 1);
-  for (int64_t k = 0; k < t->bn.nbins; k++) {
-    KT first = (KT)(t->bn.lo + ((KT)k << t->bn.shift));
-    KT last = (KT)(first + width_minus_1);
-    if (last < first) last = (KT)~(KT)0;
-    while (j < nb && split[j] <= first) j++;
-    int inside = j < nb && split[j] <= last;
-    t->tab[k] = inside ? BUCKET_SPLIT : map ? map[j - 1] : (uint32_t)(j - 1);
+  /* bin k holds #{j : split[j] <= its first key}: runs of equal entries, split by split;
+   * then the bins with a split past their first key are marked */
+  KT mask = (KT)((((KT)1) << t->bn.shift) - 1);
+  int64_t k0 = 0;
+  for (int64_t j = 1; j < nb; j++) {
+    KT off = split[j] - t->bn.lo;
+    int64_t kj = (int64_t)(off >> t->bn.shift) + ((off & mask) != 0); /* first bin starting >= split */
+    for (int64_t k = k0; k < kj; k++) t->tab[k] = (uint16_t)(j - 1);
+    if (kj > k0) k0 = kj;
+  }
+  for (int64_t k = k0; k < t->bn.nbins; k++) t->tab[k] = (uint16_t)(nb - 1);
+  for (int64_t j = 1; j < nb; j++) {
+    KT off = split[j] - t->bn.lo;
+    if (off & mask) t->tab[off >> t->bn.shift] = (uint16_t)BUCKET_SPLIT;
   }
   return SC_OK;
 }
 
-/* A key of a bin with a split inside: #{j in 1..nb-1 : split[j] <= a}, mapped. */
-static uint32_t SEL(bucket_search)(const SEL(bucket_table)* t, KT a) {
+/* A key of a bin with a split inside: #{j in 1..nb-1 : split[j] <= a}. */
+static unsigned SEL(bucket_search)(const SEL(bucket_table)* t, KT a) {
   int64_t lo = 1, hi = t->nb; /* in [lo, hi) */
   while (lo < hi) {
     int64_t mid = (lo + hi) >> 1;
     if (t->split[mid] <= a) lo = mid + 1; else hi = mid;
   }
-  return t->map ? t->map[lo - 1] : (uint32_t)(lo - 1);
+  return (unsigned)(lo - 1);
 }
 
-static inline uint32_t SEL(bucket_lookup)(const SEL(bucket_table)* t, KT a) {
-  uint32_t e = t->tab[(a - t->bn.lo) >> t->bn.shift];
+static inline unsigned SEL(bucket_lookup)(const SEL(bucket_table)* t, KT a) {
+  unsigned e = t->tab[(a - t->bn.lo) >> t->bn.shift];
   return __builtin_expect(e & BUCKET_SPLIT, 0) ? SEL(bucket_search)(t, a) : e;
 }
 
@@ -335,27 +336,29 @@ static int SEL(quantify)(const VT* v, int64_t n, int64_t B, int64_t exact_max, i
     st = SEL(sign_splits)(arr[sg], qz->n[sg], lo[sg], hi[sg], B, exact_max, sp, &qz->nb[sg]);
     if (st) goto done;
     for (int64_t j = 0; j <= qz->nb[sg]; j++) qz->splits[sg][j] = (double)SEL(value_of)(sp[j]);
-    st = SEL(bucket_table_build)(&t[sg], sp, qz->nb[sg], qz->n[sg], map ? map->map + sg * B : NULL);
+    st = SEL(bucket_table_build)(&t[sg], sp, qz->nb[sg], qz->n[sg]);
     if (st) goto done;
   }
-  /* per sign: the bins' first key, width and table, as arrays the sign indexes */
+  /* per sign: the bins' first key, width and table, and the map, as arrays the sign indexes */
   KT blo[2] = {t[0].bn.lo, t[1].bn.lo};
   int bsh[2] = {t[0].bn.shift, t[1].bn.shift};
-  const uint32_t* btab[2] = {t[0].tab, t[1].tab};
+  const uint16_t* btab[2] = {t[0].tab, t[1].tab};
 #define SEL_LOOKUP(i, c)                                                             \
   do {                                                                              \
     KT u_ = SEL(bits_of)(v, (i)), mag_ = u_ & ~SEL_SIGN;                            \
     int pos_ = (int)(((u_ >> (SEL_BITS - 1)) & (KT)(mag_ != 0)) ^ 1);               \
     c = btab[pos_][(mag_ - blo[pos_]) >> bsh[pos_]];                                 \
     if (__builtin_expect(c & BUCKET_SPLIT, 0)) c = SEL(bucket_search)(&t[pos_], mag_); \
+    c = mp[pos_][c];                                                                \
   } while (0)
   if (!map) {
     for (int64_t i = 0; i < n; i++) {
-      uint32_t c;
-      SEL_LOOKUP(i, c);
-      out[i] = (int32_t)c;
+      KT u = SEL(bits_of)(v, i), mag = u & ~SEL_SIGN;
+      int pos = (int)(((u >> (SEL_BITS - 1)) & (KT)(mag != 0)) ^ 1);
+      out[i] = (int32_t)SEL(bucket_lookup)(&t[pos], mag);
     }
   } else { /* four counters a list: runs of one list do not wait on one counter */
+    const uint32_t* mp[2] = {map->map, map->map + B};
     int64_t nl = map->nl, *c0 = map->counts, *c1 = c0 + nl, *c2 = c1 + nl, *c3 = c2 + nl;
     int64_t i = 0;
     for (; i + 4 <= n; i += 4) {
