@@ -440,7 +440,8 @@ def _mutations():
         lambda b, L: torch.cat([b[:L["lists"]], torch.tensor([int(b[L["lists"]]) | 0x80, 0], dtype=torch.uint8),
                                 b[L["lists"] + 1:]]))
     add("id scheme", "code_table", lambda b, L: (b.__setitem__(L["id_scheme"], 2), b)[1])
-    add("id bits", "padding", lambda b, L: (_set64(b, L["id_bits"], _get64(b, L["id_bits"]) + 1), b)[1])
+    # a whole byte more: the padding check alone would not see it
+    add("id bits", "padding", lambda b, L: (_set64(b, L["id_bits"], _get64(b, L["id_bits"]) + 8), b)[1])
     # a fixed-width id moved to another list: the lists' id counts no longer match n_l
     add("id of another list", "lists", lambda b, L: (b.__setitem__(L["ids"], int(b[L["ids"]]) ^ 0x10), b)[1])
     add("code table length", "code_table", lambda b, L: (b.__setitem__(L["table"], 16), b)[1])
@@ -516,6 +517,10 @@ def test_list_claims_and_cell_out_of_range():
     L = _layout(body)
     assert L["G"] == 1 and list(L["nb"]) == [0, 2] and L["n_l"] == [0, 0, 1, 1]
     bad = _with_lists(body, L, [(1, L["cols"][2]), (1, L["cols"][3]), (0, 0), (0, 0)])
+    # ... and the two list ids (fixed width, 2 bits: 2 and 3) now naming lists 0 and 1
+    ids = _layout(bad)["ids"]
+    assert int(body[L["ids"]]) == 0b10110000
+    bad[ids] = 0b00010000
     with pytest.raises(WireFormatError, match="lists"):
         ops.skcompress_decode(bad, 10, 2, torch.float32)
     # a cell holding an offset past its list's buckets in use: q = 4, r = 1 (G = 2), one positive
