@@ -310,6 +310,7 @@ static int read_stream_checked(const uint8_t* body, int64_t at, int64_t nbits, i
  * and its data length. */
 typedef struct {
   int tb;
+  int complete; /* every pattern of tb bits starts a code */
   uint8_t* total;
   uint8_t* data;
   uint8_t small[2][16];
@@ -318,6 +319,7 @@ typedef struct {
 static int key_table_build(key_table* kt, int64_t m, int scheme, const hf_table* t) {
   int b = 32 / (int)m, pbits = log2_small(m);
   kt->tb = scheme ? t->maxlen : pbits;
+  kt->complete = 1;
   kt->total = kt->small[0];
   kt->data = kt->small[1];
   if (scheme) {
@@ -328,6 +330,7 @@ static int key_table_build(key_table* kt, int64_t m, int scheme, const hf_table*
       unsigned h = t->e[e];
       kt->data[e] = h ? (uint8_t)(((h >> 4) + 1) * (unsigned)b) : 0;
       kt->total[e] = h ? (uint8_t)((h & 15) + kt->data[e]) : 0;
+      kt->complete &= h != 0;
     }
   } else {
     for (int pv = 0; pv < m; pv++) {
@@ -342,19 +345,39 @@ static void key_table_free(key_table* kt) {
   if (kt->total != kt->small[0]) free(kt->total);
 }
 
-/* One code of a 32-bit key stream: d, and whether the code was one (a = its length). The
- * code is at most 47 bits, below the 56 a refill leaves. */
-#define KEY_STEP(r, kt, prev, bad, out)                                  \
+/* One code of a 32-bit key stream (at most 47 bits, below the 56 a refill leaves): the
+ * key after prev. With CHECK, a pattern that is no code (only an incomplete table, the
+ * one-symbol code, has them) and every key past N are flagged; without, the caller knows
+ * the table complete and checks the last key: keys grow by at most 2^32 a code, so fewer
+ * than 2^31 codes cannot wrap and only the last can be past N. */
+#define KEY_STEP(r, kt, prev, bad, out, CHECK)                           \
   do {                                                                   \
     br_refill(&(r));                                                     \
     unsigned x_ = (unsigned)br_top(&(r), (kt)->tb);                      \
     int a_ = (kt)->total[x_];                                            \
     uint64_t d_ = ((r).w >> 1 >> (63 - a_)) & ((1ull << (kt)->data[x_]) - 1); \
     br_skip(&(r), a_);                                                   \
-    (bad) |= (uint64_t)(a_ == 0);                                        \
     (prev) = (prev) + 1 + d_;                                            \
-    (bad) |= (uint64_t)((prev) >= un);                                   \
+    if (CHECK) {                                                         \
+      (bad) |= (uint64_t)(a_ == 0);                                      \
+      (bad) |= (uint64_t)((prev) >= un);                                 \
+    }                                                                    \
     (out) = (int64_t)(prev);                                             \
+  } while (0)
+
+/* K streams read side by side. */
+#define KEY_STREAMS(CHECK)                                                        \
+  do {                                                                           \
+    if (K == 1) {                                                                \
+      for (int64_t i = 0; i < n; i++) KEY_STEP(r0, kt, p0, bad, keys[i], CHECK);  \
+    } else {                                                                     \
+      int64_t i = 0;                                                             \
+      for (; i < h; i++) { /* the second stream holds h or h + 1 keys */         \
+        KEY_STEP(r0, kt, p0, bad, keys[i], CHECK);                               \
+        KEY_STEP(r1, kt, p1, bad, keys[h + i], CHECK);                           \
+      }                                                                          \
+      for (i = 2 * h; i < n; i++) KEY_STEP(r1, kt, p1, bad, keys[i], CHECK);     \
+    }                                                                            \
   } while (0)
 
 /* 32-bit keys, K streams read side by side: SC_OK, or SC_ERR_MALFORMED for the checked
@@ -365,21 +388,21 @@ static int read_streams_fast(const uint8_t* const* stream, const int64_t* nbits,
   uint8_t tail0[BR_TAIL], tail1[BR_TAIL];
   bit_reader r0, r1;
   br_init(&r0, stream[0], nbits[0], tail0);
-  if (K == 1) {
-    uint64_t p0 = (uint64_t)-1;
-    for (int64_t i = 0; i < n; i++) KEY_STEP(r0, kt, p0, bad, keys[i]);
-    return !bad && br_consumed(&r0) == nbits[0] ? SC_OK : SC_ERR_MALFORMED;
-  }
-  br_init(&r1, stream[1], nbits[1], tail1);
-  int64_t h = stream_start(n, 2, 1), i = 0;
+  br_init(&r1, stream[K - 1], nbits[K - 1], tail1);
+  int64_t h = K == 1 ? 0 : stream_start(n, 2, 1);
   uint64_t p0 = (uint64_t)-1, p1 = (uint64_t)-1;
-  for (; i < h; i++) { /* the second stream holds h or h + 1 keys */
-    KEY_STEP(r0, kt, p0, bad, keys[i]);
-    KEY_STEP(r1, kt, p1, bad, keys[h + i]);
+  if (kt->complete && n < ((int64_t)1 << 31)) {
+    KEY_STREAMS(0);
+    for (int s = 0; s < K; s++) { /* each stream's last key */
+      int64_t last = s + 1 < K ? h - 1 : n - 1;
+      if (last >= 0) bad |= (uint64_t)((uint64_t)keys[last] >= un);
+    }
+  } else {
+    KEY_STREAMS(1);
   }
-  for (i = 2 * h; i < n; i++) KEY_STEP(r1, kt, p1, bad, keys[i]);
-  if (h && h < n) bad |= (uint64_t)(keys[h] <= keys[h - 1]);
-  return !bad && br_consumed(&r0) == nbits[0] && br_consumed(&r1) == nbits[1] ? SC_OK : SC_ERR_MALFORMED;
+  if (K == 2 && h && h < n) bad |= (uint64_t)(keys[h] <= keys[h - 1]);
+  int ok = !bad && br_consumed(&r0) == nbits[0] && (K == 1 || br_consumed(&r1) == nbits[1]);
+  return ok ? SC_OK : SC_ERR_MALFORMED;
 }
 
 int skc_read_keys(const uint8_t* body, int64_t len, int64_t* pos, int codec, int64_t n,
