@@ -23,7 +23,8 @@ nonzeros per second, of three things per message:
   apart: the value codec also decides the keys' order and lists).
 "read" is one pass over the message's indices and values (``idx.sum()`` + ``val.sum()``),
 the floor any codec pays; "x read" is a time over the read pass's. Each repeat times every
-variant once, in turn (so a load change hits all of them); medians of ``--repeats``.
+variant once, in turn (so a load change hits all of them); medians of ``--repeats``, in wall
+time or (``--clock thread``) the thread's CPU time.
 """
 from __future__ import annotations
 
@@ -101,13 +102,13 @@ def sizes(indices, values, n):
     return {"nnz": c, "N": n, "keys_delta_binary": keys, "values_skcompress": vals, "both": both, "coo": 8.0}
 
 
-def _timed(fn):
-    t = time.perf_counter()
+def _timed(fn, clock=time.perf_counter):
+    t = clock()
     fn()
-    return time.perf_counter() - t
+    return clock() - t
 
 
-def throughput(indices, values, n, repeats):
+def throughput(indices, values, n, repeats, clock=time.perf_counter):
     """Medians of the read pass and of keys / both encode and decode; values = both - keys."""
     c = indices.numel()
     keys_body = ops.skcompress_encode(indices, values, n, index_codec=1, value_codec=0)
@@ -124,7 +125,7 @@ def throughput(indices, values, n, repeats):
     times = {name: [] for name in variants}
     for _ in range(repeats):
         for name, fn in variants.items():
-            times[name].append(_timed(fn))
+            times[name].append(_timed(fn, clock))
     med = {name: statistics.median(ts) for name, ts in times.items()}
     row = {"read_s": med["read"]}
     for part in ("keys", "both"):
@@ -148,8 +149,12 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--synthetic-nnz", type=int, nargs="*", default=[15_000, 150_000, 1_500_000],
                     help="also time the top-k messages of random normal vectors of N = nnz / density")
+    ap.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                    help="wall time (default), or the thread's CPU time (time.thread_time: leaves out the time "
+                         "other processes hold the core, on a shared machine)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    clock = time.perf_counter if args.clock == "wall" else time.thread_time
     torch.set_num_threads(1)
     report = {}
     msgs = gradients(args.steps, args.density)
@@ -170,7 +175,7 @@ def main(argv=None):
     print()
     print(f"{'gradient':34} {'part':>6} {'enc Mnz/s':>9} {'dec Mnz/s':>9} {'enc/read':>8} {'dec/read':>8}   read")
     for name, (idx, val, n) in msgs.items():
-        row = {**rows[name], **throughput(idx, val, n, args.repeats)}
+        row = {**rows[name], **throughput(idx, val, n, args.repeats, clock), "clock": args.clock}
         report[name] = row
         for part in ("keys", "both", "values"):
             print(f"{name if part == 'keys' else '':34} {part:>6} {row[f'{part}_encode_nnz_per_s'] / 1e6:>9.1f} "
