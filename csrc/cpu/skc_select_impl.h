@@ -1,7 +1,9 @@
 /* SKCompress, internal: exact order statistics and bucket lookup over unsigned keys whose
  * integer order is the order of the values (float magnitudes as their bits; signed floats
- * as order keys). Included by skc_quantile.c once per key width with
- *   KT  the key type (uint32_t or uint64_t),  SX  a name suffix.
+ * as order keys), and the quantification of a value vector with them. Included by
+ * skc_quantile.c once per value type with
+ *   VT  the value type (float or double),  KT  the unsigned integer of its width,
+ *   SX  a name suffix.
  *
  * Selection (several ranks at once) is a radix select over the key range [lo, hi]: one
  * histogram pass over bins of 2^shift keys (about one bin per key, at most 2^16; bins that

@@ -6,12 +6,13 @@
  * skc_select_impl.h), skc_keys.c (keys sections), skc_huffman.c (codes), skc_sort.c and
  * skc_bits.h (bytes and bits).
  *
- * Passes of the encoder over the n entries: the keys' check; the values' sign, magnitude
- * and range; the radix select's histogram and gather (per sign, over its magnitudes); the
- * bucket of each entry (a table lookup); the sketch insertion fused with the writing of
- * the list ids; the cells' Huffman coding (0.4 cells an entry at the defaults); the keys
- * section. The decoder: the cells, the keys section, then one pass reading each key's list
- * id and querying its sketch. */
+ * Passes of the encoder over the n entries: the values' sign, magnitude and range; the
+ * radix select's histogram and gather (per sign, over its magnitudes); each entry's bucket,
+ * list and offset (one table lookup) and the lists' sizes; the list ids; the sketch (the
+ * cell indices of a block of entries, in vectors where the CPU has them, then the Min
+ * updates); the cells' Huffman coding (0.4 cells an entry at the defaults); the keys
+ * section (its histogram of delta lengths also checks the keys' order and range). The
+ * decoder: the cells, the keys section, the list ids, then each key's cells and value. */
 #include "sparsecomm/skcompress.h"
 
 #include <math.h>
@@ -82,7 +83,9 @@ static int64_t id_width(int64_t lists) {
 
 int64_t sc_skc_encode_bound(const sc_skc_options* o, int64_t N, sc_dtype vt, int64_t n) {
   int64_t vs = (int64_t)sc_dtype_size(vt);
-  int64_t key_sec = 2 + 16 + 8 + n * 11 + 8; /* 64-bit delta + 15-bit prefix < 11 bytes */
+  /* m, scheme, a table of 16, two u64 bit counts; a 64-bit delta and a 15-bit prefix in
+   * less than 10 bytes, the streams' padding inside the 11th */
+  int64_t key_sec = 2 + 16 + 8 + n * 11 + 8;
   int64_t raw = n * raw_key_size(N);
   if (raw > key_sec) key_sec = raw;
   if (o->value_codec == SC_SKC_VALUE_RAW) return SC_SKC_BODY_HEAD + key_sec + n * vs + 8;
