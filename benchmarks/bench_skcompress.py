@@ -1,19 +1,30 @@
 """SKCompress codec figures (docs/skcompress.md): bytes per nonzero of the COO codecs on real
 gradients of the examples' models, and encode / decode throughput against one read pass.
 
-    python benchmarks/bench_skcompress.py [--density 0.01] [--steps 5] [--repeats 5] [--json out.json]
+    python benchmarks/bench_skcompress.py [--density 0.01] [--steps 5] [--repeats 7]
+        [--synthetic-nnz 15000 150000 1500000] [--json out.json]
 
 Gradients: error-feedback top-k messages (density 1%) of
 * the digits MLP 64-256-256-10 on scikit-learn's bundled digits (REAL data, batch 128),
 * ResNet-20 (examples/models.py) on a CIFAR-shaped batch of generated images (32 x 3x32x32),
 * the 2-layer LSTM classifier on generated token sequences (16 x 100 tokens, vocab 5000),
-each after ``--steps`` SGD steps (the message of the last step is measured). Bytes per nonzero
+each after ``--steps`` SGD steps (the message of the last step is measured), and the top-k
+of random normal vectors of N = nnz / density for each ``--synthetic-nnz``. Bytes per nonzero
 are split into keys and values: keys = delta-binary keys alone (raw values); values = the
-SKCompress value section (raw int32 keys subtracted); both = one message with both codecs
-(keys are then grouped into 2r lists, so their deltas grow). COO sends 4 + 4 = 8 bytes per
-nonzero (float32 values, int32 keys); the 32-byte header is left out everywhere.
-Throughput: encode and decode of one message (both codecs), in nonzeros per second, against
-one read pass of the same message (``idx.sum()`` + ``val.sum()``): medians of ``--repeats``.
+SKCompress value section (raw int32 keys subtracted); both = one message with both codecs.
+COO sends 4 + 4 = 8 bytes per nonzero (float32 values, int32 keys); the 32-byte header is
+left out everywhere.
+
+Throughput (``sparsecomm.ops.skcompress_encode`` / ``skcompress_decode``, one thread), in
+nonzeros per second, of three things per message:
+* keys: the message with the delta-binary key codec alone (raw values);
+* both: the message with both codecs;
+* values: both minus keys -- the marginal cost of the value codec (its time is not measured
+  apart: the value codec also decides the keys' order and lists).
+"read" is one pass over the message's indices and values (``idx.sum()`` + ``val.sum()``),
+the floor any codec pays; "x read" is a time over the read pass's. Each repeat times every
+variant once, in turn (so a load change hits all of them); medians of ``--repeats``, in wall
+time or (``--clock thread``) the thread's CPU time.
 """
 from __future__ import annotations
 
@@ -91,50 +102,85 @@ def sizes(indices, values, n):
     return {"nnz": c, "N": n, "keys_delta_binary": keys, "values_skcompress": vals, "both": both, "coo": 8.0}
 
 
-def _median_time(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+def _timed(fn, clock=time.perf_counter):
+    t = clock()
+    fn()
+    return clock() - t
 
 
-def throughput(indices, values, n, repeats):
+def throughput(indices, values, n, repeats, clock=time.perf_counter):
+    """Medians of the read pass and of keys / both encode and decode; values = both - keys."""
     c = indices.numel()
-    body = ops.skcompress_encode(indices, values, n)
-    t_read = _median_time(lambda: (indices.sum(), values.sum()), repeats)
-    t_enc = _median_time(lambda: ops.skcompress_encode(indices, values, n), repeats)
-    t_dec = _median_time(lambda: ops.skcompress_decode(body, n, c, torch.float32), repeats)
-    return {"read_s": t_read, "encode_s": t_enc, "decode_s": t_dec,
-            "encode_nnz_per_s": c / t_enc, "decode_nnz_per_s": c / t_dec,
-            "encode_vs_read": t_enc / t_read, "decode_vs_read": t_dec / t_read}
+    keys_body = ops.skcompress_encode(indices, values, n, index_codec=1, value_codec=0)
+    both_body = ops.skcompress_encode(indices, values, n, index_codec=1, value_codec=1)
+    variants = {
+        "read": lambda: (indices.sum(), values.sum()),
+        "keys_encode": lambda: ops.skcompress_encode(indices, values, n, index_codec=1, value_codec=0),
+        "keys_decode": lambda: ops.skcompress_decode(keys_body, n, c, torch.float32),
+        "both_encode": lambda: ops.skcompress_encode(indices, values, n, index_codec=1, value_codec=1),
+        "both_decode": lambda: ops.skcompress_decode(both_body, n, c, torch.float32),
+    }
+    for fn in variants.values():  # warm: first-touch allocations
+        fn()
+    times = {name: [] for name in variants}
+    for _ in range(repeats):
+        for name, fn in variants.items():
+            times[name].append(_timed(fn, clock))
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    row = {"read_s": med["read"]}
+    for part in ("keys", "both"):
+        for op in ("encode", "decode"):
+            t = med[f"{part}_{op}"]
+            row[f"{part}_{op}_s"] = t
+            row[f"{part}_{op}_nnz_per_s"] = c / t
+            row[f"{part}_{op}_vs_read"] = t / med["read"]
+    for op in ("encode", "decode"):
+        t = med[f"both_{op}"] - med[f"keys_{op}"]
+        row[f"values_{op}_s"] = t
+        row[f"values_{op}_nnz_per_s"] = c / t if t > 0 else float("inf")
+        row[f"values_{op}_vs_read"] = t / med["read"]
+    return row
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--density", type=float, default=0.01)
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--synthetic-n", type=int, default=15_000_000,
-                    help="also time a message of a random N-long gradient at the density")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--synthetic-nnz", type=int, nargs="*", default=[15_000, 150_000, 1_500_000],
+                    help="also time the top-k messages of random normal vectors of N = nnz / density")
+    ap.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                    help="wall time (default), or the thread's CPU time (time.thread_time: leaves out the time "
+                         "other processes hold the core, on a shared machine)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    clock = time.perf_counter if args.clock == "wall" else time.thread_time
     torch.set_num_threads(1)
     report = {}
     msgs = gradients(args.steps, args.density)
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(args.synthetic_n, generator=g)
-    v, i = ops.topk(x, max(1, int(args.density * args.synthetic_n)))
-    msgs[f"random normal N={args.synthetic_n}"] = (i, v, args.synthetic_n)
-    print(f"{'gradient':34} {'N':>10} {'nnz':>8} {'keys B/nz':>9} {'values B/nz':>11} {'both B/nz':>9} "
-          f"{'COO':>4} {'enc Mnz/s':>9} {'dec Mnz/s':>9} {'enc/read':>8} {'dec/read':>8}")
+    for nnz in args.synthetic_nnz:
+        n = int(round(nnz / args.density))
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(n, generator=g)
+        v, i = ops.topk(x, nnz)
+        msgs[f"random normal N={n}"] = (i, v, n)
+        del x
+    print(f"{'gradient':34} {'N':>11} {'nnz':>8} {'keys B/nz':>9} {'values B/nz':>11} {'both B/nz':>9} {'COO':>4}")
+    rows = {}
     for name, (idx, val, n) in msgs.items():
-        row = {**sizes(idx, val, n), **throughput(idx, val, n, args.repeats)}
+        rows[name] = sizes(idx, val, n)
+        r = rows[name]
+        print(f"{name:34} {n:>11} {r['nnz']:>8} {r['keys_delta_binary']:>9.3f} {r['values_skcompress']:>11.3f} "
+              f"{r['both']:>9.3f} {8:>4}")
+    print()
+    print(f"{'gradient':34} {'part':>6} {'enc Mnz/s':>9} {'dec Mnz/s':>9} {'enc/read':>8} {'dec/read':>8}   read")
+    for name, (idx, val, n) in msgs.items():
+        row = {**rows[name], **throughput(idx, val, n, args.repeats, clock), "clock": args.clock}
         report[name] = row
-        print(f"{name:34} {n:>10} {row['nnz']:>8} {row['keys_delta_binary']:>9.3f} {row['values_skcompress']:>11.3f} "
-              f"{row['both']:>9.3f} {8:>4} {row['encode_nnz_per_s'] / 1e6:>9.2f} {row['decode_nnz_per_s'] / 1e6:>9.2f} "
-              f"{row['encode_vs_read']:>8.0f} {row['decode_vs_read']:>8.0f}")
+        for part in ("keys", "both", "values"):
+            print(f"{name if part == 'keys' else '':34} {part:>6} {row[f'{part}_encode_nnz_per_s'] / 1e6:>9.1f} "
+                  f"{row[f'{part}_decode_nnz_per_s'] / 1e6:>9.1f} {row[f'{part}_encode_vs_read']:>8.1f} "
+                  f"{row[f'{part}_decode_vs_read']:>8.1f}" + (f"   {row['read_s'] * 1e6:.0f} us" if part == "keys" else ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

@@ -18,7 +18,8 @@ const std::string kArgNames[] = {"q", "s", "t", "r", "m", "prefix", "codec", "ex
 // err.input of a malformed body is the field (sc_skc_field)
 const std::string kFieldNames[] = {"size", "codec", "reserved", "params", "buckets",
                                    "means", "lists", "code_table", "code", "padding",
-                                   "prefix", "index_range", "index_order", "cell", "count"};
+                                   "prefix", "index_range", "index_order", "cell", "count",
+                                   "revision"};
 const std::string kVecNames[] = {"idx", "val"};
 
 Tensor skcompress_quantiles_cpu(const Tensor& x, int64_t nq, int64_t exact_max) {
@@ -109,14 +110,14 @@ std::tuple<Tensor, Tensor> skcompress_decode_cpu(const Tensor& body, int64_t n, 
   int64_t bound = b.numel() * 4;
   if (count > bound || count > n) {
     sc_error_info e{SC_SKC_F_COUNT, 0, count};
-    raise_status(SC_ERR_MALFORMED, op, e, {kFieldNames, 15});
+    raise_status(SC_ERR_MALFORMED, op, e, {kFieldNames, 16});
   }
   Tensor idx = at::empty({count}, body.options().dtype(at::kLong));
   Tensor val = at::empty({count}, body.options().dtype(dtype));
   sc_error_info e{0, 0, 0};
   int st = sc_skc_decode(b.data_ptr<uint8_t>(), b.numel(), n, count, vt, (int)expect_index,
                          (int)expect_value, idx.data_ptr<int64_t>(), val.data_ptr(), &e);
-  if (st == SC_ERR_MALFORMED) raise_status(st, op, e, {kFieldNames, 15});
+  if (st == SC_ERR_MALFORMED) raise_status(st, op, e, {kFieldNames, 16});
   if (st) raise_status(st, op, e, {kArgNames, 11});
   return {idx, val};
 }

@@ -173,6 +173,23 @@ def test_handshake_rejects_differing_codec_options(algorithm):
     assert "value_codec='skcompress'" in errors[0] and "value_codec='none'" in errors[0]
 
 
+@pytest.mark.parametrize("algorithm", ["topka", "gtopk", "spardl", "oktopk", "skcompress", *SPARCML_FAMILY])
+def test_coded_body_revision_reaches_the_handshake(algorithm):
+    """An algorithm sending coded COO bodies names their layout revision in its wire_revision
+    (the handshake's algorithm field), the revision every body carries in its byte 2; plain
+    COO messages add nothing."""
+    from sparsecomm.algorithms.base import get
+
+    body = sc.ops.skcompress_encode(torch.tensor([3, 9]), torch.tensor([1.0, -2.0]), 10)
+    assert int(body[2]) == sc.ops.SKC_REVISION
+    revision = f"coo-coded-r{sc.ops.SKC_REVISION}"
+    options = {} if algorithm == "skcompress" else INDEX
+    coded = get(algorithm)(None, **options)
+    assert coded.wire_revision.split("/")[-1] == revision, coded.wire_revision
+    if algorithm != "skcompress":
+        assert revision not in get(algorithm)(None).wire_revision
+
+
 @pytest.mark.parametrize("option,value", [("index_codec", "zstd"), ("value_codec", "qsgd"), ("q", 3), ("q", 2.0),
                                           ("s", 0), ("t", 0.0), ("t", float("nan")), ("r", 0), ("r", 200),
                                           ("m", 3), ("m", True), ("prefix", "none"), ("topology", "ring")])

@@ -264,6 +264,58 @@ def test_auto_picks_the_smallest_scheme(name):
     assert auto >= 8 + 2 + 8 + best // 8 + 4 * len(keys)
 
 
+def _ref_stream_codes(keys, N, m):
+    """Per key its prefix value (c - 1) and data bits (c * b), each stream's first key from -1:
+    one stream below 8192 keys, else two (the first n // 2 keys, then the rest)."""
+    W = 32 if N <= 2 ** 32 else 64
+    b = W // m
+    n = len(keys)
+    starts = [0, n // 2] if n >= 8192 else [0]
+    codes = []
+    for s, a in enumerate(starts):
+        e = starts[s + 1] if s + 1 < len(starts) else n
+        prev = -1
+        stream = []
+        for k in keys[a:e]:
+            c = max(1, -(-max(1, (k - prev - 1).bit_length()) // b))
+            stream.append((c - 1, c * b))
+            prev = k
+        codes.append(stream)
+    return codes
+
+
+@pytest.mark.parametrize("n", [8191, 8192, 20001])
+def test_delta_binary_two_streams_from_8192_keys(n):
+    """Sections of 8192 keys or more are two streams, each from an absolute key: the size is
+    the smallest scheme's, counted per stream (each zero-padded, each with its u64 bit count)."""
+    N = 50 * n
+    keys = sorted(_rng(n).choice(N, n, replace=False).tolist())
+    idx = torch.tensor(keys, dtype=torch.int64)
+    val = torch.ones(n)
+    codes = _ref_stream_codes(keys, N, 2)   # the stream split does not depend on m
+    best = None
+    for m in (2, 4, 8, 16):
+        streams = _ref_stream_codes(keys, N, m)
+        for scheme in (0, 1):
+            body = ops.skcompress_encode(idx, val, N, index_codec=1, value_codec=0, m=m, prefix=1 + scheme)
+            if scheme == 0:
+                lens = [int(math.log2(m))] * m
+                table = 0
+            else:   # the body's code lengths (optimal ones tie differently), checked optimal
+                freq = [sum(1 for st in streams for p, _ in st if p == j) for j in range(m)]
+                lens = body[10:10 + m].tolist()
+                assert sum(f * ln for f, ln in zip(freq, lens)) == _ref_huffman_cost(freq)
+                table = m
+            size = sum(-(-sum(lens[p] + d for p, d in st) // 8) for st in streams)
+            total = 8 + 2 + table + 8 * len(streams) + size + 4 * n
+            best = total if best is None else min(best, total)
+            assert body.numel() == total, (m, scheme)
+            di, dv = ops.skcompress_decode(body, N, n, torch.float32)
+            assert di.tolist() == keys
+    assert len(codes) == (2 if n >= 8192 else 1)
+    assert ops.skcompress_encode(idx, val, N, index_codec=1, value_codec=0).numel() == best
+
+
 def test_one_symbol_and_all_equal_values():
     idx = torch.arange(0, 5000)
     val = torch.full((5000,), 3.0)
@@ -301,16 +353,47 @@ def _body(index_codec=1, value_codec=1, n_entries=200, N=10_000, seed=0, **kw):
     return ops.skcompress_encode(idx, val, N, index_codec=index_codec, value_codec=value_codec, **kw), N, n_entries
 
 
+def _varint(b, off):
+    """(value, next offset) of the LEB128 varint at b[off]."""
+    value, shift = 0, 0
+    while True:
+        byte = int(b[off])
+        value |= (byte & 0x7F) << shift
+        off += 1
+        shift += 7
+        if not byte & 0x80:
+            return value, off
+
+
 def _layout(body):
-    """Offsets of the sketch body's fields (value codec 1), parsed here from the documented layout."""
+    """Offsets of the sketch body's fields (value codec 1), parsed here from the documented
+    layout: [8-byte head][u32 B][u16 G][u8 s][u8 r][u32 nb_neg][u32 nb_pos][means]
+    [2r x (varint n_l, varint cols_l)][u8 id scheme][2r id code lengths if Huffman][u64 id bits]
+    [ids][G cell code lengths][u64 cell bits][cells][keys]."""
     b = body.numpy()
-    B = int(b[8:12].view("<u4")[0]); G = int(b[12:14].view("<u2")[0]); r = int(b[15])
+    B = int(b[8:12].view("<u4")[0]); G = int(b[12:14].view("<u2")[0]); s = int(b[14]); r = int(b[15])
     nb = b[16:24].view("<u4").astype(int)
     means = 24
     lists = means + 4 * int(nb.sum())
-    table = lists + 16 * r
+    at, n_l, cols, list_at = lists, [], [], []
+    for _ in range(2 * r):
+        list_at.append(at)
+        v, at = _varint(b, at)
+        n_l.append(v)
+        v, at = _varint(b, at)
+        cols.append(v)
+    id_scheme = at
+    id_table = at + 1 if b[at] else None
+    id_bits_at = at + 1 + (2 * r if b[at] else 0)
+    id_bits = _get64(body, id_bits_at)
+    ids = id_bits_at + 8
+    table = ids + (id_bits + 7) // 8
     cbits = table + G
-    return dict(B=B, G=G, r=r, nb=nb, means=means, lists=lists, table=table, cbits=cbits)
+    cells = cbits + 8
+    keys = cells + (_get64(body, cbits) + 7) // 8
+    return dict(B=B, G=G, s=s, r=r, nb=nb, means=means, lists=lists, list_at=list_at, n_l=n_l, cols=cols,
+                id_scheme=id_scheme, id_table=id_table, id_bits=id_bits_at, ids=ids, table=table, cbits=cbits,
+                cells=cells, keys=keys)
 
 
 def _get64(b, off):
@@ -336,6 +419,7 @@ def _mutations():
     add("index codec", "codec", setb(0, 7))
     add("value codec", "codec", setb(1, 9))
     add("unexpected codec", "codec", lambda b, L: (b.__setitem__(0, 0), b)[1])
+    add("revision", "revision", setb(2, 1))
     add("reserved", "reserved", setb(5, 1))
     add("truncated", None, lambda b, L: b[:-1].clone())
     add("extra byte", None, lambda b, L: torch.cat([b, torch.zeros(1, dtype=torch.uint8)]))
@@ -349,8 +433,17 @@ def _mutations():
     add("means decreasing", "means",
         lambda b, L: (b[L["means"] + 4:L["means"] + 8].view(torch.float32).fill_(0.0),
                       b[L["means"]:L["means"] + 4].view(torch.float32).fill_(1e30), b)[2])
-    add("list size", "lists", lambda b, L: (b[L["lists"]:L["lists"] + 4].view(torch.int32).add_(1), b)[1])
-    add("list columns", "lists", lambda b, L: (b[L["lists"] + 4:L["lists"] + 8].view(torch.int32).fill_(0), b)[1])
+    # (the first list's varints are one byte each in this body: n_l and cols_l < 128)
+    add("list size", "lists", lambda b, L: (b.__setitem__(L["lists"], b[L["lists"]] + 1), b)[1])
+    add("list columns", "lists", lambda b, L: (b.__setitem__(L["lists"] + 1, 0), b)[1])
+    add("list size overlong varint", "lists",
+        lambda b, L: torch.cat([b[:L["lists"]], torch.tensor([int(b[L["lists"]]) | 0x80, 0], dtype=torch.uint8),
+                                b[L["lists"] + 1:]]))
+    add("id scheme", "code_table", lambda b, L: (b.__setitem__(L["id_scheme"], 2), b)[1])
+    # a whole byte more: the padding check alone would not see it
+    add("id bits", "padding", lambda b, L: (_set64(b, L["id_bits"], _get64(b, L["id_bits"]) + 8), b)[1])
+    # a fixed-width id moved to another list: the lists' id counts no longer match n_l
+    add("id of another list", "lists", lambda b, L: (b.__setitem__(L["ids"], int(b[L["ids"]]) ^ 0x10), b)[1])
     add("code table length", "code_table", lambda b, L: (b.__setitem__(L["table"], 16), b)[1])
     add("code table kraft", "code_table",
         lambda b, L: (b[L["table"]:L["table"] + L["G"]].fill_(0), b.__setitem__(L["table"], 2),
@@ -404,31 +497,46 @@ def test_malformed_keys_and_counts():
             ops.skcompress_decode(bad, 10, 3, torch.float32)
 
 
-def test_cross_list_duplicate_key_and_cell_out_of_range():
-    # two groups' lists holding the same key: rewrite one raw key of the second non-empty list
-    idx, val = _message(50, 1000, 1, "normal")
-    body = ops.skcompress_encode(idx, val, 1000, index_codec=0, value_codec=1, r=2, q=4)
-    L = _layout(body)
-    ln = body[L["lists"]:L["lists"] + 16 * L["r"]].view(torch.int32).view(-1, 2)[:, 0].tolist()
-    keys_start = body.numel() - 4 * sum(ln)
-    nonempty = [i for i, c in enumerate(ln) if c]
-    first = keys_start + 4 * sum(ln[:nonempty[1]])
-    bad = body.clone()
-    bad[first:first + 4] = body[keys_start:keys_start + 4]
-    with pytest.raises(WireFormatError, match="index_order"):
-        ops.skcompress_decode(bad, 1000, 50, torch.float32)
-    # a cell value past the buckets in use: one bucket per sign, two groups of width 1
+def _with_lists(body, L, pairs):
+    """The body with its list table (2r varint pairs) replaced by `pairs`."""
+    table = bytearray()
+    for n_l, cols in pairs:
+        for v in (n_l, cols):
+            while v >= 0x80:
+                table.append(v & 0x7F | 0x80)
+                v >>= 7
+            table.append(v)
+    return torch.cat([body[:L["lists"]], torch.tensor(list(table), dtype=torch.uint8), body[L["id_scheme"]:]])
+
+
+def test_list_claims_and_cell_out_of_range():
+    # a list of a sign without buckets: one positive bucket per group (q = 4, r = 2, G = 1), the
+    # positive lists' keys claimed by the negative lists
     idx = torch.tensor([1, 2])
     body = ops.skcompress_encode(idx, torch.tensor([1.0, 2.0]), 10, index_codec=0, value_codec=1, q=4, r=2)
     L = _layout(body)
-    assert L["G"] == 1 and list(L["nb"]) == [0, 2]
-    # move list (pos, group 1)'s key to (pos, group 0) would be valid; instead claim a negative list
-    bad = body.clone()
-    lists = bad[L["lists"]:L["lists"] + 32].view(torch.int32).view(4, 2)
-    lists[0] = lists[2].clone()
-    lists[2] = 0
+    assert L["G"] == 1 and list(L["nb"]) == [0, 2] and L["n_l"] == [0, 0, 1, 1]
+    bad = _with_lists(body, L, [(1, L["cols"][2]), (1, L["cols"][3]), (0, 0), (0, 0)])
+    # ... and the two list ids (fixed width, 2 bits: 2 and 3) now naming lists 0 and 1
+    ids = _layout(bad)["ids"]
+    assert int(body[L["ids"]]) == 0b10110000
+    bad[ids] = 0b00010000
     with pytest.raises(WireFormatError, match="lists"):
         ops.skcompress_decode(bad, 10, 2, torch.float32)
+    # a cell holding an offset past its list's buckets in use: q = 4, r = 1 (G = 2), one positive
+    # value, so the positive list has one bucket (offsets < 1); a code table of both offsets and
+    # the cell's code for offset 1
+    body = ops.skcompress_encode(torch.tensor([3]), torch.tensor([1.5]), 10, index_codec=0, value_codec=1, q=4, r=1)
+    L = _layout(body)
+    assert L["G"] == 2 and list(L["nb"]) == [0, 1] and _get64(body, L["cbits"]) >= 1
+    ok_values = ops.skcompress_decode(body, 10, 1, torch.float32)[1]
+    assert ok_values.tolist() == [1.5]
+    bad = body.clone()
+    bad[L["table"]:L["table"] + 2] = torch.tensor([1, 1], dtype=torch.uint8)   # offsets 0 and 1: codes 0, 1
+    cells = _get64(body, L["cbits"])
+    bad[L["cells"]] = (0xFF << (8 - cells)) & 0xFF                          # every cell holds offset 1
+    with pytest.raises(WireFormatError, match="cell"):
+        ops.skcompress_decode(bad, 10, 1, torch.float32)
 
 
 @pytest.mark.parametrize("index_codec,value_codec", [(0, 0), (1, 0), (0, 1), (1, 1)])
@@ -463,7 +571,10 @@ def _ref_mix(z: int) -> int:
 
 
 def _ref_col(key: int, row: int, cols: int) -> int:
-    return ((_ref_mix(key ^ _ref_mix(0x5C0DE + row)) >> 32) * cols) >> 32
+    """One hash a pair of rows: the high half gives the even row's column, the low half the odd's."""
+    h = _ref_mix(key ^ _ref_mix(0x5C0DE + row // 2))
+    half = h >> 32 if row % 2 == 0 else h & 0xFFFFFFFF
+    return (half * cols) >> 32
 
 
 @pytest.mark.parametrize("seed,q,s,t,r", [(1, 256, 2, 0.2, 8), (2, 64, 3, 0.1, 2), (3, 16, 1, 0.3, 1)])
@@ -483,13 +594,17 @@ def test_minmax_sketch_decodes_exactly_min_insert_max_query(seed, q, s, t, r):
     B = q // 2
     G = -(-B // r)
     # the body's list table: after the 8-byte head, [u32 B][u16 G][u8 s][u8 r], two u32 nb and
-    # the nb_neg + nb_pos float32 means, 2r x [u32 n_l][u32 cols_l], negative groups first
+    # the nb_neg + nb_pos float32 means, 2r x [varint n_l][varint cols_l], negative groups first
     head = np.frombuffer(body[8:16].tobytes(), dtype=np.dtype([("B", "<u4"), ("G", "<u2"), ("s", "u1"), ("r", "u1")]))[0]
     assert (head["B"], head["G"], head["s"], head["r"]) == (B, G, s, r)
     nb = np.frombuffer(body[16:24].tobytes(), dtype="<u4")
     assert nb.tolist() == used
     at = 24 + 4 * int(nb.sum())
-    table = np.frombuffer(body[at:at + 16 * r].tobytes(), dtype="<u4").reshape(2 * r, 2)
+    table = []
+    for _ in range(2 * r):
+        n_l, at = _varint(body, at)
+        cols, at = _varint(body, at)
+        table.append((n_l, cols))
     sign = (v >= 0).astype(int)           # 0: negative, 1: non-negative (zeros count as positive)
     group, offset = bucket // G, bucket % G
     keys = idx.numpy()

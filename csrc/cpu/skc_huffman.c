@@ -95,8 +95,7 @@ void skc_huffman_codes(const uint8_t* len, int nsym, uint32_t* code) {
 int skc_hf_table_build(const uint8_t* len, int nsym, int allow_empty, int64_t pos,
                           hf_table* t, sc_error_info* err) {
   t->maxlen = 0;
-  t->sym = NULL;
-  t->len = NULL;
+  t->e = NULL;
   uint64_t kraft = 0;
   int used = 0;
   for (int i = 0; i < nsym; i++) {
@@ -115,17 +114,12 @@ int skc_hf_table_build(const uint8_t* len, int nsym, int allow_empty, int64_t po
   int ok = kraft == (1ull << SC_SKC_MAX_CODE_LEN) || (used == 1 && t->maxlen == 1);
   if (!ok) return sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_CODE_TABLE, pos, (int64_t)kraft);
   size_t size = (size_t)1 << t->maxlen;
-  t->sym = (uint16_t*)calloc(size, sizeof(uint16_t));
-  t->len = (uint8_t*)calloc(size, 1);
-  if (!t->sym || !t->len) {
-    free(t->sym); free(t->len);
-    t->sym = NULL; t->len = NULL;
-    return SC_ERR_NOMEM;
-  }
+  t->e = (uint16_t*)calloc(size, sizeof(uint16_t));
   uint32_t* code = (uint32_t*)malloc(sizeof(uint32_t) * (size_t)nsym);
-  if (!code) {
-    free(t->sym); free(t->len);
-    t->sym = NULL; t->len = NULL;
+  if (!t->e || !code) {
+    free(t->e);
+    free(code);
+    t->e = NULL;
     return SC_ERR_NOMEM;
   }
   skc_huffman_codes(len, nsym, code);
@@ -133,16 +127,11 @@ int skc_hf_table_build(const uint8_t* len, int nsym, int allow_empty, int64_t po
     if (!len[i]) continue;
     int shift = t->maxlen - len[i];
     size_t first = (size_t)code[i] << shift, n = (size_t)1 << shift;
-    for (size_t e = 0; e < n; e++) {
-      t->sym[first + e] = (uint16_t)i;
-      t->len[first + e] = len[i];
-    }
+    uint16_t e = (uint16_t)((i << 4) | len[i]);
+    for (size_t k = 0; k < n; k++) t->e[first + k] = e;
   }
   free(code);
   return SC_OK;
 }
 
-void skc_hf_table_free(hf_table* t) {
-  free(t->sym);
-  free(t->len);
-}
+void skc_hf_table_free(hf_table* t) { free(t->e); }

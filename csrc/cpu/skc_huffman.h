@@ -8,11 +8,11 @@
 #include "sparsecomm/abi.h"
 #include "skc_bits.h"
 
-/* Decoding table: 2^maxlen entries (symbol, length); length 0 = no code. */
+/* Decoding table: 2^maxlen entries indexed by the next maxlen bits, each
+ * (symbol << 4) | code length; 0 = no code starts with these bits. Symbols < 4096. */
 typedef struct {
   int maxlen;
-  uint16_t* sym;
-  uint8_t* len;
+  uint16_t* e;
 } hf_table;
 
 /* Code lengths (<= 15) for freq[0..nsym); unused symbols get 0, a single used symbol 1:
@@ -30,14 +30,12 @@ int skc_hf_table_build(const uint8_t* len, int nsym, int allow_empty, int64_t po
 
 void skc_hf_table_free(hf_table* t);
 
-/* One symbol; 0 when the bits are no code or the stream ends inside it. */
-static inline int hf_read(bit_reader* r, const hf_table* t, uint32_t* sym) {
-  uint64_t e = br_peek(r, t->maxlen);
-  int l = t->len[e];
-  if (!l || r->pos + l > r->nbits) return 0;
-  r->pos += l;
-  *sym = t->sym[e];
-  return 1;
+/* One symbol (the caller refilled r); -1 when the bits are no code. A stream running
+ * short shows in br_consumed afterwards. */
+static inline int hf_read(bit_reader* r, const hf_table* t) {
+  unsigned e = t->e[br_top(r, t->maxlen)];
+  br_skip(r, (int)(e & 15));
+  return e ? (int)(e >> 4) : -1;
 }
 
 #endif

@@ -158,17 +158,38 @@ static int quantiles_of(double* a, int64_t n, int64_t nq, int64_t exact_max, dou
   return st;
 }
 
+#define VT float
+#define KT uint32_t
+#define SX _f32
+#include "skc_select_impl.h"
+#undef VT
+#undef KT
+#undef SX
+#define VT double
+#define KT uint64_t
+#define SX _f64
+#include "skc_select_impl.h"
+#undef VT
+#undef KT
+#undef SX
+
 int sc_skc_quantiles(sc_dtype vt, const void* x, int64_t n, int64_t nq, int64_t exact_max,
                      double* out, sc_error_info* err) {
   if (vt != SC_F32 && vt != SC_F64) return sc_fail(err, SC_ERR_ARG, 0, 0, vt);
   if (n < 1) return sc_fail(err, SC_ERR_ARG, 1, 0, n);
   if (nq < 1) return sc_fail(err, SC_ERR_ARG, 2, 0, nq);
+  for (int64_t i = 0; i < n; i++) {
+    double a = load_value(vt, x, i);
+    if (a != a) return sc_fail(err, SC_ERR_NAN, 0, i, 0);
+  }
+  if (n <= exact_max && n < ((int64_t)1 << 32))
+    return vt == SC_F32 ? quantiles_exact_f32((const float*)x, n, nq, out)
+                        : quantiles_exact_f64((const double*)x, n, nq, out);
   double* a = (double*)malloc(sizeof(double) * (size_t)n);
   if (!a) return SC_ERR_NOMEM;
   double mx = -INFINITY;
   for (int64_t i = 0; i < n; i++) {
     a[i] = load_value(vt, x, i);
-    if (a[i] != a[i]) { free(a); return sc_fail(err, SC_ERR_NAN, 0, i, 0); }
     if (a[i] > mx) mx = a[i];
   }
   int st = quantiles_of(a, n, nq, exact_max, out);
@@ -177,68 +198,10 @@ int sc_skc_quantiles(sc_dtype vt, const void* x, int64_t n, int64_t nq, int64_t 
   return st;
 }
 
-/* Splits of one sign: mags[0..n) (reordered), nb = min(B, n), splits[0..nb]. */
-static int sign_splits(double* mags, int64_t n, int64_t B, int64_t exact_max, double* splits,
-                       int64_t* nb_out) {
-  if (n == 0) { *nb_out = 0; return SC_OK; }
-  double mn = INFINITY, mx = -INFINITY;
-  for (int64_t i = 0; i < n; i++) {
-    if (mags[i] < mn) mn = mags[i];
-    if (mags[i] > mx) mx = mags[i];
-  }
-  int64_t nb = n < B ? n : B;
-  int st = quantiles_of(mags, n, nb, exact_max, splits);
-  if (st) return st;
-  splits[0] = mn;
-  splits[nb] = mx;
-  for (int64_t j = 1; j < nb; j++) { /* keep them ordered and inside [min, max] */
-    if (splits[j] < splits[j - 1]) splits[j] = splits[j - 1];
-    if (splits[j] > mx) splits[j] = mx;
-  }
-  *nb_out = nb;
-  return SC_OK;
-}
-
-static inline int32_t bucket_of(const double* splits, int64_t nb, double a) {
-  /* #{j in 1..nb-1 : splits[j] <= a} */
-  int64_t lo = 1, hi = nb; /* search in [lo, hi) */
-  while (lo < hi) {
-    int64_t mid = (lo + hi) >> 1;
-    if (splits[mid] <= a) lo = mid + 1; else hi = mid;
-  }
-  return (int32_t)(lo - 1);
-}
-
-int skc_quantify(sc_dtype vt, const void* v, int64_t n, int64_t B, int64_t exact_max,
-                    int32_t* bucket, quantized* qz, sc_error_info* err) {
-  qz->n[0] = qz->n[1] = 0;
-  for (int64_t i = 0; i < n; i++) {
-    double x = load_value(vt, v, i);
-    if (!isfinite(x)) return sc_fail(err, SC_ERR_NAN, 1, i, 0);
-    qz->n[x >= 0]++;
-  }
-  double* mags[2];
-  mags[0] = (double*)malloc(sizeof(double) * (size_t)(qz->n[0] + 1));
-  mags[1] = (double*)malloc(sizeof(double) * (size_t)(qz->n[1] + 1));
-  if (!mags[0] || !mags[1]) { free(mags[0]); free(mags[1]); return SC_ERR_NOMEM; }
-  int64_t c[2] = {0, 0};
-  for (int64_t i = 0; i < n; i++) {
-    double x = load_value(vt, v, i);
-    int sg = x >= 0;
-    mags[sg][c[sg]++] = fabs(x);
-  }
-  int st = SC_OK;
-  for (int sg = 0; sg < 2 && !st; sg++)
-    st = sign_splits(mags[sg], qz->n[sg], B, exact_max, qz->splits[sg], &qz->nb[sg]);
-  free(mags[0]);
-  free(mags[1]);
-  if (st) return st;
-  for (int64_t i = 0; i < n; i++) {
-    double x = load_value(vt, v, i);
-    int sg = x >= 0;
-    bucket[i] = bucket_of(qz->splits[sg], qz->nb[sg], fabs(x));
-  }
-  return SC_OK;
+int skc_quantify(sc_dtype vt, const void* v, int64_t n, int64_t B, int64_t exact_max, int32_t* out,
+                    const skc_bucket_map* map, void* scratch, quantized* qz, sc_error_info* err) {
+  return vt == SC_F32 ? quantify_f32((const float*)v, n, B, exact_max, out, map, scratch, qz, err)
+                      : quantify_f64((const double*)v, n, B, exact_max, out, map, scratch, qz, err);
 }
 
 int sc_skc_quantize(sc_dtype vt, const void* v, int64_t n, int64_t q, int64_t exact_max,
@@ -251,7 +214,7 @@ int sc_skc_quantize(sc_dtype vt, const void* v, int64_t n, int64_t q, int64_t ex
   quantized qz;
   qz.splits[0] = splits;
   qz.splits[1] = splits + B + 1;
-  int st = skc_quantify(vt, v, n, B, exact_max, bucket, &qz, err);
+  int st = skc_quantify(vt, v, n, B, exact_max, bucket, NULL, NULL, &qz, err);
   if (st) return st;
   used[0] = qz.nb[0];
   used[1] = qz.nb[1];

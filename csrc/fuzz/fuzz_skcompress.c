@@ -8,9 +8,12 @@
  * the binding does: count <= 4 len and <= N); on SC_OK the keys are strictly ascending
  * and < N and, with the skcompress value codec, every value is finite.
  * Encoder mode: the rest gives [index codec, value codec, q/2 - 1, s - 1, t / 16, r - 1,
- * m code, prefix] then count (u32 key gap, f32 value) pairs; keys beyond N stop the vector.
+ * m code, prefix, exact_max / 8] then count (at most 16384) (u32 key gap, f32 value) pairs
+ * (zeros past the input); keys beyond N stop the vector.
  * Invariants: valid options encode to a body that decodes to the same keys (values
- * bit-identical with the raw value codec; same sign otherwise), within the bound. */
+ * bit-identical with the raw value codec; same sign otherwise), within the bound.
+ * Both modes, where the CPU runs the SIMD cell indices: the baseline twin
+ * (sc_skc_set_simd(0)) gives the same body, and the same verdict and vector. */
 #include <math.h>
 
 #include "fuzz_common.h"
@@ -26,6 +29,20 @@ FZ_NOCOV static void decoder_mode(const uint8_t* body, size_t len, int64_t N, in
   sc_error_info e = fz_err();
   int st = sc_skc_decode(body, (int64_t)len, N, count, vt, ic, vc, idx, val, &e);
   FUZZ_CHECK(st == SC_OK || st == SC_ERR_MALFORMED);
+  if (sc_skc_set_simd(1) > 0) { /* the baseline cell indices: the same verdict and vector */
+    int64_t* bi = (int64_t*)malloc(sizeof(int64_t) * (size_t)(count + 1));
+    double* bv = (double*)malloc(sizeof(double) * (size_t)(count + 1));
+    sc_skc_set_simd(0);
+    int bst = sc_skc_decode(body, (int64_t)len, N, count, vt, ic, vc, bi, bv, NULL);
+    sc_skc_set_simd(1);
+    FUZZ_CHECK(bst == st);
+    if (st == SC_OK && count) {
+      FUZZ_CHECK(memcmp(bi, idx, sizeof(int64_t) * (size_t)count) == 0);
+      FUZZ_CHECK(memcmp(bv, val, (vt == SC_F32 ? 4 : 8) * (size_t)count) == 0);
+    }
+    free(bi);
+    free(bv);
+  }
   if (st == SC_OK) {
     for (int64_t i = 0; i < count; i++) {
       FUZZ_CHECK(idx[i] >= 0 && idx[i] < N && (i == 0 || idx[i] > idx[i - 1]));
@@ -50,7 +67,7 @@ FZ_NOCOV static void encoder_mode(fz_reader* r, int64_t N, int64_t count) {
   o.m = (int64_t[]){0, 2, 4, 8, 16}[fz_u(r, 1) % 5];
   o.prefix = (int)(fz_u(r, 1) % 3);
   o.exact_max = (int64_t)(fz_u(r, 1) * 8);
-  if (count > 4096) count = 4096;
+  if (count > 16384) count = 16384; /* past SKC_KEY_SPLIT: two key streams */
   int64_t* idx = (int64_t*)malloc(sizeof(int64_t) * (size_t)(count + 1));
   float* val = (float*)malloc(sizeof(float) * (size_t)(count + 1));
   int64_t n = 0, key = -1;
@@ -84,6 +101,15 @@ FZ_NOCOV static void encoder_mode(fz_reader* r, int64_t N, int64_t count) {
         FUZZ_CHECK(memcmp(&dv[i], &val[i], 4) == 0);
       else
         FUZZ_CHECK(val[i] >= 0 ? dv[i] >= 0 : dv[i] <= 0);
+    }
+    if (sc_skc_set_simd(1) > 0) { /* the baseline cell indices write the same body */
+      uint8_t* base = (uint8_t*)malloc((size_t)cap);
+      int64_t blen = -1;
+      sc_skc_set_simd(0);
+      FUZZ_CHECK(sc_skc_encode(&o, N, idx, SC_F32, val, n, base, cap, &blen, NULL) == SC_OK);
+      sc_skc_set_simd(1);
+      FUZZ_CHECK(blen == len && memcmp(base, body, (size_t)len) == 0);
+      free(base);
     }
     free(exact);
     free(di);

@@ -3,8 +3,8 @@
  * main: the quantile sketch's rank-error bound after updates and after merges; codec
  * round trips over 1,021,000 random messages (a million of them tiny) (keys lossless; values never change sign, never
  * decode to a bucket further from zero or outside their group, checked against
- * sc_skc_quantize); every byte of a body flipped once must give SC_ERR_MALFORMED or a
- * valid vector.
+ * sc_skc_quantize); every byte of a body flipped once (of large ones, 3000 random bytes)
+ * must give SC_ERR_MALFORMED or a valid vector.
  */
 #include <math.h>
 #include <stdint.h>
@@ -15,6 +15,8 @@
 #include "sparsecomm/skcompress.h"
 
 static long s_checks = 0, s_failed = 0;
+static int s_simd_twin = 0; /* the CPU runs a SIMD body: compare it with the baseline */
+static long s_twin_every = 0;
 #define SCHECK(cond)                                                                  \
   do {                                                                                \
     s_checks++;                                                                       \
@@ -116,6 +118,21 @@ static void round_trip(int64_t n, int64_t N, sc_skc_options o, int flip_all) {
   int64_t* di = (int64_t*)malloc(sizeof(int64_t) * (size_t)(n + 1));
   float* dv = (float*)malloc(sizeof(float) * (size_t)(n + 1));
   SCHECK(sc_skc_decode(body, len, N, n, SC_F32, o.index_codec, o.value_codec, di, dv, &e) == SC_OK);
+  if (s_simd_twin && (s_twin_every++ % 8 == 0 || n > 1000)) {
+    /* the baseline body of the SIMD cell indices: the same message, the same values */
+    uint8_t* base = (uint8_t*)malloc((size_t)cap);
+    int64_t blen = -1;
+    int64_t* bi = (int64_t*)malloc(sizeof(int64_t) * (size_t)(n + 1));
+    float* bv = (float*)malloc(sizeof(float) * (size_t)(n + 1));
+    sc_skc_set_simd(0);
+    SCHECK(sc_skc_encode(&o, N, idx, SC_F32, val, n, base, cap, &blen, &e) == SC_OK);
+    SCHECK(blen == len && memcmp(base, body, (size_t)len) == 0);
+    SCHECK(sc_skc_decode(body, len, N, n, SC_F32, -1, -1, bi, bv, &e) == SC_OK);
+    SCHECK(n == 0 || (memcmp(bi, di, sizeof(int64_t) * (size_t)n) == 0 &&
+                      memcmp(bv, dv, sizeof(float) * (size_t)n) == 0));
+    sc_skc_set_simd(1);
+    free(base); free(bi); free(bv);
+  }
   SCHECK(n == 0 || memcmp(di, idx, sizeof(int64_t) * (size_t)n) == 0);
   if (o.value_codec == SC_SKC_VALUE_RAW) {
     SCHECK(n == 0 || memcmp(dv, val, sizeof(float) * (size_t)n) == 0);
@@ -140,8 +157,10 @@ static void round_trip(int64_t n, int64_t N, sc_skc_options o, int flip_all) {
     free(b);
     free(sp);
   }
-  if (flip_all) { /* every byte flipped: malformed or still a valid vector, never a crash */
-    for (int64_t p = 0; p < len; p++) {
+  if (flip_all) { /* every byte flipped (or flip_all random ones): malformed or still a
+                   * valid vector, never a crash */
+    for (int64_t f = 0; f < (flip_all > 1 ? flip_all : len); f++) {
+      int64_t p = flip_all > 1 ? (int64_t)(srnd() % (uint64_t)len) : f;
       uint8_t* bad = (uint8_t*)malloc((size_t)len);
       memcpy(bad, body, (size_t)len);
       bad[p] ^= (uint8_t)(1 + srnd() % 255);
@@ -157,6 +176,8 @@ static void round_trip(int64_t n, int64_t N, sc_skc_options o, int flip_all) {
 }
 
 static void test_skcompress(long* checks, long* failed) {
+  s_simd_twin = sc_skc_set_simd(1) > 0;
+  printf("skcompress cell indices: %s\n", s_simd_twin ? "SIMD, checked against the baseline" : "baseline");
   test_qsketch();
   /* many random messages: small ones (all code paths) and a few large ones */
   for (int it = 0; it < 20000; it++) {
@@ -174,6 +195,13 @@ static void test_skcompress(long* checks, long* failed) {
     round_trip(1 + (int64_t)(srnd() % 60), 1 + (int64_t)(srnd() % 100000), o, 1);
   }
   round_trip(100000, 1000000, opts(1, 1, 256, 2, 0.2, 8), 0); /* past exact_max: the sketch path */
+  /* delta-binary sections of SKC_KEY_SPLIT = 8192 keys and more are two streams: round trips
+   * around that size, and 3000 random byte flips of each body */
+  for (int it = 0; it < 6; it++) {
+    sc_skc_options o = opts(1, it % 2, 256, 2, 0.2, 8);
+    o.exact_max = 1 << 20;
+    round_trip(8190 + (int64_t)(srnd() % 8), 8200 + (int64_t)(srnd() % 400000), o, 3000);
+  }
   /* a million tiny messages (few keys, narrow sketches: collisions everywhere) */
   for (int it = 0; it < 1000000; it++) {
     int64_t q = 2 << (srnd() % 5);

@@ -112,7 +112,8 @@ class Algorithm(ABC):
     #: True when out is exactly the dense sum of the locally selected vectors
     lossless: ClassVar[bool] = True
     #: what else the ranks must share beyond name and options, e.g. a sketch's hash family
-    #: (part of the reducer's handshake: ranks on builds that differ here refuse to reduce)
+    #: (part of the reducer's handshake: ranks on builds that differ here refuse to reduce);
+    #: an instance with a coded COO codec appends the codec's (:attr:`CooCodec.wire_revision`)
     wire_revision: ClassVar[str] = ""
     #: True when the algorithm is itself the dense allreduce of ``acc`` with a zero residual:
     #: NaN and Inf reach its result exactly as in a dense sum, so under the reducer's
@@ -153,6 +154,8 @@ class Algorithm(ABC):
         if self.uses_coo_codec:
             self.codec = CooCodec({**self.options, **self.fixed_codec_options})
             self.lossless = self.lossless and self.codec.lossless
+            if self.codec.wire_revision:   # the coded bodies' layout is shared too
+                self.wire_revision = "/".join(r for r in (type(self).wire_revision, self.codec.wire_revision) if r)
 
     @classmethod
     def resolve_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:

@@ -61,7 +61,6 @@ CODEC_OPTIONS: dict[str, Option] = {
 }
 #: the codec options with their defaults
 CODEC_OPTION_DEFAULTS: dict[str, Any] = {name: option.default for name, option in CODEC_OPTIONS.items()}
-_EXACT_MAX = 65536  # quantiles by a full sort up to this many values per sign
 
 
 class CooCodec:
@@ -75,7 +74,8 @@ class CooCodec:
         m = options.get("m", "auto")
         self._args = dict(q=options.get("q", 256), s=options.get("s", 2), t=float(options.get("t", 0.2)),
                           r=options.get("r", 8), m=0 if m == "auto" else m,
-                          prefix=ops.PREFIXES[options.get("prefix", "auto")], exact_max=_EXACT_MAX)
+                          prefix=ops.PREFIXES[options.get("prefix", "auto")],
+                          exact_max=ops.EXACT_ALWAYS)
 
     @property
     def plain(self) -> bool:
@@ -85,6 +85,13 @@ class CooCodec:
     @property
     def lossless(self) -> bool:
         return self._value == 0
+
+    @property
+    def wire_revision(self) -> str:
+        """The coded body's layout revision ("" for plain COO): ranks on builds that lay bodies
+        out differently must not exchange them, so the algorithm adds this to its own
+        :attr:`~sparsecomm.algorithms.base.Algorithm.wire_revision` (the handshake compares it)."""
+        return "" if self.plain else f"coo-coded-r{ops.SKC_REVISION}"
 
     def fixed_nbytes(self, count: int, n: int, value_dtype: torch.dtype) -> int | None:
         """The size of a message of ``count`` entries when the receiver can know it, else None."""

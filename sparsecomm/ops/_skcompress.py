@@ -6,7 +6,8 @@ The contracts, the hash and the byte layout are documented once, in
 ``csrc/include/sparsecomm/skcompress.h``. In short:
 
 * :func:`skcompress_quantiles` -- ``nq + 1`` quantiles of ``x`` (the item at rank
-  ``floor(j n / nq)``, then the maximum); exact when ``n <= exact_max``, else from a
+  ``floor(j n / nq)``, then the maximum); exact (an O(n) radix select) when
+  ``n <= exact_max`` -- by default at every size (:data:`EXACT_ALWAYS`) -- else from a
   deterministic mergeable compactor sketch (capacity :data:`SKETCH_K` per level) whose
   rank error is at most ``n * H / SKETCH_K`` with ``H`` the number of levels that
   compacted, ``H <= floor(log2(n / SKETCH_K)) + 1``.
@@ -31,10 +32,12 @@ import torch
 from ._errors import translating
 
 __all__ = ["skcompress_quantiles", "skcompress_quantize", "skcompress_encode", "skcompress_decode",
-           "SKETCH_K", "MAX_Q", "MAX_ROWS_SKC", "MAX_T", "INDEX_CODECS", "VALUE_CODECS", "PREFIXES"]
+           "EXACT_ALWAYS", "SKC_REVISION", "SKETCH_K", "MAX_Q", "MAX_ROWS_SKC", "MAX_T", "INDEX_CODECS", "VALUE_CODECS", "PREFIXES"]
 
 _ops = torch.ops.sparsecomm
 SKETCH_K = 4096       # SC_SKC_SKETCH_K
+EXACT_ALWAYS = 2 ** 63 - 1  # exact_max: exact quantiles at every size
+SKC_REVISION = 2      # SC_SKC_REVISION: the body layout's revision (body byte 2)
 MAX_Q = 4096          # SC_SKC_MAX_Q
 MAX_ROWS_SKC = 16     # SC_SKC_MAX_ROWS
 MAX_T = 64.0          # SC_SKC_MAX_T
@@ -48,13 +51,13 @@ def _cpu(t: torch.Tensor) -> torch.Tensor:
 
 
 @translating
-def skcompress_quantiles(x: torch.Tensor, nq: int, exact_max: int = 65536) -> torch.Tensor:
+def skcompress_quantiles(x: torch.Tensor, nq: int, exact_max: int = EXACT_ALWAYS) -> torch.Tensor:
     """float64 tensor of ``nq + 1`` quantiles of the 1-D float tensor ``x`` (see module)."""
     return _ops.skcompress_quantiles(_cpu(x), operator.index(nq), operator.index(exact_max))
 
 
 @translating
-def skcompress_quantize(v: torch.Tensor, q: int = 256, exact_max: int = 65536
+def skcompress_quantize(v: torch.Tensor, q: int = 256, exact_max: int = EXACT_ALWAYS
                         ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(bucket int32[n], splits float64[2, q/2 + 1], used int64[2])``: row 0 of the splits is
     the negative sign, row 1 the positive; ``used[s]`` buckets of sign ``s`` are in use and
@@ -65,7 +68,7 @@ def skcompress_quantize(v: torch.Tensor, q: int = 256, exact_max: int = 65536
 @translating
 def skcompress_encode(idx: torch.Tensor, val: torch.Tensor, n: int, *, index_codec: int = 1,
                       value_codec: int = 1, q: int = 256, s: int = 2, t: float = 0.2, r: int = 8,
-                      m: int = 0, prefix: int = 0, exact_max: int = 65536) -> torch.Tensor:
+                      m: int = 0, prefix: int = 0, exact_max: int = EXACT_ALWAYS) -> torch.Tensor:
     """The message body (uint8, on the CPU) of the COO vector ``(idx, val)`` of length ``n``.
 
     ``idx`` strictly ascending in ``[0, n)`` (int32/int64), ``val`` float32/float64 (finite

@@ -3,16 +3,17 @@
  *
  * Four parts, each usable on its own and all used by the message codec below:
  *
- * 1. Quantile sketch (section 4.1, step 1). A deterministic mergeable compactor
- *    hierarchy (the KLL/MRL family with a fixed capacity per level): level h holds
- *    items of weight 2^h; a full level (k items) is sorted and every other item
- *    (offset alternating per level) moves up with twice the weight. Error bound:
- *    a compaction at level h moves any rank by at most 2^h and there are at most
- *    n / (k 2^h) of them (each consumes weight k 2^h of the n inserted), so for any x
+ * 1. Quantiles (section 4.1, step 1). Exact by default: an O(n) radix select over the
+ *    bits of the values (a histogram of the key range, then only the keys of the bins
+ *    holding a wanted rank, bin by bin). With more than exact_max values, a deterministic
+ *    mergeable compactor hierarchy (the KLL/MRL family with a fixed capacity per level):
+ *    level h holds items of weight 2^h; a full level (k items) is sorted and every other
+ *    item (offset alternating per level) moves up with twice the weight. Error bound: a
+ *    compaction at level h moves any rank by at most 2^h and there are at most n / (k 2^h)
+ *    of them (each consumes weight k 2^h of the n inserted), so for any x
  *    |est_rank(x) - rank(x)| <= n * H / k, H = the number of levels that compacted
- *    (<= floor(log2(n / k)) + 1). Merging two sketches keeps the bound (the
- *    argument only counts weight). Exact mode: with n <= exact_max the quantiles
- *    come from a full sort (rank error 0).
+ *    (<= floor(log2(n / k)) + 1). Merging two sketches keeps the bound (the argument only
+ *    counts weight).
  *
  * 2. Quantile-bucket quantification with separate signs (section 4.2, Solution 1).
  *    q buckets in all: B = q / 2 per sign, over magnitudes |v| (zeros count as
@@ -22,19 +23,27 @@
  *    bucket b = #{j in 1..nb-1 : s_j <= a}, so s_b <= a <= s_{b+1}; bucket b decodes
  *    to mean_b = (s_b + s_{b+1}) / 2 rounded once to the value dtype (rounding is
  *    monotone and both ends are representable, so s_b <= mean_b <= s_{b+1}).
- *    Indices count from zero outwards, so a smaller index is a smaller magnitude.
+ *    Indices count from zero outwards, so a smaller index is a smaller magnitude. The
+ *    splits are the sender's choice: the receiver reads only the means.
  *
  * 3. Grouped MinMaxSketch (section 4.2; Appendix A.2, A.3). The B buckets of each
  *    sign form r groups of G = ceil(B / r) consecutive buckets; a key belongs to the
- *    list (sign, group of its bucket), so 2r lists. Each list has its own sketch of
- *    s rows x cols cells holding the bucket offset inside the group (0..G-1):
- *    insert = Min over the key's s cells, query = Max. Every cell a key reaches
- *    holds a value <= its own offset, so the decoded offset never exceeds the true
- *    one: the decoded bucket is in the same sign and group, never further from zero,
- *    at most G - 1 buckets closer. Column of key k in row j:
+ *    list l = sign * r + group of its bucket (sign 0 negative), so 2r lists. Each list
+ *    has its own sketch of s rows x cols cells holding the bucket offset inside the
+ *    group (0..G-1): insert = Min over the key's s cells, query = Max. Every cell a key
+ *    reaches holds a value <= its own offset, so the decoded offset never exceeds the
+ *    true one: the decoded bucket is in the same sign and group, never further from zero,
+ *    at most G - 1 buckets closer. Column of key k in row j: one hash serves a pair
+ *    of rows,
  *      mix(z)   = splitmix64 finaliser (xor-shift 30, *0xBF58476D1CE4E5B9,
  *                 xor-shift 27, *0x94D049BB133111EB, xor-shift 31)
- *      col_j(k) = ((mix(k ^ mix(0x5C0DE + j)) >> 32) * cols) >> 32
+ *      h        = mix(k ^ mix(0x5C0DE + floor(j / 2)))
+ *      col_j(k) = ((h >> 32) * cols) >> 32             (j even)
+ *                 ((h & 0xFFFFFFFF) * cols) >> 32      (j odd)
+ *    The keys are sent once, in ascending order, and each key's list l as a Huffman code
+ *    (the list ids): Appendix A.3 delta-codes the keys of each group apart, which pays
+ *    for the group in longer deltas (4.6-6.6 bits a key on real gradients, as much as an
+ *    explicit id on random ones) and leaves the receiver a 2r-way merge.
  *
  * 4. Huffman coding (section 4.3, 5.2): canonical codes, lengths 1..15 (lengths over 15
  *    are avoided by halving the frequencies and rebuilding), sent as one byte per symbol
@@ -51,27 +60,37 @@
  *
  * Message body (after the 32-byte sparsecomm header, kind COO_CODED; little-endian):
  *
- *   [u8 index_codec (0 raw, 1 delta_binary)][u8 value_codec (0 raw, 1 skcompress)][6 x 0]
+ *   [u8 index_codec (0 raw, 1 delta_binary)][u8 value_codec (0 raw, 1 skcompress)]
+ *   [u8 revision = SC_SKC_REVISION][5 x 0]
  *   value codec raw:        [keys section of all count keys][count raw values]
  *   value codec skcompress: [u32 B][u16 G][u8 s][u8 r]
  *                           [u32 nb_neg][u32 nb_pos][nb_neg means][nb_pos means]
- *                           2r x [u32 n_l][u32 cols_l]   (negative groups 0..r-1, then positive)
+ *                           2r x [varint n_l][varint cols_l]  (negative groups 0..r-1, then positive)
+ *                           [2r bytes: Huffman code lengths of the list ids]
+ *                           [u64 id bits][the count keys' list ids, Huffman coded, in key order]
  *                           [G bytes: Huffman code lengths of cell values]
  *                           [u64 cell bits][cells, Huffman coded, list by list, row-major]
- *                           2r x [keys section of the list]
- *   keys section raw:          n_l keys as int32 (N < 2^31) or int64
+ *                           [keys section of all count keys]
+ *   keys section raw:          n keys as int32 (N < 2^31) or int64
  *   keys section delta_binary: [u8 m][u8 scheme (0 fixed, 1 Huffman)][m code lengths if Huffman]
- *                              [u64 bits][bit stream, zero-padded to a byte]
+ *                              K x [u64 bits of stream k][K bit streams, each zero-padded to a byte]
+ *     K = 1 below 8192 keys, else 2: stream 0 holds the first floor(n / 2) keys, stream 1 the
+ *     rest; each stream's first delta is taken from -1 (its key itself), so the two streams
+ *     decode independently (two chains of codes at once); the scheme is chosen over both.
+ *   varint: LEB128 (7 bits a byte, low first, high bit = more), at most 10 bytes, no
+ *   needless trailing zero byte.
  * Means have the value dtype (float32 or float64).
  *
- * The decoder validates everything: codecs (and that they are the expected ones),
- * reserved bytes, B, G, s, r, nb <= B, means finite, >= 0 and non-decreasing, list
- * sizes summing to count, cols >= 1 exactly for non-empty lists and <= 64 n_l + 64,
- * code tables (lengths <= 15, a complete code or one symbol of length 1), every code
- * present, prefix values < m, deltas keeping keys < N, each list's keys strictly
- * ascending, no key in two lists, a decoded bucket < nb, exact bit counts with zero
- * padding, and the exact total length. Failures: SC_ERR_MALFORMED with err = (field
- * sc_skc_field, byte offset, value).
+ * The decoder validates everything: codecs (and that they are the expected ones), the
+ * revision, reserved bytes, B, G, s, r, nb <= B, means finite, >= 0 and non-decreasing,
+ * list sizes summing to count, cols >= 1 exactly for non-empty lists and <= 64 n_l + 64,
+ * varints, code tables (lengths <= 15, a complete code or one symbol of length 1; a list
+ * id has a code exactly when its list is not empty), the id bit count (the sum of n_l
+ * times its code length) and each list's id count, every code present, prefix values
+ * < m, deltas keeping keys < N, keys strictly ascending (also from one key stream to the
+ * next), a decoded bucket < nb, exact bit counts with zero padding, and the exact total
+ * length. Failures: SC_ERR_MALFORMED with
+ * err = (field sc_skc_field, byte offset, value).
  */
 #ifndef SPARSECOMM_SKCOMPRESS_H
 #define SPARSECOMM_SKCOMPRESS_H
@@ -88,6 +107,8 @@ extern "C" {
 #define SC_SKC_MAX_CODE_LEN 15
 #define SC_SKC_SKETCH_K 4096     /* quantile sketch capacity per level */
 #define SC_SKC_BODY_HEAD 8
+/* The body layout's revision (body byte 2): bodies of another revision are refused. */
+#define SC_SKC_REVISION 2
 
 enum { SC_SKC_INDEX_RAW = 0, SC_SKC_INDEX_DELTA = 1 };
 enum { SC_SKC_VALUE_RAW = 0, SC_SKC_VALUE_SKETCH = 1 };
@@ -109,7 +130,8 @@ typedef enum {
   SC_SKC_F_INDEX_RANGE = 11,
   SC_SKC_F_INDEX_ORDER = 12,
   SC_SKC_F_CELL = 13,       /* a decoded bucket >= nb */
-  SC_SKC_F_COUNT = 14       /* count too large for the body */
+  SC_SKC_F_COUNT = 14,      /* count too large for the body */
+  SC_SKC_F_REVISION = 15    /* a body of another layout revision */
 } sc_skc_field;
 
 typedef struct {
@@ -121,7 +143,7 @@ typedef struct {
   int64_t r;          /* groups per sign, 1..q/2 */
   int64_t m;          /* 0 = choose, else 2, 4, 8 or 16 */
   int prefix;         /* SC_SKC_PREFIX_* */
-  int64_t exact_max;  /* quantiles by a full sort when a sign has <= exact_max values */
+  int64_t exact_max;  /* exact quantiles when a sign has <= exact_max values, else the sketch */
 } sc_skc_options;
 
 /* ---- quantile sketch ---- */
@@ -138,8 +160,8 @@ int64_t sc_qsketch_levels(const sc_qsketch* s); /* levels holding items (H + 1) 
 int sc_qsketch_quantiles(const sc_qsketch* s, int64_t nq, double* out, sc_error_info* err);
 
 /* Quantiles of x[0..n) (float32/float64): out[j] as above for j = 0..nq-1, out[nq] = max;
- * exact (full sort) when n <= exact_max, else from a sketch of capacity
- * SC_SKC_SKETCH_K. n >= 1, nq >= 1. NaN: SC_ERR_NAN. */
+ * exact (radix select; -0.0 ranks below +0.0) when n <= exact_max, else from a sketch of
+ * capacity SC_SKC_SKETCH_K. n >= 1, nq >= 1. NaN: SC_ERR_NAN. */
 int sc_skc_quantiles(sc_dtype vt, const void* x, int64_t n, int64_t nq, int64_t exact_max,
                      double* out, sc_error_info* err);
 
@@ -163,6 +185,11 @@ int64_t sc_skc_encode_bound(const sc_skc_options* o, int64_t N, sc_dtype vt, int
 int sc_skc_encode(const sc_skc_options* o, int64_t N, const int64_t* idx, sc_dtype vt,
                   const void* val, int64_t n, uint8_t* out, int64_t cap, int64_t* out_len,
                   sc_error_info* err);
+
+/* The MinMaxSketch's cell indices run in AVX-512 or AVX2 vectors where the CPU has them
+ * (the same integers as the baseline body). allow = 0 forces the baseline, 1 lets the
+ * CPU decide; returns the level in use (0 baseline, 1 AVX2, 2 AVX-512). For tests. */
+int sc_skc_set_simd(int allow);
 
 /* Validate and decode a body of len bytes holding count entries of a vector of length
  * N: idx_out (count, ascending) and val_out (count, dtype vt). expect_index /
