@@ -21,6 +21,7 @@ from sparsecomm import algorithms, ops
 from sparsecomm.comm import simulate
 from sparsecomm.errors import WireFormatError
 from sparsecomm.formats import zen as zf
+from sparsecomm.formats.coo import encode_coo
 
 from _reference import ref_topk_indices
 
@@ -131,7 +132,6 @@ def test_sum_of_the_selections_bit_for_bit(P, form):
     n, k = 3001, 61 if P < 33 else 7
     grads = _grads(P, n)
     want, residuals = _ref_sum(grads, k)
-    forms = []
 
     def rank(comm):
         alg = algorithms.get("zen")(comm, pull_form=form, block=4)
@@ -328,7 +328,7 @@ def test_a_pull_block_left_unaligned_by_a_coded_block_decodes(form):
 def test_push_rejects_pairs_of_another_owner():
     classes = _classes()
     idx, val = _pairs(2, 6)
-    msg = zf.encode_push(idx, val, N, 0)
+    msg = encode_coo(idx, val, N, 0)   # a push message is a COO message
     zf.decode_push(msg, classes=classes, value_dtype=torch.float32, receiver=2, sender=0)
     with pytest.raises(WireFormatError, match="hash class"):
         zf.decode_push(msg, classes=classes, value_dtype=torch.float32, receiver=1, sender=0)

@@ -24,8 +24,9 @@ Every pull message in these forms is zero-padded to a multiple of 8 bytes, so th
 concatenated by an all-gather stay aligned for in-place views. With a COO codec
 (:class:`.codec.CooCodec`, the algorithm's ``index_codec`` / ``value_codec``) push messages and
 the ``index`` form are the codec's messages (kind COO_CODED, whatever length the codec makes:
-not padded, so the receiver copies a block that the all-gather left unaligned before viewing it). The receiver validates everything before
-it reads: the header against what it expects (sender c, N, value dtype, the count the
+not padded, so the receiver copies a block that the all-gather left unaligned before viewing it).
+Push messages are COO messages (``encode_coo``, or the codec's). The receiver validates
+everything before it reads: the header against what it expects (sender c, N, value dtype, the count the
 form implies), the exact size, every padding byte zero, and by form: indices strictly
 ascending, < n and in c's class; a bitmap of exactly ceil(s / 8) bytes with zero padding
 bits whose population is the header's count. A violation raises :class:`WireFormatError`.
@@ -41,7 +42,7 @@ from .coo import coo_nbytes, decode_coo, encode_coo
 from .header import HEADER_NBYTES, SHOWN, Kind, WireFormatError, check_header, pack_header, parse_header
 
 __all__ = ["PULL_FORMS", "ZenClasses", "pull_nbytes", "choose_form", "encode_pull", "decode_pull", "pull_form_of",
-           "encode_push", "decode_push"]
+           "decode_push"]
 
 #: the pull forms, in the order ties are broken
 PULL_FORMS = ("index", "bitmap", "dense")
@@ -229,12 +230,6 @@ def pull_form_of(payload: torch.Tensor) -> str:
     """The form of a pull message that :func:`decode_pull` accepted (its kind byte)."""
     return {int(Kind.COO): "index", int(Kind.COO_CODED): "index", int(Kind.CLASS_BITMAP): "bitmap",
             int(Kind.DENSE): "dense"}[int(payload[6])]
-
-
-def encode_push(indices: torch.Tensor, values: torch.Tensor, n: int, sender: int) -> torch.Tensor:
-    """A rank's pairs for one owner (ascending indices of that owner's class): a COO message
-    (with a codec: :meth:`.codec.CooCodec.encode`)."""
-    return encode_coo(indices, values, n, sender)
 
 
 def decode_push(payload: torch.Tensor, *, classes: ZenClasses, value_dtype: torch.dtype, receiver: int,
