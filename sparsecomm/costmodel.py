@@ -30,8 +30,11 @@ Three kinds of algorithms (each class's ``traffic_model``):
 The time of a call (:meth:`Traffic.time`): rounds run one after another; a rank's cost in a
 round is ``messages * alpha + bytes * beta`` on its sending side and on its receiving side
 (full-duplex links), the round costs what its slowest rank pays. Variable-size rounds
-(``exchange_var``) count the size round the Comm sends (8 bytes per message), as TorchComm and
-the simulated Comm do. Local compute is not in it (``auto`` adds a per-element coefficient).
+(``exchange_var``, ``bruck_allgather_var``) count a round of sizes (8 bytes per message) before
+their payloads where the Comm sends one (NCCL, calls outside a reducer: ``size_rounds=True``, the
+default); with ``size_rounds=False`` each size travels in its payload's round (gloo and the
+simulated Comm inside a reducer call, MPI's probes: :meth:`Traffic.unsized`). Local compute is
+not in it (``auto`` adds a per-element coefficient).
 
 Clusters of nodes (:func:`predict`): ``nodes`` nodes of ``ranks_per_node`` ranks on two kinds of
 link (:class:`Links`: the network between nodes, one NIC per node shared by its ranks, and the

@@ -430,7 +430,8 @@ class SparseAllreduce:
                 else (self.algorithm_name,)
             compute = self.algorithm.options["compute"] if auto else None
             self.hierarchy_decision = choose_layout(nodes.topology.nodes, per, n, k, shard_k, links,
-                                                    candidates=candidates, compute=compute, dtype=work_dtype)
+                                                    candidates=candidates, compute=compute, dtype=work_dtype,
+                                                    size_rounds=nodes.inter.sizes_take_a_round(bounded=True))
             self.hierarchy_decision["links"] = links
             choice = self.hierarchy_decision["hierarchy"]
         self.hierarchy_choice = choice

@@ -6,8 +6,10 @@ what those share:
 
 * :class:`Traffic`, the record they fill round by round (bytes sent and received and rounds
   per rank, the per-round cost) and its alpha-beta time, with the rounds every message schedule reuses
-  (:meth:`Traffic.bruck_allgather`, :meth:`Traffic.allgather_int64`,
-  :meth:`Traffic.allgather_sizes`);
+  (:meth:`Traffic.bruck_allgather`, :meth:`Traffic.allgather_int64`, and the variable-size
+  :meth:`Traffic.var_round` and :meth:`Traffic.bruck_allgather_var`), recorded with their size
+  rounds, which :meth:`Traffic.unsized` folds into the payloads' rounds for the Comms that
+  send sizes along (gloo and the simulated world inside a reducer call, MPI's probes);
 * :func:`fit_alpha_beta`, the inverse of :meth:`Traffic.time`: alpha and beta from measured
   message times;
 * the ranks' selected index sets (:class:`IndexSets`) the set-based message schedules need, and a model
@@ -77,6 +79,8 @@ class Traffic:
         self._messages: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self.exact = True
         self.notes: list[str] = []
+        #: (size round, the round of the payloads it announces), indices into ``_messages``
+        self._size_rounds: list[tuple[int, int]] = []
 
     @classmethod
     def spread(cls, size: int, nbytes: int, rounds: int) -> "Traffic":
@@ -141,14 +145,20 @@ class Traffic:
             self.round(np.concatenate(src), np.concatenate(dst), np.concatenate(nb), idle=np.concatenate(idle))
 
     def var_round(self, src, dst, nbytes, receivers: Sequence[int] = ()) -> None:
-        """``exchange_var``: a round of 8-byte sizes, then the payloads (the size round the
-        Comm sends, as TorchComm and the simulated Comm do)."""
+        """``exchange_var``: a round of 8-byte sizes, then the payloads (the size round a Comm
+        sends where :meth:`~sparsecomm.comm.base.Comm.sizes_take_a_round`; :meth:`unsized`
+        gives the record without it)."""
+        first = len(self._messages)
         self.round(src, dst, [8] * len(src), idle=receivers)
         self.round(src, dst, nbytes, idle=receivers)
+        if len(self._messages) == first + 2:
+            self._size_rounds.append((first, first + 1))
 
-    def bruck_allgather(self, members: Sequence[int], block_nbytes: Sequence[int]) -> None:
+    def bruck_allgather(self, members: Sequence[int], block_nbytes: Sequence[int], var: bool = False) -> None:
         """:func:`~sparsecomm.comm.collectives.bruck_allgather` inside ``members`` (global
-        ranks), block q of ``block_nbytes[q]`` bytes."""
+        ranks), block q of ``block_nbytes[q]`` bytes; with ``var``,
+        :func:`~sparsecomm.comm.collectives.bruck_allgather_var`: each round variable-size, a
+        message of c > 1 blocks headed by their c sizes (8 bytes each)."""
         q = len(members)
         members = np.asarray(members, dtype=np.int64)
         sz = np.asarray(block_nbytes, dtype=np.int64)
@@ -159,17 +169,32 @@ class Traffic:
         while d < q:
             count = min(d, q - d)
             nb = csum[pos + count] - csum[pos]
-            self.round(members[pos], members[(pos - d) % q], nb)
+            if var:
+                self.var_round(members[pos], members[(pos - d) % q], nb + (8 * count if count > 1 else 0))
+            else:
+                self.round(members[pos], members[(pos - d) % q], nb)
             d *= 2
+
+    def unsized(self) -> "Traffic":
+        """This record as sent by a Comm whose variable-size rounds take no size round (a bound
+        on a backend that receives short, or MPI's probes): each size round's 8-byte messages
+        travel in the round of the payloads they announce, and an empty payload as one byte
+        (the bounded receive is always posted). Only the bounded receive sends that byte; a
+        probing Comm sends none, so its bytes are at most one per empty message lower."""
+        out = Traffic(self.size)
+        out.exact, out.notes = self.exact, list(self.notes)
+        skip = {size for size, _ in self._size_rounds}
+        announced = {payload for _, payload in self._size_rounds}
+        for i, (src, dst, nb, part) in enumerate(self._messages):
+            if i in skip:
+                continue
+            out.round(src, dst, 8 + np.maximum(nb, 1) if i in announced else nb, idle=part)
+        return out
 
     def allgather_int64(self, count: int) -> None:
         """:func:`~sparsecomm.comm.collectives.allgather_int64` of ``count`` values per rank
         (headed messages) over all ranks."""
         self.bruck_allgather(range(self.size), [HEADER_NBYTES + 8 * count] * self.size)
-
-    def allgather_sizes(self) -> None:
-        """``bruck_allgather_var``'s size all-gather: one int64 per rank, no header."""
-        self.bruck_allgather(range(self.size), [8] * self.size)
 
     def time(self, alpha: float, beta: float) -> float:
         """Seconds of the call at ``alpha`` s per message and ``beta`` s per byte (compute aside)."""

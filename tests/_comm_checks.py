@@ -37,6 +37,15 @@ def bruck_size(q: int) -> int:
     return 1 + 5 * q
 
 
+#: the bound of the checks' call with one (what a reducer call sets: max_message_bytes)
+BOUND = 64
+
+
+def bounded_size(src: int, dst: int) -> int:
+    """Sizes of the bounded variable-size round: 0 (an empty message) for some pairs."""
+    return (7 * src + 3 * dst) % 13 * 4
+
+
 def bruck_var_size(q: int) -> int:
     return 1 + (13 * q) % 9
 
@@ -151,6 +160,19 @@ def run_checks(comm) -> dict:
     blocks = bruck_allgather_var(comm, payload(r, 0, 9, bruck_var_size(r), dev))
     out["bruck_var"] = [_hex(b) for b in blocks]
     out["bruck_var_stats"] = _delta(comm, s)
+
+    # 6b. the variable-size steps inside a call with a bound, as every reducer call has one:
+    #     where the backend receives short or probes, the sizes cost no round of their own
+    scope = comm.new_scope("checks")
+    with comm.call_scope(scope, max_message_bytes=BOUND):
+        s = comm.stats.snapshot()
+        got = comm.exchange_var([(q, payload(r, q, 10, bounded_size(r, q), dev)) for q in others], others)
+        out["var_bounded"] = {str(q): _hex(t) for q, t in zip(others, got)}
+        out["var_bounded_stats"] = _delta(comm, s)
+        s = comm.stats.snapshot()
+        blocks = bruck_allgather_var(comm, payload(r, 0, 11, bruck_var_size(r), dev))
+        out["bruck_var_bounded"] = [_hex(b) for b in blocks]
+        out["bruck_var_bounded_stats"] = _delta(comm, s)
 
     # 7. barrier
     s = comm.stats.snapshot()

@@ -5,7 +5,8 @@ tables with plain arithmetic, never with the code under test.
 ``CASES`` is the table the tests parametrize over: ``(name, check, kwargs)``; every
 check is called as ``check(outs, P, probe=..., **kwargs)`` with ``outs`` the per-rank
 result dicts in rank order and ``probe`` whether the backend learns sizes by probing
-(then ``exchange_var`` costs one round and no size header).
+(then ``exchange_var`` costs one round and no size header); a backend that does not probe
+receives short (gloo), so inside a call with a bound its sizes travel with the messages.
 """
 
 from __future__ import annotations
@@ -132,13 +133,47 @@ def check_bruck_allgather(outs, P, probe):
         == (P - 1) * sum(sizes)
 
 
+def bruck_var_received(P: int, r: int, sizes, size_word: int, filler: int) -> int:
+    """Bytes rank r receives in the variable-size Bruck all-gather: at distance d, the
+    min(d, P - d) blocks of ranks r + d, r + d + 1, ... in one message, headed by their sizes
+    (8 bytes each) when there are several; each message after its own size (``size_word``
+    bytes) and, if empty, as ``filler`` bytes."""
+    total, d = 0, 1
+    while d < P:
+        count = min(d, P - d)
+        body = sum(sizes[(r + d + j) % P] for j in range(count)) + (8 * count if count > 1 else 0)
+        total += size_word + max(body, filler)
+        d *= 2
+    return total
+
+
 def check_bruck_allgather_var(outs, P, probe):
+    """Outside a call (no bound): every round of the all-gather after a round of its
+    message's size, unless the backend probes."""
     sizes = [cc.bruck_var_size(q) for q in range(P)]
+    word = 0 if probe else SIZE_HEADER
     for r, out in enumerate(outs):
         assert out["bruck_var"] == [expected_payload(q, 0, 9, sizes[q]) for q in range(P)]
-        # size all-gather (one int64 per rank) then the blocks: 2 ceil(log2 P) rounds
-        assert out["bruck_var_stats"][1] == 8 * (P - 1) + sum(sizes) - sizes[r]
-        assert out["bruck_var_stats"][2] == 2 * log_rounds(P)
+        assert out["bruck_var_stats"][1] == bruck_var_received(P, r, sizes, word, 0)
+        assert out["bruck_var_stats"][2] == (1 if probe else 2) * log_rounds(P)
+
+
+def check_bounded_var(outs, P, probe):
+    """Inside a call with a bound: one round per variable-size step, the size (8 bytes) just
+    before each message and an empty one as a byte on a backend that receives short; no
+    size at all where it probes."""
+    word, filler = (0, 0) if probe else (SIZE_HEADER, 1)
+    sizes = [cc.bruck_var_size(q) for q in range(P)]
+    for r, out in enumerate(outs):
+        others = [q for q in range(P) if q != r]
+        assert out["var_bounded"] == {str(q): expected_payload(q, r, 10, cc.bounded_size(q, r)) for q in others}
+        sent = sum(word + max(cc.bounded_size(r, q), filler) for q in others)
+        recv = sum(word + max(cc.bounded_size(q, r), filler) for q in others)
+        assert out["var_bounded_stats"] == [sent, recv, 1 if P > 1 else 0]
+        assert out["bruck_var_bounded"] == [expected_payload(q, 0, 11, sizes[q]) for q in range(P)]
+        assert out["bruck_var_bounded_stats"][1:] == [bruck_var_received(P, r, sizes, word, filler), log_rounds(P)]
+    if P >= 3:   # the table has an empty message among these pairs
+        assert any(cc.bounded_size(a, b) == 0 for a in range(P) for b in range(P) if a != b)
 
 
 def check_barrier_and_bad_peers(outs, P, probe):
@@ -158,6 +193,7 @@ CASES = [
     ("allreduce_dense_noncontiguous", check_allreduce_dense_noncontiguous, {}),
     ("bruck_allgather", check_bruck_allgather, {}),
     ("bruck_allgather_var", check_bruck_allgather_var, {}),
+    ("bounded_var", check_bounded_var, {}),
     ("barrier_and_bad_peers", check_barrier_and_bad_peers, {}),
 ]
 CASE_IDS = [c[0] for c in CASES]

@@ -101,8 +101,9 @@ def topka_cost(size, n, k, itemsize):
 
 def densestream_cost(size, n, k, itemsize):
     """DenseStream (section III-B, eqs. 4-6): rounds exactly -- the boundary all-reduce
-    (ceil(log2 P)), 2 log2 p2 data rounds on a core rank, 2 fold rounds on a fold pair, each
-    data round with a size round (neither the simulated Comm nor gloo probes); bytes within
+    (ceil(log2 P)), 2 log2 p2 data rounds on a core rank, 2 fold rounds on a fold pair, no
+    size rounds (inside a reducer call the simulated Comm and gloo send each size just before
+    its message, into a receive of the call's bound); bytes within
     eq. 6's upper bound on elements ([(log2 p2 / 2 + 1) p2 - 1] k, k doubled on a folded
     core) plus the fold, each element at most a block's fields, its value and T zeros, plus
     the fixed part of each message."""
@@ -119,8 +120,8 @@ def densestream_cost(size, n, k, itemsize):
     boundary = (size - 1) * (32 + 8 * (p2 - 1))  # the Bruck all-gather of the headed int64 proposals
 
     def rounds(rank):
-        return (math.ceil(math.log2(size)) + (4 * lg if rank < p2 else 0)
-                + (4 if rank >= p2 or rank < size - p2 else 0))
+        return (math.ceil(math.log2(size)) + (2 * lg if rank < p2 else 0)
+                + (2 if rank >= p2 or rank < size - p2 else 0))
 
     return (boundary, int(boundary + messages * (8 + 64 + 14) + per_element * elements)), rounds
 
@@ -133,18 +134,19 @@ def dense_cost(size, n, k, itemsize):
 
 
 def zen_cost(size, n, k, itemsize):
-    """ZEN's hash-balanced split: one push round of P - 1 COO messages with its size round, then
-    the Bruck all-gather of the owners' pull messages with its size rounds -- 2 + 2 ceil(log2 P)
-    rounds exactly. Bytes: at least a 32-byte header per push message and per forwarded pull
-    block (P - 1 of each); at most the rank's k pairs as COO with every push message's header,
-    padding and size word, and P - 1 pull blocks each no larger than an index list of the
-    min(P k, N) entries an owner can hold, padded, with its size word."""
+    """ZEN's hash-balanced split: one push round of P - 1 COO messages, then the Bruck
+    all-gather of the owners' pull messages -- 1 + ceil(log2 P) rounds exactly (inside a reducer
+    call the sizes travel with the messages: no size rounds). Bytes: at least a 32-byte header
+    per push message and per forwarded pull block (P - 1 of each); at most the rank's k pairs
+    as COO with every push message's header, padding and size word, and P - 1 pull blocks each
+    no larger than an index list of the min(P k, N) entries an owner can hold, padded, with two
+    size words (its message's and its own in a message of several blocks)."""
     if size == 1 or n == 0:
         return 0, 0
     entry = (4 if n < 2**31 else 8) + itemsize
     push = (size - 1) * (32 + 7 + 8) + k * entry
-    block = (32 + min(size * k, n) * entry + 7) // 8 * 8 + 8
-    return (2 * (size - 1) * 32, push + (size - 1) * block), 2 + 2 * math.ceil(math.log2(size))
+    block = (32 + min(size * k, n) * entry + 7) // 8 * 8 + 16
+    return (2 * (size - 1) * 32, push + (size - 1) * block), 1 + math.ceil(math.log2(size))
 
 
 SWEEP = [  # (P, N, density, dtype, pattern)

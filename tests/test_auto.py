@@ -33,7 +33,8 @@ def _ref_cheapest(P: int, n: int, k: int, alpha: float, beta: float) -> tuple[st
     times = []
     for i, name in enumerate(CANDIDATES):
         try:
-            wire = costmodel.traffic(name, P, n, k, sets=sets)
+            # the simulated Comm sends sizes along inside a reducer call (no size rounds)
+            wire = costmodel.traffic(name, P, n, k, sets=sets, size_rounds=False)
         except ValueError:
             continue
         y = COMPUTE_NS[name]

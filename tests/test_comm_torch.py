@@ -80,6 +80,26 @@ def _sleeps(rank, world_size):
     time.sleep(60)
 
 
+def _over_the_bound(rank, world_size):
+    """Inside a call with a bound of 64 bytes, rank 0 tries to send 65 to rank 1 in a
+    variable-size round; rank 1 waits for it with a receive of the bound."""
+    from sparsecomm.comm.torch_comm import TorchComm
+
+    comm = TorchComm(timeout=30)
+    scope = comm.new_scope("over the bound")
+    start = time.monotonic()
+    try:
+        with comm.call_scope(scope, max_message_bytes=64):
+            if rank == 0:
+                comm.exchange_var([(1, torch.ones(65, dtype=torch.uint8))], [])
+            else:
+                comm.exchange_var([], [0])
+        return {"error": None}
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        return {"error": type(e).__name__, "message": str(e), "failed_rank": getattr(e, "failed_rank", None),
+                "seconds": time.monotonic() - start}
+
+
 # -- cached runs ----------------------------------------------------------------------------
 _RUNS: dict[int, object] = {}
 
@@ -125,6 +145,17 @@ def test_subgroup_translates_ranks(P):
         assert sub["ring"] == ref.expected_payload((g - 1) % n, g, 3, cc.ring_size((g - 1) % n))
         assert sub["sum"] == sum(range(1, P))
         assert sub["dense"] == [float(sum(range(1, P)))] * 5
+
+
+def test_variable_size_message_over_the_bound_fails_every_rank():
+    """gloo fails the receiving process when a message is longer than its receive buffer, so
+    the sender refuses one over the call's bound before sending: it raises WireFormatError
+    naming the sizes, the receiver CommAbortedError naming rank 0, both quickly, no rank dies."""
+    outs = spawn(_over_the_bound, 2, timeout=60)
+    assert outs[0]["error"] == "WireFormatError", outs[0]
+    assert "65 bytes to rank 1" in outs[0]["message"] and "bound of 64 bytes" in outs[0]["message"]
+    assert outs[1]["error"] == "CommAbortedError" and outs[1]["failed_rank"] == 0, outs[1]
+    assert outs[1]["seconds"] < 10, outs[1]
 
 
 def test_needs_initialized_process_group():

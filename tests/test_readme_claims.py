@@ -402,23 +402,24 @@ def _header_problems(payload: torch.Tensor, sender: int, n: int) -> list[str]:
 @pytest.mark.parametrize("algorithm", SELECTING)   # dense sends no sparsecomm message: the backend's allreduce
 def test_messages_are_uint8_in_documented_layouts(algorithm, monkeypatch):
     """Every payload a rank sends in a reduction (after the handshake) is a 1-D uint8 tensor
-    that either starts with the documented 32-byte header (sender = the sending rank), or is
-    shorter than a header and then a whole number of little-endian int64 sizes, each the size
-    of a headed message (>= 32 B): exchange_var's size round, bruck_allgather_var's sizes; or
-    the reducer's agreement records (formats/header.py: 15 little-endian int64 per rank, magic
-    0x4D435053, format version 1, kind 2 for a later call, ..., the non-finite flag last: 0 =
-    finite), all-gathered before the algorithm: a Bruck round of 1..4 records of 120 B.
-    At P = 5 a Bruck round carries at most 2 sizes (16 B), so the kinds cannot be confused."""
+    that is one of: a message that starts with the documented 32-byte header (sender = the
+    sending rank); a variable-size message's size, one little-endian int64 sent just before it
+    to the same peer (docs/architecture.md, "Variable sizes"), followed by exactly that many
+    bytes, or, for 0, by one zero byte; a message of several all-gather blocks, headed by their
+    sizes (int64 each, >= 32) and then the headed blocks; or the reducer's agreement records
+    (formats/header.py: 15 little-endian int64 per rank, magic 0x4D435053, format version 1,
+    kind 2 for a later call, ..., the non-finite flag last: 0 = finite), all-gathered before
+    the algorithm: a Bruck round of 1..4 records of 120 B."""
     from sparsecomm.comm.simulated import SimComm
 
     size, n = 5, 1025
     sent: list[tuple[int, int, torch.Tensor]] = []
     post = SimComm._post_and_wait
 
-    def recording_post(self, sends, recvs):
+    def recording_post(self, sends, recvs, **how):
         if getattr(self, "recording", False):
             sent.extend((self.rank, peer, payload.clone()) for peer, payload in sends)
-        return post(self, sends, recvs)
+        return post(self, sends, recvs, **how)
 
     monkeypatch.setattr(SimComm, "_post_and_wait", recording_post)
 
@@ -432,23 +433,43 @@ def test_messages_are_uint8_in_documented_layouts(algorithm, monkeypatch):
     simulate(size, fn)
     assert sent, algorithm
     headed = 0
+    announced: dict[tuple[int, int], int] = {}   # (sender, peer) -> the size its last size word said
     for sender, peer, payload in sent:
         assert payload.dtype == torch.uint8 and payload.dim() == 1 and payload.is_contiguous()
-        words = np.frombuffer(payload.numpy().tobytes()[:payload.numel() // 8 * 8], dtype="<i8")
-        if payload.numel() % 120 == 0 and words[0] == 0x4D435053 and words[1] == 1:   # agreement records
+        raw = payload.numpy().tobytes()
+        words = np.frombuffer(raw[:len(raw) // 8 * 8], dtype="<i8")
+        want = announced.pop((sender, peer), None)
+        if want is not None:   # the message a size word announced
+            assert len(raw) == max(want, 1), (algorithm, sender, peer, want, len(raw))
+            if want == 0:
+                assert raw == b"\0", (algorithm, sender, peer, raw)
+                continue
+        if len(raw) % 120 == 0 and words[0] == 0x4D435053 and words[1] == 1:   # agreement records
             records = words.reshape(-1, 15)
             assert len(records) <= size - 1, (algorithm, sender, peer, len(records))
             assert (records[:, 0] == 0x4D435053).all() and (records[:, 1] == 1).all(), (algorithm, records)
             assert (records[:, 2] == 2).all() and (records[:, -1] == 0).all(), (algorithm, records)  # finite
             continue
-        if payload.numel() < 32:
-            assert payload.numel() % 8 == 0, (algorithm, sender, peer, payload.numel())
-            sizes = np.frombuffer(payload.numpy().tobytes(), dtype="<i8")
-            assert (sizes >= 32).all(), (algorithm, sender, peer, sizes)
+        if len(raw) == 8 and want is None:   # a size word: the next message to this peer has that size
+            assert words[0] == 0 or words[0] >= 32, (algorithm, sender, peer, words)
+            announced[(sender, peer)] = int(words[0])
+            continue
+        if raw[:4] != b"SPCM":   # several all-gather blocks behind their sizes
+            c = next((c for c in range(2, size) if 8 * c + int(words[:c].sum()) == len(raw)), None)
+            assert c is not None and (words[:c] >= 32).all(), (algorithm, sender, peer, words[:size])
+            offset = 8 * c
+            for j, b in enumerate(words[:c]):   # the first block is the sender's own, the others forwarded
+                problems = _header_problems(payload[offset:offset + int(b)], sender, n)
+                if j:
+                    problems = [p for p in problems if not p.startswith("sender")]
+                assert not problems, (algorithm, sender, peer, j, problems)
+                offset += int(b)
+            headed += 1
             continue
         problems = _header_problems(payload, sender, n)
-        assert not problems, (algorithm, sender, peer, payload.numel(), problems)
+        assert not problems, (algorithm, sender, peer, len(raw), problems)
         headed += 1
+    assert not announced, (algorithm, announced)
     assert headed > 0, algorithm
 
 

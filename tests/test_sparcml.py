@@ -38,10 +38,12 @@ def lg(p):
 
 def cost_bounds(algorithm, size, rank, n, k, isize, probe=False):
     """(min bytes, max bytes, rounds) this rank sends / takes, from section 4's bounds
-    plus headers (56 B per stream message at most) and the counted size rounds."""
+    plus headers (56 B per stream message at most) and the size words: inside a reducer call no
+    round goes to sizes (MPI probes; gloo and the simulated Comm send each message's 8-byte size
+    just before it, and a message of several all-gather blocks heads them with their sizes)."""
     if size == 1 or n == 0:
         return 0, 0, 0
-    var = 1 if probe else 2                      # exchange_var: size round unless probing
+    var = 1                                      # exchange_var: one round
     item = isize + 4
     dense_bytes = n * isize
     if algorithm == "sparcml_recursive_double":
@@ -59,8 +61,9 @@ def cost_bounds(algorithm, size, rank, n, k, isize, probe=False):
     split_hi = 64 * (size - 1) + k * item
     if algorithm == "sparcml_split_allgather":
         # Bruck sends the blocks it holds first: its own in every round, others once or more
-        ag_hi = 8 * (size - 1) + lg(size) * (56 * size + min(size * k * item, dense_bytes + 8 * size))
-        return split_lo + 8 * (size - 1), split_hi + ag_hi, var + 2 * lg(size)
+        words = 0 if probe else 8 * (size - 1)   # the split messages' sizes
+        ag_hi = 8 * (size - 1) + lg(size) * (8 + 56 * size + min(size * k * item, dense_bytes + 8 * size))
+        return split_lo + words, split_hi + words + ag_hi, var + lg(size)
     assert algorithm == "topkdsa"
     b = [j * n // size for j in range(size + 1)]
     block = [40 + ((b[j + 1] - b[j]) * isize + 7) // 8 * 8 for j in range(size)]

@@ -189,15 +189,15 @@ def _push_and_total_received(P: int, grads: list, name: str, density: float, **o
         pushed = []
         exchange_var = comm.exchange_var
 
-        def counting(sends, sources):
-            got = exchange_var(sends, sources)
+        def counting(sends, sources, **bound):
+            got = exchange_var(sends, sources, **bound)
             pushed.append(sum(t.numel() for t in got))
             return got
 
         comm.exchange_var = counting
         red = sc.SparseAllreduce(name, density, comm=comm, **options)
         red(grads[comm.rank].clone())
-        return sum(pushed), red.last_stats["bytes_recv"]
+        return pushed[0], red.last_stats["bytes_recv"]   # the first: the push (the pull's rounds follow)
     got = simulate(P, rank).results
     return np.array([r[0] for r in got], dtype=np.float64), np.array([r[1] for r in got], dtype=np.float64)
 

@@ -130,9 +130,11 @@ def compute_ns(name: str, density: float, table: dict | None = None) -> float:
 
 def choose_algorithm(P: int, N: int, k: int, alpha: float, beta: float, sets=None, observed_k=None,
                      candidates=CANDIDATES, compute: dict | None = None, dtype: torch.dtype = torch.float32,
-                     model_n: int = 1 << 16) -> dict:
+                     model_n: int = 1 << 16, size_rounds: bool = True) -> dict:
     """The candidate with the least predicted time (message schedule + compute); the same on every rank
-    given the same arguments. Returns {"algorithm", "predicted_s", "predictions"}."""
+    given the same arguments. ``size_rounds``: whether the Comm spends a round on the sizes of a
+    variable-size round (:meth:`~sparsecomm.comm.base.Comm.sizes_take_a_round`). Returns
+    {"algorithm", "predicted_s", "predictions"}."""
     if P <= 1 or N == 0:
         return {"algorithm": "dense", "predicted_s": 0.0, "predictions": {"dense": 0.0}}
     density = k / N
@@ -141,7 +143,7 @@ def choose_algorithm(P: int, N: int, k: int, alpha: float, beta: float, sets=Non
     preds = {}
     for name in candidates:
         try:
-            wire = traffic(name, P, N, k, sets=sets, dtype=dtype)
+            wire = traffic(name, P, N, k, sets=sets, dtype=dtype, size_rounds=size_rounds)
         except ValueError:
             continue   # e.g. options that do not fit P
         preds[name] = wire.time(alpha, beta) + compute_ns(name, density, compute) * 1e-9 * N
@@ -151,7 +153,7 @@ def choose_algorithm(P: int, N: int, k: int, alpha: float, beta: float, sets=Non
 
 def choose_layout(nodes: int, ranks_per_node: int, N: int, k: int, shard_k, links: Links,
                   candidates=CANDIDATES, compute: dict | None = None, dtype: torch.dtype = torch.float32,
-                  model_n: int = 1 << 16, records: dict | None = None) -> dict:
+                  model_n: int = 1 << 16, records: dict | None = None, size_rounds: bool = True) -> dict:
     """The (hierarchy, algorithm) with the least predicted time on ``nodes`` x ``ranks_per_node``
     ranks joined by ``links``: every candidate flat (its schedule on all ranks, each message on
     the link it takes: :meth:`~sparsecomm.traffic.Traffic.time_on_nodes`) and two-level
@@ -161,7 +163,8 @@ def choose_layout(nodes: int, ranks_per_node: int, N: int, k: int, shard_k, link
     dense adds are left out). ``shard_k``: the k of each shard (the reducer's). The same on
     every rank given the same arguments. Returns {"hierarchy", "algorithm", "predicted_s",
     "predictions": {(hierarchy, algorithm): seconds}}. ``records``: (hierarchy, algorithm) ->
-    its :class:`~sparsecomm.traffic.Traffic` where already made (a study at several links)."""
+    its :class:`~sparsecomm.traffic.Traffic` where already made (a study at several links).
+    ``size_rounds`` as in :func:`choose_algorithm`."""
     P = nodes * ranks_per_node
     density = k / N if N else 1.0
     records = records or {}
@@ -178,9 +181,10 @@ def choose_layout(nodes: int, ranks_per_node: int, N: int, k: int, shard_k, link
                 elif hierarchy == "flat":
                     if flat_sets is None and P > 1 and N:
                         flat_sets = default_sets(P, N, k, model_n=model_n)
-                    record = traffic(name, P, N, k, sets=flat_sets, dtype=dtype)
+                    record = traffic(name, P, N, k, sets=flat_sets, dtype=dtype, size_rounds=size_rounds)
                 else:
-                    record = two_level_traffic(name, nodes, ranks_per_node, N, shard_k, dtype=dtype)
+                    record = two_level_traffic(name, nodes, ranks_per_node, N, shard_k, dtype=dtype,
+                                               size_rounds=size_rounds)
             except ValueError:
                 continue   # e.g. options that do not fit P
             elements = N if hierarchy == "flat" else longest
@@ -371,7 +375,8 @@ class AutoAlgorithm(Algorithm):
                 alpha, beta = fit
         candidates = self._candidates()
         pick = choose_algorithm(comm.size, n, k, float(alpha), float(beta), candidates=candidates,
-                                compute=self.options["compute"], dtype=dtype)
+                                compute=self.options["compute"], dtype=dtype,
+                                size_rounds=comm.sizes_take_a_round(bounded=True))
         short = shortlist(pick["predictions"], candidates, self.options["shortlist"], self.options["margin"])
         self.decision = {"n": n, "k": k, "alpha": float(alpha), "beta": float(beta),
                          "predictions": {name: pick["predictions"][name] for name in short}}

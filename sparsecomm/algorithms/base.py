@@ -87,13 +87,16 @@ def modelled(kind: str | None = None) -> list[str]:
 
 
 def traffic(name: str, P: int, N: int, k: int, sets: IndexSets | None = None,
-            dtype: torch.dtype = torch.float32, **options: Any) -> Traffic:
+            dtype: torch.dtype = torch.float32, *, size_rounds: bool = True, **options: Any) -> Traffic:
     """The :class:`~sparsecomm.traffic.Traffic` of one call of ``name`` on ``P`` ranks (``k``
     selected per rank, length ``N``): its :meth:`Algorithm.traffic`.
 
     ``sets`` (the ranks' selected indices) is needed by the set-based message schedules and some
     estimates; when missing, :func:`~sparsecomm.traffic.default_sets` draws them (at most 2^20
-    long, scaled to N)."""
+    long, scaled to N). ``size_rounds``: whether each variable-size round is preceded by a round
+    of sizes, as on a Comm where :meth:`~sparsecomm.comm.base.Comm.sizes_take_a_round` (NCCL,
+    calls outside a reducer); False gives :meth:`~sparsecomm.traffic.Traffic.unsized` (gloo and
+    the simulated world inside a reducer call, MPI)."""
     cls = get(name)
     if not cls.traffic_model:
         raise ValueError(f"no traffic model for {name!r}; modelled: {', '.join(modelled())}")
@@ -101,7 +104,8 @@ def traffic(name: str, P: int, N: int, k: int, sets: IndexSets | None = None,
         raise ValueError(f"traffic: need P >= 1, N >= 0, k >= 0; got P={P}, N={N}, k={k}")
     if sets is None and cls.traffic_needs_sets:
         sets = default_sets(P, N, k)
-    return cls.traffic(P, N, k, sets, dtype, **options)
+    t = cls.traffic(P, N, k, sets, dtype, **options)
+    return t if size_rounds else t.unsized()
 
 
 class Algorithm(ABC):

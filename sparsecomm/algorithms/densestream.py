@@ -28,8 +28,8 @@ blocks, :mod:`sparsecomm.formats.densestream`). Then three phases (lines 14-19):
 3. **Allgatherv by recursive doubling**: with distance ``d = 1, 2, ..., p2/2`` rank r
    sends everything it holds (the reduced partitions of its aligned group of d ranks,
    one DenseStream over their joint range) to r XOR d and receives the peer's group.
-   Sizes are not known to the receiver: ``Comm.exchange_var`` (a size round unless the
-   backend probes). Every rank then writes the same p2 reduced partitions into ``out``,
+   Sizes are not known to the receiver: ``Comm.exchange_var`` (a size round only where the
+   Comm needs one: :meth:`~sparsecomm.comm.base.Comm.sizes_take_a_round`). Every rank then writes the same p2 reduced partitions into ``out``,
    so the result is bit-identical on every rank.
 
 Any P: the ``P - p2`` ranks beyond the largest power of two fold into partners with
@@ -42,8 +42,8 @@ what each rank did not select, so sum_r acc_r == out + sum_r residual_r. No stat
 kept between calls (the boundaries are recomputed each call from the current selection).
 
 Cost per rank (section III-B, eqs. 4-6, alpha-beta with k elements per rank): rounds
-``ceil(log2 P)`` (the boundary all-gather: P - 1 blocks of 32 + 8 (p2 - 1) bytes) + ``2 log2 p2`` data rounds, each doubled by a
-size round unless the Comm probes, + 2 (x2 without probe) when P is not a power of two.
+``ceil(log2 P)`` (the boundary all-gather: P - 1 blocks of 32 + 8 (p2 - 1) bytes) + ``2 log2 p2`` data rounds, + 2 when P is
+not a power of two (each data round doubled by a size round where the Comm needs one).
 Elements sent: scatter-reduce between (P-1)/P k (fully overlapping selections) and
 (P-1) k (disjoint ones), within eq. 4's log2(P)/2 P k; all-gatherv between (P-1)/P k and
 (P-1) k (eq. 5). Each element costs K bytes plus, per block, ``2 width`` bytes and at most

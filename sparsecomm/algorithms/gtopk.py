@@ -22,7 +22,8 @@ Every message has exactly min(k, N) entries (a merge of two k-entry vectors has 
 distinct indices, and the top-k keeps k of them), so receivers know sizes.
 
 Codecs (``index_codec``, ``value_codec``, :mod:`sparsecomm.formats.codec`): every message goes
-through the codec and is exchanged with ``exchange_var`` (one size round more per message).
+through the codec and is exchanged with ``exchange_var`` (one size round more per message
+where the Comm needs one: :meth:`~sparsecomm.comm.base.Comm.sizes_take_a_round`).
 With a lossy value codec the sender of a tree message keeps ``true - decoded`` in its
 residual and the receiver merges the decoded values; rank 0 encodes the result once (its
 error kept in its residual) and the broadcast forwards those bytes unchanged, so every rank

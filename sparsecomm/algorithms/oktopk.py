@@ -49,8 +49,8 @@ its contributors removed.
 
 **Codecs** (``index_codec``, ``value_codec``, :mod:`sparsecomm.formats.codec`): the split,
 balance and all-gather messages (all sorted COO) go through the codec; sizes then vary, so
-those rounds use ``exchange_var`` / ``bruck_allgather_var`` (one size round each on backends
-that cannot probe). ``index_codec`` alone leaves every result, residual and volume
+those rounds use ``exchange_var`` / ``bruck_allgather_var`` (one size round each where the
+Comm needs one: :meth:`~sparsecomm.comm.base.Comm.sizes_take_a_round`). ``index_codec`` alone leaves every result, residual and volume
 bit-identical. With a lossy value codec each encoding rank keeps the error
 ``true - decoded`` of what it encoded, so every error is counted once: a split message's error
 stays with its sender, but only for entries that end in the result (for the others the sender

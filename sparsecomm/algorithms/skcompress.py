@@ -26,8 +26,9 @@ Options: ``q`` (buckets in all, q/2 per sign; default 256, one byte per bucket i
 q/(2r) - 1 = 15 buckets closer to zero than the true one), ``m`` (``"auto"`` or 2, 4, 8, 16)
 and ``prefix`` (``"auto"``, ``"fixed"``, ``"huffman"``) of the key encoding, ``topology``.
 
-Cost per rank (allgather): 2 ceil(log2 P) rounds (sizes, then messages); (P-1) encoded messages
-sent. ps: 2 rounds plus the size rounds; rank 0 receives and sends P-1 messages.
+Cost per rank (allgather): ceil(log2 P) rounds, each doubled by a size round where the Comm
+needs one (:meth:`~sparsecomm.comm.base.Comm.sizes_take_a_round`); (P-1) encoded messages sent.
+ps: 2 rounds (plus their size rounds there); rank 0 receives and sends P-1 messages.
 """
 
 from __future__ import annotations
@@ -106,8 +107,7 @@ class SKCompress(TopkAllgather):
             t.var_round(range(1, P), [0] * (P - 1), [m] * (P - 1))
             t.var_round([0] * (P - 1), range(1, P), [m] * (P - 1))
         else:
-            t.allgather_sizes()
-            t.bruck_allgather(range(P), [m] * P)
+            t.bruck_allgather(range(P), [m] * P, var=True)
         return t
 
 

@@ -15,9 +15,10 @@ that switch to dense past delta = N * isize / (c + isize).
 * ``sparcml_split_allgather`` (SSAR_Split_AllGather, bandwidth-dominated case): the index
   space is split into P ranges (range j = [j N / P, (j+1) N / P)); each rank sends each
   piece of its selection straight to its owner in one round of non-blocking messages
-  (``exchange_var``: sizes vary, so a size round is counted unless the Comm probes); the
-  owner adds the P pieces in rank order; a sparse all-gather (Bruck, block sizes gathered
-  first) gives every rank all P reduced ranges, which are disjoint (concatenation).
+  (``exchange_var``: sizes vary; a size round only where the Comm needs one, see
+  :meth:`~sparsecomm.comm.base.Comm.sizes_take_a_round`); the owner adds the P pieces in rank
+  order; a sparse all-gather (``bruck_allgather_var``: Bruck, sizes with the blocks) gives
+  every rank all P reduced ranges, which are disjoint (concatenation).
 * ``topkdsa`` (DSAR_Split_AllGather, dynamic case, the TopkDSA baseline of SparDL): the
   same split, then each owner switches its range to dense and a dense all-gather (Bruck,
   sizes known) follows. Option ``quantize_bits=4|8`` (section 5) sends the dense ranges
@@ -311,18 +312,17 @@ class SparcmlSplitAllgather(Algorithm):
     @classmethod
     def traffic(cls, P: int, N: int, k: int, sets: IndexSets, dtype: torch.dtype = torch.float32,
                 **options: Any) -> Traffic:
-        """The split round, the sizes' all-gather and the Bruck all-gather of the reduced ranges,
-        their sizes from the ranks' index sets (the plain codec's)."""
+        """The split round and the variable-size Bruck all-gather of the reduced ranges, their
+        sizes from the ranks' index sets (the plain codec's)."""
         t = Traffic(P)
         if P == 1:
             return t
         b, cuts, pieces = _split_phase_traffic(t, P, N, sets, dtype)
-        t.allgather_sizes()
         sizes = []
         for j in range(P):
             dense, c = _owner_result(P, sets, dtype, b, cuts, pieces, j)
             sizes.append(stream_nbytes(b[j + 1] - b[j], 0 if dense else c, dtype, dense))
-        t.bruck_allgather(range(P), sizes)
+        t.bruck_allgather(range(P), sizes, var=True)
         return t
 
 

@@ -108,14 +108,17 @@ class _GroupView:
         m = self.members
         self.parent.exchange([(m[p], t) for p, t in sends], [(m[p], t) for p, t in recvs])
 
-    def allgather_small(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The group's all-gather of a small tensor (the sizes of ``bruck_allgather_var``)."""
-        raw = tensor.contiguous().view(torch.uint8).reshape(-1)
-        blocks = bruck_allgather(self, raw, [raw.numel()] * self.size)
-        return torch.cat(blocks).view(tensor.dtype).reshape(self.size, *tensor.shape)
+    def exchange_var(self, sends, sources, max_nbytes=None) -> list[torch.Tensor]:
+        m = self.members
+        return self.parent.exchange_var([(m[p], t) for p, t in sends], [m[p] for p in sources], max_nbytes)
 
-    def check_message_size(self, nbytes: int, peer: int) -> int:
-        return self.parent.check_message_size(nbytes, self.members[peer])
+    @property
+    def max_message_bytes(self) -> int | None:
+        return self.parent.max_message_bytes
+
+    @property
+    def device(self) -> torch.device:
+        return self.parent.device
 
 
 @dataclass

@@ -36,8 +36,9 @@ as they are). With a lossy value codec a sender keeps what its push messages did
 an owner whose pull is a coded index list keeps the error of its sum and uses the decoded values
 itself, so every rank writes the same bits. ``traffic()`` counts the plain messages.
 
-Cost per rank: one push round of P - 1 COO messages (plus its size round), then ceil(log2 P)
-rounds for the pull sizes and ceil(log2 P) for the pull blocks; about 2 (P-1)/P k (c + s)
+Cost per rank: one push round of P - 1 COO messages, then ceil(log2 P) rounds for the pull
+blocks (each variable-size round doubled by a size round only where the Comm needs one:
+:meth:`~sparsecomm.comm.base.Comm.sizes_take_a_round`); about 2 (P-1)/P k (c + s)
 bytes sent when the selections barely overlap, balanced across ranks by the hash.
 """
 
@@ -238,6 +239,5 @@ class Zen(Algorithm):
             s = sets.count(classes.sizes[c])
             f = choose_form(m, s, N, dtype) if form == "auto" else form
             sizes.append(pull_nbytes(f, m, s, N, dtype))
-        t.allgather_sizes()
-        t.bruck_allgather(range(P), sizes)
+        t.bruck_allgather(range(P), sizes, var=True)
         return t

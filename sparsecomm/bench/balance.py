@@ -17,9 +17,9 @@ the difference on the gradients of the examples' models:
    through :class:`~sparsecomm.SparseAllreduce`: the first step's gradient once (handshake,
    residual, Ok-Topk's boundaries), then the second step's, whose bytes are counted.
 
-Counting: every round of the Comm (``Comm.exchange``, which ``exchange_var`` and
-``sendrecv`` go through, size headers included; ``allreduce_dense`` as the ring it is counted
-as) adds its bytes sent and received to the rank's total and to a *phase*, named by the
+Counting: every round of the Comm (``Comm.exchange``, which ``sendrecv`` goes through, and
+``Comm.exchange_var``, as its counters count them: size words included; ``allreduce_dense`` as
+the ring it is counted as) adds its bytes sent and received to the rank's total and to a *phase*, named by the
 algorithm's function that issued it and the Comm-level call in between, e.g.
 ``reduce/exchange_var`` (zen's push) and ``reduce/bruck_allgather_var`` (its pull). Rounds
 outside the algorithm (the reducer's handshake and check) are not counted. Bytes are exact and
@@ -42,7 +42,6 @@ from typing import Any, Dict, List, Sequence
 
 import torch
 
-from ..comm.base import ring_allreduce_cost
 from ..comm.simulated import simulate
 from ..reducer import SparseAllreduce
 from . import tasks as task_defs
@@ -59,15 +58,16 @@ _ALGORITHMS_DIR = os.path.join(_PACKAGE, "algorithms") + os.sep
 _COMM_DIR = os.path.join(_PACKAGE, "comm") + os.sep
 
 
-def _phase_of_caller() -> str | None:
+def _phase_of_caller(call: str) -> str | None:
     """``function/comm_call`` of the current round: the innermost frame in the algorithms
-    package and the outermost frame of the comm package below it; None outside an algorithm."""
+    package and the outermost frame of the comm package below it (else ``call``, the Comm
+    method counted); None outside an algorithm."""
     frame = sys._getframe(2)
     comm_call = None
     while frame is not None:
         path = frame.f_code.co_filename
         if path.startswith(_ALGORITHMS_DIR):
-            return f"{frame.f_code.co_name}/{comm_call or 'exchange'}"
+            return f"{frame.f_code.co_name}/{comm_call or call}"
         if path.startswith(_COMM_DIR):
             comm_call = frame.f_code.co_name
         frame = frame.f_back
@@ -80,26 +80,29 @@ class PhaseCounter:
     def __init__(self) -> None:
         self.phases: Dict[str, List[int]] = {}   # phase -> [sent, received]
         self.counting = False
+        self._inside = False   # in a counted call: the Comm calls it makes are part of it
 
     def watch(self, comm) -> None:
-        """Count ``comm``'s rounds while :attr:`counting`; wraps the instance's ``exchange`` and
-        ``allreduce_dense``, the Comm works as before."""
-        exchange, allreduce_dense = comm.exchange, comm.allreduce_dense
+        """Count ``comm``'s rounds while :attr:`counting`; wraps the instance's ``exchange``,
+        ``exchange_var`` and ``allreduce_dense`` (each call counted by the difference of the
+        Comm's own counters), the Comm works as before."""
+        def counted(call, name: str):
+            def run(*args, **kwargs):
+                if self._inside:
+                    return call(*args, **kwargs)
+                before = comm.stats.snapshot()
+                self._inside = True
+                try:
+                    return call(*args, **kwargs)
+                finally:
+                    self._inside = False
+                    if self.counting:
+                        done = comm.stats - before
+                        self._add(_phase_of_caller(name), done.bytes_sent, done.bytes_recv)
+            return run
 
-        def counted_exchange(sends, recvs):
-            exchange(sends, recvs)
-            if self.counting:
-                self._add(_phase_of_caller(), sum(t.numel() for _, t in sends), sum(t.numel() for _, t in recvs))
-
-        def counted_allreduce_dense(tensor):
-            allreduce_dense(tensor)
-            if self.counting:
-                sent, _ = ring_allreduce_cost(tensor.numel() * tensor.element_size(), comm.size)
-                self._add(_phase_of_caller(), sent, sent)
-            return tensor
-
-        comm.exchange = counted_exchange
-        comm.allreduce_dense = counted_allreduce_dense
+        for name in ("exchange", "exchange_var", "allreduce_dense"):
+            setattr(comm, name, counted(getattr(comm, name), name))
 
     def _add(self, phase: str | None, sent: int, received: int) -> None:
         if phase is None:

@@ -5,8 +5,9 @@ only knows its total. To compare the two on the link that matters -- the node's 
 link, shared by its L ranks -- :class:`LinkCounter` counts every message a Comm sends by its
 destination:
 
-* point-to-point messages (``Comm.exchange``, which ``sendrecv`` and ``exchange_var`` go
-  through, size headers included) are counted exactly, by destination rank;
+* point-to-point messages (``Comm.exchange``, which ``sendrecv`` goes through, and
+  ``Comm.exchange_var``, each message with its size as the Comm sends it) are counted
+  exactly, by destination rank;
 * the backend's own dense allreduce (``Comm.allreduce_dense``, e.g. gloo's) cannot be observed:
   its bytes are the ring count the Comm itself uses (2 (P-1) chunks of ceil(bytes / P)), all
   sent to the next rank of the Comm's group, as a ring allreduce sends them.
@@ -41,14 +42,27 @@ class LinkCounter:
 
     def watch(self, comm: Comm, same_node: Callable[[int], bool]) -> None:
         """Count ``comm``'s sends from now on; ``same_node(peer)`` says whether the peer (a rank
-        of ``comm``) is on this rank's node. Wraps the instance's ``exchange`` and
+        of ``comm``) is on this rank's node. Wraps the instance's ``exchange``, ``exchange_var``
+        (each message as the Comm puts it on the wire, its size included) and
         ``allreduce_dense``; the Comm works as before."""
-        exchange, allreduce_dense = comm.exchange, comm.allreduce_dense
+        exchange, exchange_var, allreduce_dense = comm.exchange, comm.exchange_var, comm.allreduce_dense
+        inside = []   # in an exchange_var: its own rounds are counted by it
 
         def counted_exchange(sends, recvs):
             exchange(sends, recvs)
+            if not inside:
+                for peer, payload in sends:
+                    self._add(same_node(peer), payload.numel())
+
+        def counted_exchange_var(sends, sources, **bound):
+            inside.append(True)
+            try:
+                got = exchange_var(sends, sources, **bound)
+            finally:
+                inside.pop()
             for peer, payload in sends:
-                self._add(same_node(peer), payload.numel())
+                self._add(same_node(peer), comm.var_message_nbytes(payload.numel()))
+            return got
 
         def counted_allreduce_dense(tensor):
             allreduce_dense(tensor)
@@ -58,6 +72,7 @@ class LinkCounter:
             return tensor
 
         comm.exchange = counted_exchange
+        comm.exchange_var = counted_exchange_var
         comm.allreduce_dense = counted_allreduce_dense
 
     def _add(self, same: bool, nbytes: int) -> None:

@@ -11,7 +11,12 @@ helpers built on them. Each backend implements three primitives:
   raise :class:`CommTimeoutError` after ``self.timeout`` seconds;
 * ``_allreduce_dense(tensor)`` -- in-place SUM with the backend's native algorithm;
 * optionally ``_exchange_var(...)`` -- variable-size receive without a size round
-  (MPI probes); the default sends a size header first and counts it as a round.
+  (MPI probes). The default sends each message's size in an 8-byte message just before it.
+  Inside a reducer call (a bound :attr:`~Comm.max_message_bytes` is set) on a backend whose
+  receive may be longer than the message (:attr:`~Comm.receives_short`: gloo, the simulated
+  world), the receiver posts a buffer of the bound beside the size, so sizes and payloads
+  travel in one round; otherwise (NCCL, calls outside a reducer) the sizes take a round of
+  their own first, and it is counted.
 
 Counters (:class:`CommStats`) are cumulative per Comm; the reducer snapshots them around
 a call to report per-call figures. A *round* is one sequential communication step: all
@@ -188,6 +193,10 @@ class Comm(ABC):
 
     #: True when the backend can learn a message's size without a size round (MPI Probe).
     can_probe: bool = False
+    #: True when a receive may be posted with a buffer longer than the message it gets (gloo
+    #: accepts it; NCCL does not): variable-size rounds then need no size round of their own
+    #: when the call has a bound (:meth:`sizes_take_a_round`)
+    receives_short: bool = False
     #: True when every rank is a thread of this process (the simulated world): no shared memory
     #: between processes is needed, and the modelled links must carry the bytes
     in_one_process: bool = False
@@ -284,12 +293,13 @@ class Comm(ABC):
         failed, cause = parse_abort(message)
         return aborted_error(f"{self.who()}: {message}", failed, cause)
 
-    def check_message_size(self, n: int, peer: int) -> int:
+    def check_message_size(self, n: int, peer: int, limit: int | None = None) -> int:
         """``n``, the size ``peer`` announced for a variable-size message, if the current call can
-        legitimately send that much (:attr:`max_message_bytes`); else a WireFormatError."""
+        legitimately send that much (``limit``, by default :attr:`max_message_bytes`); else a
+        WireFormatError."""
         from ..errors import WireFormatError
 
-        limit = self.max_message_bytes
+        limit = self.max_message_bytes if limit is None else limit
         if n < 0 or (limit is not None and n > limit):
             raise WireFormatError(f"rank {self.rank}: rank {peer} announced a message of {n} bytes, more than "
                                   f"the {limit} bytes this call can legitimately send (corrupted size header?)")
@@ -355,17 +365,84 @@ class Comm(ABC):
     def _allreduce_dense(self, tensor: torch.Tensor) -> tuple[int, int]:
         """In-place SUM over ranks; returns (bytes sent, rounds) to count for it."""
 
-    def _exchange_var(self, sends: Sequence[Message], sources: Sequence[int]) -> list[torch.Tensor]:
-        """Variable-size round: a size header round first, then the payload round."""
+    def _post_and_wait_bounded(self, sends: Sequence[Message], recvs: Sequence[Message]) -> None:
+        """:meth:`_post_and_wait` where a receive buffer may be longer than the message that
+        fills its start (only where :attr:`receives_short`); the backend's own receive when it
+        accepts that."""
+        self._post_and_wait(sends, recvs)
+
+    def sizes_take_a_round(self, bounded: bool | None = None) -> bool:
+        """Whether a variable-size round (:meth:`exchange_var`) costs a round of sizes before
+        its payloads: not on a backend that probes, nor on one that :attr:`receives_short`
+        when the call has a bound (``bounded``; default: whether the current call has one --
+        every reducer call does)."""
+        bounded = self.max_message_bytes is not None if bounded is None else bounded
+        return not (self.can_probe or (self.receives_short and bounded))
+
+    def var_message_nbytes(self, n: int) -> int:
+        """Bytes a variable-size message of ``n`` bytes puts on the wire in the current call,
+        its size included: ``n`` where the backend probes, else 8 more (the size), and at least
+        one byte of payload when the sizes travel along (:meth:`_exchange_bounded`)."""
+        if self.can_probe:
+            return n
+        return 8 + (n if self.sizes_take_a_round() else max(n, 1))
+
+    def _exchange_var(self, sends: Sequence[Message], sources: Sequence[int],
+                      max_nbytes: int | None = None) -> list[torch.Tensor]:
+        """Variable-size round: with a bound on a backend that :attr:`receives_short`, each
+        payload travels just after its 8-byte size into a buffer of the bound (one round);
+        otherwise a round of sizes first, then the payloads."""
+        bound = self.max_message_bytes if max_nbytes is None else max_nbytes
+        if self.receives_short and bound is not None:
+            return self._exchange_bounded(sends, sources, bound)
         size_bufs = [torch.empty(8, dtype=torch.uint8, device=self.device) for _ in sources]
         size_msgs = [(peer, torch.tensor([t.numel()], dtype=torch.int64, device="cpu").view(torch.uint8).to(self.device))
                      for peer, t in sends]
         self.exchange(size_msgs, list(zip(sources, size_bufs)))
-        sizes = [self.check_message_size(int(b.cpu().view(torch.int64)[0]), peer)
+        sizes = [self.check_message_size(int(b.cpu().view(torch.int64)[0]), peer, bound)
                  for peer, b in zip(sources, size_bufs)]
         recv_bufs = [torch.empty(n, dtype=torch.uint8, device=self.device) for n in sizes]
         self.exchange(sends, list(zip(sources, recv_bufs)))
         return recv_bufs
+
+    def _exchange_bounded(self, sends: Sequence[Message], sources: Sequence[int], bound: int) -> list[torch.Tensor]:
+        """One round without a size round: every message is sent after its size (8 bytes, the
+        same connection) and received into a buffer of ``bound`` bytes, which only the bytes
+        that arrive touch. An empty payload travels as one byte (a receive is always posted).
+        A sender whose message exceeds the bound raises before sending anything (the
+        backend would fail the receiver's process otherwise); a size beyond the bound or
+        beyond what was received raises WireFormatError."""
+        from ..errors import WireFormatError
+
+        for peer, t in sends:
+            if t.numel() > bound:
+                raise WireFormatError(f"rank {self.rank}: a variable-size message of {t.numel()} bytes to rank {peer} "
+                                      f"exceeds this call's bound of {bound} bytes")
+        sizes = torch.tensor([t.numel() for _, t in sends], dtype=torch.int64).view(torch.uint8).to(self.device)
+        filler = torch.zeros(1, dtype=torch.uint8, device=self.device)
+        out: list[Message] = []
+        for i, (peer, t) in enumerate(sends):
+            out.append((peer, sizes[8 * i:8 * i + 8]))
+            out.append((peer, t if t.numel() else filler))
+        size_bufs = torch.empty(8 * len(sources), dtype=torch.uint8, device=self.device)
+        bufs = [torch.empty(max(bound, 1), dtype=torch.uint8, device=self.device) for _ in sources]
+        recvs: list[Message] = []
+        for i, peer in enumerate(sources):
+            recvs.append((peer, size_bufs[8 * i:8 * i + 8]))
+            recvs.append((peer, bufs[i]))
+        self.check_usable()
+        start = time.perf_counter()
+        self._post_and_wait_bounded(out, recvs)
+        self.stats.comm_s += time.perf_counter() - start
+        got = size_bufs.cpu().view(torch.int64).tolist() if sources else []
+        results = []
+        for peer, n, buf in zip(sources, got, bufs):
+            n = self.check_message_size(int(n), peer, bound)
+            results.append(buf[:n])
+        self.stats.bytes_sent += sum(self.var_message_nbytes(t.numel()) for _, t in sends)
+        self.stats.bytes_recv += sum(self.var_message_nbytes(t.numel()) for t in results)
+        self.stats.rounds += 1
+        return results
 
     def _guard_dense(self, tensor: torch.Tensor) -> None:
         """Inside a call, before a backend's dense allreduce (which takes no tag): swap
@@ -427,11 +504,13 @@ class Comm(ABC):
         self.exchange([(dest, send)], [(source, recv)])
         return recv
 
-    def exchange_var(self, sends: Sequence[Message], sources: Sequence[int]) -> list[torch.Tensor]:
+    def exchange_var(self, sends: Sequence[Message], sources: Sequence[int],
+                     max_nbytes: int | None = None) -> list[torch.Tensor]:
         """Like :meth:`exchange` when the receiver cannot know the sizes; returns the
-        received payloads in the order of ``sources``. Costs one extra round (a size
-        header) unless the backend can probe. A received size beyond
-        :attr:`max_message_bytes` (set per call by the reducer) raises
+        received payloads in the order of ``sources``. Costs one extra round (the sizes)
+        where :meth:`sizes_take_a_round`. ``max_nbytes`` bounds this round's messages (every
+        rank must pass the same; default :attr:`max_message_bytes`, set per call by the
+        reducer); a received size beyond it raises
         :class:`~sparsecomm.errors.WireFormatError` naming the peer, without allocating."""
         self._check_peers([peer for peer, _ in sends] + list(sources))
         for peer, t in sends:
@@ -439,7 +518,9 @@ class Comm(ABC):
         if not sends and not sources:
             return []
         self.check_usable()
-        return self._exchange_var(sends, sources)
+        if max_nbytes is None:
+            return self._exchange_var(sends, sources)
+        return self._exchange_var(sends, sources, max_nbytes)
 
     def allreduce_dense(self, tensor: torch.Tensor) -> torch.Tensor:
         """In-place SUM of ``tensor`` over all ranks with the backend's own algorithm.

@@ -1,4 +1,5 @@
-"""Collective steps shared by several algorithms, built only on :meth:`Comm.exchange`.
+"""Collective steps shared by several algorithms, built only on :meth:`Comm.exchange` and
+:meth:`Comm.exchange_var`.
 
 Each step is written once here and reused (SparDL's final all-gather, TopkA, the small
 handshakes of the reducer all use :func:`bruck_allgather`; gs-SGD sums its sketches and
@@ -31,9 +32,11 @@ __all__ = ["bruck_allgather", "bruck_allgather_var", "allgather_int64", "halving
 
 class PeerGroup(Protocol):
     """What these steps use of a :class:`sparsecomm.comm.base.Comm` (or of a view of some of
-    its ranks): its place in the group and its rounds of point-to-point messages. One with a
-    ``check_message_size(n, peer)`` (a Comm's) also bounds the sizes peers announce to
-    :func:`bruck_allgather_var`."""
+    its ranks): its place in the group and its rounds of point-to-point messages, of known
+    sizes (``exchange``) or not (``exchange_var``, bounded by ``max_message_bytes``, the
+    call's bound per message or None)."""
+
+    max_message_bytes: int | None
 
     @property
     def rank(self) -> int: ...
@@ -47,7 +50,8 @@ class PeerGroup(Protocol):
     def exchange(self, sends: Sequence[tuple[int, torch.Tensor]], recvs: Sequence[tuple[int, torch.Tensor]]
                  ) -> None: ...
 
-    def allgather_small(self, tensor: torch.Tensor) -> torch.Tensor: ...
+    def exchange_var(self, sends: Sequence[tuple[int, torch.Tensor]], sources: Sequence[int],
+                     max_nbytes: int | None = None) -> list[torch.Tensor]: ...
 
 
 def bruck_allgather(comm: PeerGroup, block: torch.Tensor, block_nbytes: Sequence[int]) -> list[torch.Tensor]:
@@ -86,15 +90,45 @@ def bruck_allgather(comm: PeerGroup, block: torch.Tensor, block_nbytes: Sequence
 def bruck_allgather_var(comm: PeerGroup, block: torch.Tensor) -> list[torch.Tensor]:
     """Bruck all-gather when block sizes differ between ranks and are not known.
 
-    The sizes are all-gathered first (one int64 per rank, its own ceil(log2 P) rounds,
-    counted), then the blocks.
+    The rounds of :func:`bruck_allgather`, each a variable-size round (``exchange_var``): a
+    message of one block is the block; a message of ``c`` > 1 blocks starts with their ``c``
+    sizes (int64). No round is spent on sizes where the Comm needs none for ``exchange_var``
+    (:meth:`~sparsecomm.comm.base.Comm.sizes_take_a_round`); elsewhere each round is preceded
+    by its size round. Received sizes are checked against the call's bound per block
+    (``max_message_bytes``) and against the message that carried them.
     """
-    mine = torch.tensor([block.numel()], dtype=torch.int64, device="cpu")  # a host value
-    sizes = [int(s) for s in comm.allgather_small(mine).reshape(-1).tolist()]
-    check = getattr(comm, "check_message_size", None)  # peers' sizes are not trusted: bounded per call
-    if check is not None:
-        sizes = [n if q == comm.rank else check(n, q) for q, n in enumerate(sizes)]
-    return bruck_allgather(comm, block, sizes)
+    from ..errors import WireFormatError
+
+    size, rank = comm.size, comm.rank
+    limit = comm.max_message_bytes
+    held: list[torch.Tensor] = [block]   # held[j] is the block of rank (rank + j) % size
+    distance = 1
+    while distance < size:
+        count = min(distance, size - distance)
+        dest = (rank - distance) % size
+        source = (rank + distance) % size
+        if count == 1:
+            outgoing = held[0]
+        else:
+            sizes = torch.tensor([b.numel() for b in held[:count]], dtype=torch.int64)
+            outgoing = torch.cat([sizes.view(torch.uint8).to(block.device)] + held[:count])
+        bound = None if limit is None else count * (limit + 8)
+        incoming = comm.exchange_var([(dest, outgoing)], [source], max_nbytes=bound)[0]
+        if count == 1:
+            held.append(incoming)
+        else:
+            head = 8 * count
+            if incoming.numel() < head:
+                raise WireFormatError(f"rank {rank}: rank {source} sent {incoming.numel()} bytes for {count} blocks "
+                                      f"of an all-gather, less than their {head} bytes of sizes")
+            got = incoming[:head].cpu().view(torch.int64).tolist()
+            if min(got) < 0 or (limit is not None and max(got) > limit) or sum(got) != incoming.numel() - head:
+                raise WireFormatError(f"rank {rank}: rank {source} sent block sizes {got} in an all-gather message "
+                                      f"of {incoming.numel()} bytes (sizes + blocks must fill it; each block at most "
+                                      f"{limit} bytes)")
+            held.extend(incoming[head:].split(got))
+        distance *= 2
+    return [held[(q - rank) % size] for q in range(size)]
 
 
 def allgather_int64(comm: PeerGroup, values: Sequence[int], n: int) -> torch.Tensor:

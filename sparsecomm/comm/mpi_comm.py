@@ -285,7 +285,8 @@ class MPIComm(Comm):
         for t, host in staged:
             t.copy_(host)
 
-    def _exchange_var(self, sends: Sequence[Message], sources: Sequence[int]) -> list[torch.Tensor]:
+    def _exchange_var(self, sends: Sequence[Message], sources: Sequence[int],
+                      max_nbytes: int | None = None) -> list[torch.Tensor]:
         """One round: post the sends, then match each expected message with ``Improbe`` as it
         arrives, allocate a buffer of its size and receive it."""
         comm, MPI, tag = self.mpi_comm, self._MPI, self._tag  # peers were checked by Comm.exchange_var
@@ -314,7 +315,7 @@ class MPIComm(Comm):
                     msg = comm.Improbe(source=peer, tag=tag, status=status)
                     if msg is None:
                         break
-                    n = self.check_message_size(status.Get_count(MPI.BYTE), peer)  # before allocating
+                    n = self.check_message_size(status.Get_count(MPI.BYTE), peer, max_nbytes)  # before allocating
                     out = torch.empty(n, dtype=torch.uint8, device=self.device)
                     buf, host = self._recv_buf(out)
                     reqs.append(msg.Irecv(buf))

@@ -156,6 +156,8 @@ class TorchComm(Comm):
         self.group = group
         self._owns_group = group is not self.user_group   # close() destroys it
         self._gloo = "gloo" in self.backend.lower()
+        # gloo fills the start of a longer receive buffer (NCCL needs the exact count)
+        self.receives_short = self._gloo
         name = getattr(group, "group_name", None) or str(id(group))
         count = _COMMS_PER_GROUP[name] = _COMMS_PER_GROUP.get(name, 0) + 1
         self._chan: StoreChannel | None = None
