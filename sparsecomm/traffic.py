@@ -175,6 +175,18 @@ class Traffic:
                 self.round(members[pos], members[(pos - d) % q], nb)
             d *= 2
 
+    def coded(self, ratio: float) -> "Traffic":
+        """This record with every message's bytes times ``ratio`` (a COO codec's bytes over the
+        plain message's), each message variable-size (after a round of sizes, which
+        :meth:`unsized` folds away): the schedule of an algorithm whose messages go through a
+        coded codec, as an estimate (``exact`` False). For schedules without variable-size
+        rounds of their own (every message of fixed size when plain: topka, spardl)."""
+        out = Traffic(self.size)
+        out.exact, out.notes = False, list(self.notes) + [f"coded: bytes x {ratio:.3f}"]
+        for src, dst, nb, part in self._messages:
+            out.var_round(src, dst, np.ceil(nb * ratio).astype(np.int64), receivers=part)
+        return out
+
     def unsized(self) -> "Traffic":
         """This record as sent by a Comm whose variable-size rounds take no size round (a bound
         on a backend that receives short, or MPI's probes): each size round's 8-byte messages

@@ -70,13 +70,14 @@ from typing import Any
 
 import torch
 
-from ..traffic import Links, default_sets, fit_alpha_beta
+from ..traffic import Links, Traffic, default_sets, fit_alpha_beta
 from .base import Algorithm, get, modelled, register, traffic
 from .two_level import two_level_traffic
 from ..options import Option
 
 __all__ = ["AutoAlgorithm", "choose_algorithm", "choose_layout", "measure_links", "shortlist", "CANDIDATES",
-           "COMPUTE_NS"]
+           "COMPUTE_NS", "CODEC_COST", "CODEC_VARIANTS", "CODEC_BASES", "split_variant", "variant_options",
+           "with_codec_variants", "codec_seconds"]
 
 #: the algorithms auto chooses among, in order of preference on equal predictions (gssgd is
 #: left out: the scale study's model finds it slower than gtopk at every P up to 1024;
@@ -107,6 +108,26 @@ COMPUTE_NS: dict[str, tuple[float, float, float]] = {
 }
 _DENSITIES = (0.001, 0.01, 0.05)
 
+#: the COO codecs a candidate may carry after a "+" (``topka+delta_binary``,
+#: ``spardl+delta_binary+skcompress``): the option each sets (sparsecomm.formats.codec)
+CODEC_OPTIONS: dict[str, tuple[str, str]] = {"delta_binary": ("index_codec", "delta_binary"),
+                                             "skcompress": ("value_codec", "skcompress")}
+#: the codec variants auto weighs (option ``codecs``) for each of :data:`CODEC_BASES` among the candidates
+CODEC_VARIANTS = ("delta_binary", "skcompress", "delta_binary+skcompress")
+#: the algorithms whose codec variants auto weighs: every message of theirs is a COO vector, each
+#: encoded by its sender and decoded once per receiver, and their plain schedule has no
+#: variable-size round, so a variant's is :meth:`~sparsecomm.traffic.Traffic.coded`
+CODEC_BASES = ("topka", "spardl")
+#: per codec variant, at densities 0.1%, 1%, 5% of N = 15M (random gradients' top-k, float32,
+#: one thread; docs/skcompress.md, "auto"): the coded message's bytes over the plain one's, ns
+#: per nonzero to encode (a lossy codec's encode includes decoding what receivers will get) and
+#: ns per nonzero to decode
+CODEC_COST: dict[str, tuple[tuple[float, float, float], tuple[float, float, float], tuple[float, float, float]]] = {
+    "delta_binary": ((0.16, 0.14, 0.12), (3.0, 3.0, 3.0), (2.6, 2.6, 2.6)),
+    "skcompress": ((0.58, 0.58, 0.58), (17.0, 17.0, 17.0), (5.4, 5.4, 5.4)),
+    "delta_binary+skcompress": ((0.22, 0.22, 0.22), (19.0, 19.0, 19.0), (7.0, 7.0, 7.0)),
+}
+
 # one fit per Comm (every reducer on it reuses it; every rank builds reducers in the same order)
 _FITS: "weakref.WeakKeyDictionary[Any, tuple[float, float]]" = weakref.WeakKeyDictionary()
 
@@ -114,11 +135,8 @@ _FITS: "weakref.WeakKeyDictionary[Any, tuple[float, float]]" = weakref.WeakKeyDi
 _clock = time.perf_counter
 
 
-def compute_ns(name: str, density: float, table: dict | None = None) -> float:
-    """Per-element compute (ns) of ``name`` at ``density``: piecewise linear in log density."""
-    if table and name in table:
-        return float(table[name])
-    points = COMPUTE_NS.get(name, (10.0, 10.0, 10.0))
+def _in_log_density(points, density: float) -> float:
+    """``points`` at 0.1%, 1%, 5%, piecewise linear in log density, held outside."""
     x = math.log(min(max(density, _DENSITIES[0]), _DENSITIES[-1]))
     xs = [math.log(d) for d in _DENSITIES]
     for i in range(len(xs) - 1):
@@ -126,6 +144,53 @@ def compute_ns(name: str, density: float, table: dict | None = None) -> float:
             w = (x - xs[i]) / (xs[i + 1] - xs[i])
             return points[i] * (1 - w) + points[i + 1] * w
     return points[-1]
+
+
+def compute_ns(name: str, density: float, table: dict | None = None) -> float:
+    """Per-element compute (ns) of ``name`` at ``density``: piecewise linear in log density.
+    A codec variant's is its algorithm's (the codec's own is :func:`codec_seconds`)."""
+    if table and name in table:
+        return float(table[name])
+    return _in_log_density(COMPUTE_NS.get(split_variant(name)[0], (10.0, 10.0, 10.0)), density)
+
+
+def split_variant(name: str) -> tuple[str, str]:
+    """``(algorithm, codecs)`` of a candidate name: ``("topka", "delta_binary")`` for
+    ``topka+delta_binary``, ``(name, "")`` for a plain one."""
+    base, _, codecs = name.partition("+")
+    return base, codecs
+
+
+def variant_options(name: str) -> dict[str, str]:
+    """The constructor options of a candidate name's codecs (``{}`` for a plain name); a
+    codec name auto does not know raises ValueError."""
+    options: dict[str, str] = {}
+    for codec in filter(None, split_variant(name)[1].split("+")):
+        if codec not in CODEC_OPTIONS or CODEC_OPTIONS[codec][0] in options:
+            raise ValueError(f"auto: candidate {name!r}: after '+' come codecs, at most one of each kind, among "
+                             f"{', '.join(CODEC_OPTIONS)} (e.g. 'topka+delta_binary+skcompress')")
+        key, value = CODEC_OPTIONS[codec]
+        options[key] = value
+    return options
+
+
+def with_codec_variants(candidates) -> tuple[str, ...]:
+    """``candidates`` followed by the :data:`CODEC_VARIANTS` of each of :data:`CODEC_BASES`
+    among them (not listed already)."""
+    out = list(candidates)
+    out += [f"{base}+{codecs}" for base in CODEC_BASES if base in candidates for codecs in CODEC_VARIANTS
+            if f"{base}+{codecs}" not in out]
+    return tuple(out)
+
+
+def codec_seconds(codecs: str, density: float, k: int, plain: Traffic, dtype: torch.dtype) -> float:
+    """A codec variant's own compute per call (:data:`CODEC_COST`): its k selected entries
+    encoded once (a rank's messages add up to about k entries in topka and spardl) and every
+    entry it receives decoded (the plain schedule's largest received bytes over a plain entry's)."""
+    _, encode, decode = CODEC_COST[codecs]
+    entry = 4 + torch.empty((), dtype=dtype).element_size()
+    received = float(plain.recv.max(initial=0)) / entry
+    return 1e-9 * (_in_log_density(encode, density) * k + _in_log_density(decode, density) * received)
 
 
 def choose_algorithm(P: int, N: int, k: int, alpha: float, beta: float, sets=None, observed_k=None,
@@ -141,12 +206,28 @@ def choose_algorithm(P: int, N: int, k: int, alpha: float, beta: float, sets=Non
     if sets is None:
         sets = default_sets(P, N, k, model_n=model_n)
     preds = {}
+    plain_records: dict[str, Traffic] = {}
     for name in candidates:
+        base, codecs = split_variant(name)
         try:
-            wire = traffic(name, P, N, k, sets=sets, dtype=dtype, size_rounds=size_rounds)
+            if base not in plain_records:
+                plain_records[base] = traffic(base, P, N, k, sets=sets, dtype=dtype, size_rounds=size_rounds)
+            plain = plain_records[base]
+            if codecs:   # a codec variant: the plain schedule's bytes coded, its messages variable-size
+                ratio = _in_log_density(CODEC_COST[codecs][0], density)
+                wire = plain.coded(ratio)
+                wire = wire if size_rounds else wire.unsized()
+            else:
+                wire = plain
         except ValueError:
             continue   # e.g. options that do not fit P
         preds[name] = wire.time(alpha, beta) + compute_ns(name, density, compute) * 1e-9 * N
+        if codecs:
+            preds[name] += codec_seconds(codecs, density, k, plain, dtype)
+    # a codec variant is a candidate only where it pays: predicted faster than its plain algorithm
+    plain_times = {name: t for name, t in preds.items() if not split_variant(name)[1]}
+    preds = {name: t for name, t in preds.items()
+             if not split_variant(name)[1] or t < plain_times.get(split_variant(name)[0], math.inf)}
     best = min(preds, key=lambda n: (preds[n], list(candidates).index(n)))
     return {"algorithm": best, "predicted_s": preds[best], "predictions": preds}
 
@@ -172,6 +253,8 @@ def choose_layout(nodes: int, ranks_per_node: int, N: int, k: int, shard_k, link
     longest = -(-N // ranks_per_node)
     preds: dict[tuple[str, str], float] = {}
     for name in candidates:
+        if split_variant(name)[1]:
+            continue   # codec variants are weighed flat only (choose_algorithm)
         for hierarchy in ("flat", "node"):
             if hierarchy == "node" and (nodes == 1 or ranks_per_node == 1) and P > 1:
                 continue   # one node or one rank per node: the two levels are not two
@@ -267,6 +350,8 @@ class AutoAlgorithm(Algorithm):
         "tune": Option(2, int, min=0, max=1000, label="option tune"),
         "shortlist": Option(4, int, min=1, max=1000, label="option shortlist"),
         "margin": Option(2.0, float, min=1, doc="a factor of the cheapest prediction", label="option margin"),
+        "codecs": Option(True, bool, doc="weigh the codec variants of topka and spardl among the candidates",
+                         label="option codecs"),
     }
 
     @classmethod
@@ -274,9 +359,14 @@ class AutoAlgorithm(Algorithm):
         if (options["alpha"] is None) != (options["beta"] is None):
             raise ValueError("auto: give both alpha and beta, or neither (then a ping-pong measures both)")
         if options["candidates"] is not None:
-            bad = [c for c in options["candidates"] if c == "auto" or c not in modelled()]
+            bad = [c for c in options["candidates"] if c == "auto" or split_variant(c)[0] not in modelled()
+                   or (split_variant(c)[1] and split_variant(c)[0] not in CODEC_BASES)]
             if bad:
-                raise ValueError(f"auto: candidates {bad} cannot be chosen; choose among {', '.join(modelled())}")
+                raise ValueError(f"auto: candidates {bad} cannot be chosen; choose among {', '.join(modelled())}, "
+                                 f"and codec variants ('+delta_binary', '+skcompress', both) of "
+                                 f"{', '.join(CODEC_BASES)}")
+            for c in options["candidates"]:
+                variant_options(c)
 
     def __init__(self, comm, **options: Any):
         super().__init__(comm, **options)
@@ -338,7 +428,7 @@ class AutoAlgorithm(Algorithm):
 
     def _instance(self, name: str) -> Algorithm:
         if name not in self.instances:
-            self.instances[name] = get(name)(self.comm)
+            self.instances[name] = get(split_variant(name)[0])(self.comm, **variant_options(name))
         return self.instances[name]
 
     def _next_trial(self) -> str:
@@ -492,7 +582,8 @@ class AutoAlgorithm(Algorithm):
         self._pending = dict(state)
 
     def _candidates(self) -> tuple[str, ...]:
-        return self.options["candidates"] or CANDIDATES
+        names = self.options["candidates"] or CANDIDATES
+        return with_codec_variants(names) if self.options["codecs"] else names
 
     def _check_tuning(self, tuning: Any) -> None:
         """A tuning record must be one this reducer could have written: its shortlist among
