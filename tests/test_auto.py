@@ -51,8 +51,8 @@ def _ref_cheapest(P: int, n: int, k: int, alpha: float, beta: float) -> tuple[st
     (2, 300, 0.5, 1e-3, 1e-12, None),                 # latency-bound tiny bucket
 ])
 def test_choice_is_the_cheapest_and_identical_everywhere(P, n, density, alpha, beta, expect):
-    def fn(comm):
-        red = sc.SparseAllreduce("auto", density, comm=comm, alpha=alpha, beta=beta)
+    def fn(comm):   # the plain candidates (the codec variants: test_codec_variants_*)
+        red = sc.SparseAllreduce("auto", density, comm=comm, alpha=alpha, beta=beta, codecs=False)
         out = red(_grad(comm.rank, n))
         return red.last_stats, out
     results = simulate(P, fn).results
@@ -143,6 +143,8 @@ def test_state_dict_keeps_the_choice():
     ({"candidates": ("nosuch",)}, "candidates"), ({"compute": {"topka": -1}}, "compute"),
     ({"tune": -1}, "tune"), ({"tune": True}, "tune"), ({"tune": 1.5}, "tune"), ({"shortlist": 0}, "shortlist"),
     ({"margin": 0.5}, "margin"), ({"margin": float("inf")}, "margin"),
+    ({"candidates": ("gtopk+delta_binary",)}, "codec variants"), ({"candidates": ("topka+zip",)}, "after '\\+'"),
+    ({"candidates": ("topka+skcompress+skcompress",)}, "at most one of each"), ({"codecs": 1}, "codecs"),
 ])
 def test_bad_options(options, match):
     with pytest.raises(ValueError, match=match):
@@ -389,7 +391,7 @@ def test_ranks_that_would_prepare_differently_raise_everywhere(case):
             if comm.rank == 0:
                 fresh.load_state_dict({**state, "residual": None})
             fresh(_grad(comm.rank, n))
-    pattern = "options" if case == "alpha on rank 0 only" else r"auto/resumed\(20000,200,\w+\)"
+    pattern = "options" if case == "alpha on rank 0 only" else r"auto/resumed\(20000,200,[\w+]+\)"
     with pytest.raises(AgreedValueError, match=pattern):
         simulate(2, fn)
 
@@ -531,3 +533,86 @@ def test_checkpoints_under_a_density_schedule_resume_identically(monkeypatch, sa
     for rows, final in simulate(2, fn).results:
         assert all(r[0] == r[1] and r[2] == r[3] and r[4] and r[5] for r in rows), rows
         assert final == "spardl" and not rows[-1][2]
+
+
+# -- codec variants -------------------------------------------------------------------------------
+def _log_interp(points, density):
+    xs = [math.log(0.001), math.log(0.01), math.log(0.05)]
+    x = min(max(math.log(density), xs[0]), xs[2])
+    j = 0 if x <= xs[1] else 1
+    return points[j] + (points[j + 1] - points[j]) * (x - xs[j]) / (xs[j + 1] - xs[j])
+
+
+def _topka_times(P, n, k, alpha, beta):
+    """topka and its codec variants per call, by hand from the documented tables: TopkA's Bruck
+    all-gather of P plain COO messages of m bytes (distance d: min(d, P - d) messages' bytes in one
+    message per rank, one round) plus COMPUTE_NS["topka"] x N; a variant's messages are
+    ceil(plain bytes x the codec's ratio) + 8 (each message's size travels just before it: the
+    simulated Comm inside a reducer call), its compute adds encoding the k selected entries and
+    decoding the (P - 1) m / 8 entries received (int32 index + float32 value), and per round a
+    message's fixed cost to encode and decode."""
+    from _reference import coo_message_bytes
+    from sparsecomm.algorithms.auto import CODEC_COST, COMPUTE_NS
+
+    density = k / n
+    m = coo_message_bytes(k, n, 4)
+    steps, d = [], 1
+    while d < P:
+        steps.append(min(d, P - d) * m)
+        d *= 2
+    base_compute = _log_interp(COMPUTE_NS["topka"], density) * 1e-9 * n
+    times = {"topka": sum(alpha + b * beta for b in steps) + base_compute}
+    for codecs, (ratio, encode, decode, (encode_us, decode_us)) in CODEC_COST.items():
+        wire = sum(alpha + (math.ceil(b * _log_interp(ratio, density)) + 8) * beta for b in steps)
+        codec = 1e-9 * (_log_interp(encode, density) * k + _log_interp(decode, density) * (P - 1) * m / 8) \
+            + 1e-6 * (encode_us + decode_us) * len(steps)
+        times[f"topka+{codecs}"] = wire + base_compute + codec
+    return times
+
+
+@pytest.mark.parametrize("beta,paying", [(8e-8, True), (8e-11, False)], ids=["100mbit", "100gbit"])
+def test_codec_variants_are_candidates_where_the_model_says_they_pay(beta, paying):
+    """On a slow link the model's prediction of every topka codec variant (by hand above) is in
+    the predictions, below plain topka, and the cheapest is chosen; on a fast link none pays and
+    none is a candidate (only plain topka is predicted)."""
+    P, n, density, alpha = 4, 2_000_000, 0.01, 1e-4
+
+    def fn(comm):
+        red = sc.SparseAllreduce("auto", density, comm=comm, alpha=alpha, beta=beta, tune=0,
+                                 candidates=("topka", "topka+delta_binary", "topka+skcompress",
+                                             "topka+delta_binary+skcompress"))
+        red(_grad(comm.rank, n))
+        return red.last_stats, red.algorithm.decision["predictions"]
+    results = simulate(P, fn).results
+    k = sc.k_for(density, n)
+    want = _topka_times(P, n, k, alpha, beta)
+    for stats, predictions in results:
+        if paying:
+            paid = {name: t for name, t in want.items() if t < want["topka"]}
+            assert len(paid) == 3, want   # all three variants pay at 100 Mbit/s
+            cheapest = min(paid, key=paid.get)
+            assert stats["auto_choice"] == cheapest
+            assert stats["auto_predicted_s"] == pytest.approx(want[cheapest], rel=1e-3)
+        else:
+            assert stats["auto_choice"] == "topka"
+            assert set(predictions) == {"topka"}, predictions
+
+
+def test_a_chosen_codec_variant_runs_that_variant_bit_for_bit():
+    """auto's codec variant is the algorithm with those codec options: its result and residual
+    equal a reducer built with them, rank by rank, over two calls."""
+    P, n, density = 4, 50_000, 0.01
+    grads = [[_grad(r, n, s) for r in range(P)] for s in range(2)]
+
+    def run(name, **options):
+        def fn(comm):
+            red = sc.SparseAllreduce(name, density, comm=comm, **options)
+            outs = [red(grads[s][comm.rank].clone()) for s in range(2)]
+            return outs, red.residual.clone(), red.last_stats.get("auto_choice")
+        return simulate(P, fn).results
+    chosen = run("auto", alpha=1e-4, beta=8e-7, candidates=("topka+delta_binary+skcompress",), tune=0)
+    direct = run("topka", index_codec="delta_binary", value_codec="skcompress")
+    for (outs, residual, choice), (want_outs, want_residual, _) in zip(chosen, direct):
+        assert choice == "topka+delta_binary+skcompress"
+        assert all(torch.equal(a, b) for a, b in zip(outs, want_outs))
+        assert torch.equal(residual, want_residual)

@@ -121,11 +121,13 @@ CODEC_BASES = ("topka", "spardl")
 #: per codec variant, at densities 0.1%, 1%, 5% of N = 15M (random gradients' top-k, float32,
 #: one thread; docs/skcompress.md, "auto"): the coded message's bytes over the plain one's, ns
 #: per nonzero to encode (a lossy codec's encode includes decoding what receivers will get) and
-#: ns per nonzero to decode
-CODEC_COST: dict[str, tuple[tuple[float, float, float], tuple[float, float, float], tuple[float, float, float]]] = {
-    "delta_binary": ((0.16, 0.14, 0.12), (3.0, 3.0, 3.0), (2.6, 2.6, 2.6)),
-    "skcompress": ((0.58, 0.58, 0.58), (17.0, 17.0, 17.0), (5.4, 5.4, 5.4)),
-    "delta_binary+skcompress": ((0.22, 0.22, 0.22), (19.0, 19.0, 19.0), (7.0, 7.0, 7.0)),
+#: ns per nonzero to decode; then what a message costs beyond a plain one's whatever its size
+#: (us to encode, us to decode: tables, headers, allocations; measured at 20-2000 nonzeros)
+CODEC_COST: dict[str, tuple[tuple[float, float, float], tuple[float, float, float], tuple[float, float, float],
+                            tuple[float, float]]] = {
+    "delta_binary": ((0.689, 0.637, 0.601), (4.7, 2.8, 3.5), (3.7, 2.4, 2.5), (3.5, 6.5)),
+    "skcompress": ((0.591, 0.583, 0.582), (17.5, 16.4, 16.0), (6.2, 5.4, 5.8), (15.0, 7.5)),
+    "delta_binary+skcompress": ((0.281, 0.220, 0.183), (19.8, 17.9, 18.7), (7.8, 6.9, 7.2), (17.0, 7.6)),
 }
 
 # one fit per Comm (every reducer on it reuses it; every rank builds reducers in the same order)
@@ -185,12 +187,14 @@ def with_codec_variants(candidates) -> tuple[str, ...]:
 
 def codec_seconds(codecs: str, density: float, k: int, plain: Traffic, dtype: torch.dtype) -> float:
     """A codec variant's own compute per call (:data:`CODEC_COST`): its k selected entries
-    encoded once (a rank's messages add up to about k entries in topka and spardl) and every
-    entry it receives decoded (the plain schedule's largest received bytes over a plain entry's)."""
-    _, encode, decode = CODEC_COST[codecs]
+    encoded once (a rank's messages add up to about k entries in topka and spardl), every entry
+    it receives decoded (the plain schedule's largest received bytes over a plain entry's), and
+    one message encoded and one decoded per round of the plain schedule."""
+    _, encode, decode, (encode_us, decode_us) = CODEC_COST[codecs]
     entry = 4 + torch.empty((), dtype=dtype).element_size()
     received = float(plain.recv.max(initial=0)) / entry
-    return 1e-9 * (_in_log_density(encode, density) * k + _in_log_density(decode, density) * received)
+    return (1e-9 * (_in_log_density(encode, density) * k + _in_log_density(decode, density) * received)
+            + 1e-6 * (encode_us + decode_us) * plain.max_rounds)
 
 
 def choose_algorithm(P: int, N: int, k: int, alpha: float, beta: float, sets=None, observed_k=None,
@@ -350,7 +354,7 @@ class AutoAlgorithm(Algorithm):
         "tune": Option(2, int, min=0, max=1000, label="option tune"),
         "shortlist": Option(4, int, min=1, max=1000, label="option shortlist"),
         "margin": Option(2.0, float, min=1, doc="a factor of the cheapest prediction", label="option margin"),
-        "codecs": Option(True, bool, doc="weigh the codec variants of topka and spardl among the candidates",
+        "codecs": Option(True, bool, doc="add the codec variants of topka and spardl to the default candidates",
                          label="option codecs"),
     }
 
@@ -582,8 +586,9 @@ class AutoAlgorithm(Algorithm):
         self._pending = dict(state)
 
     def _candidates(self) -> tuple[str, ...]:
-        names = self.options["candidates"] or CANDIDATES
-        return with_codec_variants(names) if self.options["codecs"] else names
+        if self.options["candidates"]:   # as given: codec variants are named there
+            return self.options["candidates"]
+        return with_codec_variants(CANDIDATES) if self.options["codecs"] else CANDIDATES
 
     def _check_tuning(self, tuning: Any) -> None:
         """A tuning record must be one this reducer could have written: its shortlist among
