@@ -56,8 +56,17 @@ Options: ``alpha``, ``beta`` (None: ping-pong), ``candidates`` (a tuple of algor
 default :data:`CANDIDATES`), ``compute`` (None or a dict name -> ns per element), ``tune``
 (calls per shortlisted candidate, default 2: the first of a candidate's calls also pays its
 first-call costs, so the better of two is kept; 0: the model alone decides), ``shortlist``
-(most candidates measured, default 4: at P = 4, 0.1% the model ranked the fastest, topka, fourth) and ``margin`` (only candidates predicted within this
-factor of the cheapest, default 2.0: the model's largest miss in docs/scale.md was 1.6x).
+(most candidates measured, default 4: at P = 4, 0.1% the model ranked the fastest, topka, fourth), ``margin`` (only candidates predicted within this
+factor of the cheapest, default 2.0: the model's largest miss in docs/scale.md was 1.6x) and
+``codecs`` (default True: the default candidates include the codec variants of topka and spardl).
+
+Codec variants. A candidate ``base+codec[+codec]`` (``topka+delta_binary``,
+``spardl+delta_binary+skcompress``) is ``base`` with those COO codecs (docs/skcompress.md). Its
+prediction: the plain schedule with every message's bytes times the codec's measured ratio, each
+message variable-size (:meth:`~sparsecomm.traffic.Traffic.coded`), plus the plain compute and the
+codec's own (:func:`codec_seconds`: :data:`CODEC_COST`'s encode and decode ns per nonzero and
+us per message). A variant is a candidate only where it is predicted faster than its plain
+algorithm: on links slow enough for the bytes saved to pay for the coding.
 """
 
 from __future__ import annotations

@@ -220,6 +220,7 @@ class Comm(ABC):
         #: bound on a size received in a variable-size round (set per call by the reducer)
         self.max_message_bytes: int | None = None
         self._dense_agreed = None   # the call whose size and dtype a caller proved equal (mark_dense_agreed)
+        self._scratch: list[torch.Tensor] = []   # receive buffers of bounded rounds (_receive_scratch)
 
     # -- failing together ------------------------------------------------------------------
     def new_scope(self, label: str) -> CallScope:
@@ -410,7 +411,7 @@ class Comm(ABC):
         round: a fresh buffer of the bound is mapped memory whose pages fault in as the bytes
         arrive (about 1 ms per MB with 4 ranks on 2 cores), a reused one is already mapped up
         to the largest message it took. Only the bytes received are resident."""
-        scratch = self.__dict__.setdefault("_scratch", [])
+        scratch = self._scratch
         for i in range(count):
             if i == len(scratch):
                 scratch.append(torch.empty(nbytes, dtype=torch.uint8, device=self.device))
@@ -421,10 +422,11 @@ class Comm(ABC):
     def _exchange_bounded(self, sends: Sequence[Message], sources: Sequence[int], bound: int) -> list[torch.Tensor]:
         """One round without a size round: every message is sent after its size (8 bytes, the
         same connection) and received into a buffer of ``bound`` bytes (kept for the next
-        rounds, :meth:`_receive_scratch`), then copied out at its size. An empty payload travels as one byte (a receive is always posted).
-        A sender whose message exceeds the bound raises before sending anything (the
-        backend would fail the receiver's process otherwise); a size beyond the bound or
-        beyond what was received raises WireFormatError."""
+        rounds, :meth:`_receive_scratch`), then copied out at its size. An empty payload
+        travels as one byte (a receive is always posted). A sender whose message exceeds the
+        bound raises before sending anything (the backend would fail the receiver's process
+        otherwise); a size beyond the bound raises WireFormatError. The size is trusted as
+        the size round's is: the decoders validate every byte of what it delimits."""
         from ..errors import WireFormatError
 
         for peer, t in sends:
