@@ -550,9 +550,9 @@ def _topka_times(P, n, k, alpha, beta):
     ceil(plain bytes x the codec's ratio) + 8 (each message's size travels just before it: the
     simulated Comm inside a reducer call), its compute adds encoding the k selected entries and
     decoding the (P - 1) m / 8 entries received (int32 index + float32 value), and per round a
-    message's fixed cost to encode and decode."""
+    message's fixed cost to encode and decode, all times the documented share of a core."""
     from _reference import coo_message_bytes
-    from sparsecomm.algorithms.auto import CODEC_COST, COMPUTE_NS
+    from sparsecomm.algorithms.auto import CODEC_COST, CODEC_SHARE, COMPUTE_NS
 
     density = k / n
     m = coo_message_bytes(k, n, 4)
@@ -564,8 +564,8 @@ def _topka_times(P, n, k, alpha, beta):
     times = {"topka": sum(alpha + b * beta for b in steps) + base_compute}
     for codecs, (ratio, encode, decode, (encode_us, decode_us)) in CODEC_COST.items():
         wire = sum(alpha + (math.ceil(b * _log_interp(ratio, density)) + 8) * beta for b in steps)
-        codec = 1e-9 * (_log_interp(encode, density) * k + _log_interp(decode, density) * (P - 1) * m / 8) \
-            + 1e-6 * (encode_us + decode_us) * len(steps)
+        codec = CODEC_SHARE * (1e-9 * (_log_interp(encode, density) * k + _log_interp(decode, density) * (P - 1) * m / 8)
+                               + 1e-6 * (encode_us + decode_us) * len(steps))
         times[f"topka+{codecs}"] = wire + base_compute + codec
     return times
 

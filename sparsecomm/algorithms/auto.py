@@ -85,8 +85,8 @@ from .two_level import two_level_traffic
 from ..options import Option
 
 __all__ = ["AutoAlgorithm", "choose_algorithm", "choose_layout", "measure_links", "shortlist", "CANDIDATES",
-           "COMPUTE_NS", "CODEC_COST", "CODEC_VARIANTS", "CODEC_BASES", "split_variant", "variant_options",
-           "with_codec_variants", "codec_seconds"]
+           "COMPUTE_NS", "CODEC_COST", "CODEC_SHARE", "CODEC_VARIANTS", "CODEC_BASES", "split_variant",
+           "variant_options", "with_codec_variants", "codec_seconds"]
 
 #: the algorithms auto chooses among, in order of preference on equal predictions (gssgd is
 #: left out: the scale study's model finds it slower than gtopk at every P up to 1024;
@@ -132,6 +132,9 @@ CODEC_BASES = ("topka", "spardl")
 #: per nonzero to encode (a lossy codec's encode includes decoding what receivers will get) and
 #: ns per nonzero to decode; then what a message costs beyond a plain one's whatever its size
 #: (us to encode, us to decode: tables, headers, allocations; measured at 20-2000 nonzeros)
+#: :data:`COMPUTE_NS` is wall time of 4 ranks sharing 2 cores (half a core each); the codecs'
+#: one-thread figures are scaled by the same factor to be compared with it
+CODEC_SHARE = 2.0
 CODEC_COST: dict[str, tuple[tuple[float, float, float], tuple[float, float, float], tuple[float, float, float],
                             tuple[float, float]]] = {
     "delta_binary": ((0.689, 0.637, 0.601), (4.7, 2.8, 3.5), (3.7, 2.4, 2.5), (3.5, 6.5)),
@@ -198,12 +201,13 @@ def codec_seconds(codecs: str, density: float, k: int, plain: Traffic, dtype: to
     """A codec variant's own compute per call (:data:`CODEC_COST`): its k selected entries
     encoded once (a rank's messages add up to about k entries in topka and spardl), every entry
     it receives decoded (the plain schedule's largest received bytes over a plain entry's), and
-    one message encoded and one decoded per round of the plain schedule."""
+    one message encoded and one decoded per round of the plain schedule; times
+    :data:`CODEC_SHARE`."""
     _, encode, decode, (encode_us, decode_us) = CODEC_COST[codecs]
     entry = 4 + torch.empty((), dtype=dtype).element_size()
     received = float(plain.recv.max(initial=0)) / entry
-    return (1e-9 * (_in_log_density(encode, density) * k + _in_log_density(decode, density) * received)
-            + 1e-6 * (encode_us + decode_us) * plain.max_rounds)
+    per_entry = _in_log_density(encode, density) * k + _in_log_density(decode, density) * received
+    return CODEC_SHARE * (1e-9 * per_entry + 1e-6 * (encode_us + decode_us) * plain.max_rounds)
 
 
 def choose_algorithm(P: int, N: int, k: int, alpha: float, beta: float, sets=None, observed_k=None,
