@@ -413,15 +413,19 @@ def test_simulated_reorder_is_an_error(alg):
     assert texts[0] == texts[1]
 
 
-def test_exchange_var_refuses_an_oversized_size_header():
+@pytest.mark.parametrize("receives_short", [False, True], ids=["size-round", "size-along"])
+def test_exchange_var_refuses_an_oversized_size_header(receives_short):
     """A corrupted size header (1.15e18 bytes) raises WireFormatError naming the sender
-    instead of allocating; the sender then fails with the receiver's cause."""
+    instead of allocating; the sender then fails with the receiver's cause. In a round of its
+    own (a backend that cannot receive short), or just before its message (one that can)."""
     def fn(comm):
+        comm.receives_short = receives_short
         scope = comm.new_scope("test")
         with comm.call_scope(scope, max_message_bytes=1 << 20):
             if comm.rank == 0:
                 bogus = torch.tensor([1_150_000_000_000_000_000], dtype=torch.int64).view(torch.uint8)
-                return _outcome(lambda: comm.exchange([(1, bogus)], [(1, torch.empty(8, dtype=torch.uint8))]))
+                sends = [(1, bogus)] + ([(1, torch.zeros(8, dtype=torch.uint8))] if receives_short else [])
+                return _outcome(lambda: comm.exchange(sends, [(1, torch.empty(8, dtype=torch.uint8))]))
             return _outcome(lambda: comm.exchange_var([(0, torch.zeros(8, dtype=torch.uint8))], [0]))
 
     outs = simulate(2, fn).results

@@ -169,6 +169,10 @@ BAD += [  # auto: the alpha-beta constants (both or neither), the candidates, th
     ("auto", {"shortlist": 0}, r"option shortlist must be an int in 1\.\.1000, got 0"),
     ("auto", {"margin": 0.9}, r"option margin must be a finite number >= 1 .* got 0\.9"),
     ("auto", {"margin": NAN}, r"option margin must be a finite number >= 1 .* got nan"),
+    ("auto", {"codecs": 1}, r"option codecs must be a bool .* got 1"),
+    ("auto", {"codecs": None}, r"option codecs must be a bool .* got None"),
+    ("auto", {"candidates": ("topka+zip",)}, r"candidate 'topka\+zip': after '\+' come codecs"),
+    ("auto", {"candidates": ("gtopk+delta_binary",)}, r"candidates \['gtopk\+delta_binary'\] cannot be chosen"),
 ]
 
 # values at the edges that are valid and must be accepted
@@ -330,7 +334,7 @@ REJECTS = {
     "auto": {"alpha": {"type": "1e-4", "range": -1e-6}, "beta": {"type": True, "range": -INF},
              "candidates": {"type": "topka", "range": ()}, "compute": {"type": [1.0], "range": {"topka": -1.0}},
              "tune": {"type": 2.0, "range": 1001}, "shortlist": {"type": None, "range": 0},
-             "margin": {"type": "2", "range": 0.5}},
+             "margin": {"type": "2", "range": 0.5}, "codecs": {"type": "yes"}},
 }
 # options given beside the bad one so that the case reaches that option's own check
 _BESIDE = {("auto", "alpha"): {"beta": 1e-9}, ("auto", "beta"): {"alpha": 1e-4}}
@@ -400,16 +404,16 @@ _GIVEN = {
     "skcompress": {"q": 64, "s": 3, "t": 0.5, "r": 4, "m": 8, "prefix": "huffman", "topology": "ps"},
     "gssgd": {"rows": 3, "sketch_size": 10, "columns": 999, "p1": None, "p2": 4, "allreduce": "tree",
               "estimate": "full", "seed": 7, "heavymix": "random"},
-    "auto": {"alpha": 1e-5, "beta": 1e-9, "candidates": ["topka", "gtopk"], "compute": {"topka": 1.0},
-             "tune": 0, "shortlist": 2, "margin": 1.5},
+    "auto": {"alpha": 1e-5, "beta": 1e-9, "candidates": ["topka", "gtopk", "spardl+delta_binary+skcompress"],
+             "compute": {"topka": 1.0}, "tune": 0, "shortlist": 2, "margin": 1.5, "codecs": False},
 }
 HANDSHAKE_TEXT = {
     ("auto", "default"):
-        "alpha=None, beta=None, candidates=None, compute=None, margin=2.0, nonfinite='propagate', "
+        "alpha=None, beta=None, candidates=None, codecs=True, compute=None, margin=2.0, nonfinite='propagate', "
         "shortlist=4, tune=2",
     ("auto", "given"):
-        "alpha=1e-05, beta=1e-09, candidates=('topka', 'gtopk'), compute={'topka': 1.0}, margin=1.5, "
-        "nonfinite='propagate', shortlist=2, tune=0",
+        "alpha=1e-05, beta=1e-09, candidates=('topka', 'gtopk', 'spardl+delta_binary+skcompress'), codecs=False, "
+        "compute={'topka': 1.0}, margin=1.5, nonfinite='propagate', shortlist=2, tune=0",
     ("dense", "default"): "nonfinite='propagate'",
     ("dense", "given"): "nonfinite='propagate'",
     ("densestream", "default"): "nonfinite='propagate'",

@@ -204,7 +204,7 @@ def codec_seconds(codecs: str, density: float, k: int, plain: Traffic, dtype: to
     one message encoded and one decoded per round of the plain schedule; times
     :data:`CODEC_SHARE`."""
     _, encode, decode, (encode_us, decode_us) = CODEC_COST[codecs]
-    entry = 4 + torch.empty((), dtype=dtype).element_size()
+    entry = 4 + dtype.itemsize
     received = float(plain.recv.max(initial=0)) / entry
     per_entry = _in_log_density(encode, density) * k + _in_log_density(decode, density) * received
     return CODEC_SHARE * (1e-9 * per_entry + 1e-6 * (encode_us + decode_us) * plain.max_rounds)

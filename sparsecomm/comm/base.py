@@ -433,7 +433,8 @@ class Comm(ABC):
             if t.numel() > bound:
                 raise WireFormatError(f"rank {self.rank}: a variable-size message of {t.numel()} bytes to rank {peer} "
                                       f"exceeds this call's bound of {bound} bytes")
-        sizes = torch.tensor([t.numel() for _, t in sends], dtype=torch.int64).view(torch.uint8).to(self.device)
+        sizes = torch.tensor([t.numel() for _, t in sends], dtype=torch.int64, device="cpu").view(torch.uint8)
+        sizes = sizes.to(self.device)
         filler = torch.zeros(1, dtype=torch.uint8, device=self.device)
         out: list[Message] = []
         for i, (peer, t) in enumerate(sends):

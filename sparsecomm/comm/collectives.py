@@ -110,7 +110,7 @@ def bruck_allgather_var(comm: PeerGroup, block: torch.Tensor) -> list[torch.Tens
         if count == 1:
             outgoing = held[0]
         else:
-            sizes = torch.tensor([b.numel() for b in held[:count]], dtype=torch.int64)
+            sizes = torch.tensor([b.numel() for b in held[:count]], dtype=torch.int64, device="cpu")
             outgoing = torch.cat([sizes.view(torch.uint8).to(block.device)] + held[:count])
         bound = None if limit is None else count * (limit + 8)
         incoming = comm.exchange_var([(dest, outgoing)], [source], max_nbytes=bound)[0]
