@@ -20,6 +20,13 @@ def _grad(rank: int, n: int, step: int = 0) -> torch.Tensor:
     return torch.randn(n, generator=torch.Generator().manual_seed(100 * step + rank))
 
 
+def _log_interp(points, density):
+    xs = [math.log(0.001), math.log(0.01), math.log(0.05)]
+    x = min(max(math.log(density), xs[0]), xs[2])
+    j = 0 if x <= xs[1] else 1
+    return points[j] + (points[j + 1] - points[j]) * (x - xs[j]) / (xs[j + 1] - xs[j])
+
+
 def _ref_cheapest(P: int, n: int, k: int, alpha: float, beta: float) -> tuple[str, float]:
     """The reference of "cheapest by the model", written here: each candidate's time is its
     schedule's alpha-beta time (the cost model's traffic, an input) plus the per-element
@@ -27,8 +34,6 @@ def _ref_cheapest(P: int, n: int, k: int, alpha: float, beta: float) -> tuple[st
     and 5% and held outside; the least time wins, ties to the earlier candidate."""
     from sparsecomm import costmodel
     from sparsecomm.algorithms.auto import CANDIDATES, COMPUTE_NS
-    xs = [math.log(0.001), math.log(0.01), math.log(0.05)]
-    x = min(max(math.log(k / n), xs[0]), xs[2])
     sets = costmodel.default_sets(P, n, k, model_n=1 << 16)
     times = []
     for i, name in enumerate(CANDIDATES):
@@ -37,9 +42,7 @@ def _ref_cheapest(P: int, n: int, k: int, alpha: float, beta: float) -> tuple[st
             wire = costmodel.traffic(name, P, n, k, sets=sets, size_rounds=False)
         except ValueError:
             continue
-        y = COMPUTE_NS[name]
-        j = 0 if x <= xs[1] else 1
-        ns = y[j] + (y[j + 1] - y[j]) * (x - xs[j]) / (xs[j + 1] - xs[j])
+        ns = _log_interp(COMPUTE_NS[name], k / n)
         times.append((wire.time(alpha, beta) + ns * 1e-9 * n, i, name))
     t, _, name = min(times)
     return name, t
@@ -536,13 +539,6 @@ def test_checkpoints_under_a_density_schedule_resume_identically(monkeypatch, sa
 
 
 # -- codec variants -------------------------------------------------------------------------------
-def _log_interp(points, density):
-    xs = [math.log(0.001), math.log(0.01), math.log(0.05)]
-    x = min(max(math.log(density), xs[0]), xs[2])
-    j = 0 if x <= xs[1] else 1
-    return points[j] + (points[j + 1] - points[j]) * (x - xs[j]) / (xs[j + 1] - xs[j])
-
-
 def _topka_times(P, n, k, alpha, beta):
     """topka and its codec variants per call, by hand from the documented tables: TopkA's Bruck
     all-gather of P plain COO messages of m bytes (distance d: min(d, P - d) messages' bytes in one

@@ -116,10 +116,6 @@ class _GroupView:
     def max_message_bytes(self) -> int | None:
         return self.parent.max_message_bytes
 
-    @property
-    def device(self) -> torch.device:
-        return self.parent.device
-
 
 @dataclass
 class _Step:

@@ -380,13 +380,14 @@ class Comm(ABC):
         bounded = self.max_message_bytes is not None if bounded is None else bounded
         return not (self.can_probe or (self.receives_short and bounded))
 
-    def var_message_nbytes(self, n: int) -> int:
-        """Bytes a variable-size message of ``n`` bytes puts on the wire in the current call,
-        its size included: ``n`` where the backend probes, else 8 more (the size), and at least
-        one byte of payload when the sizes travel along (:meth:`_exchange_bounded`)."""
+    def var_message_nbytes(self, n: int, bounded: bool | None = None) -> int:
+        """Bytes a variable-size message of ``n`` bytes puts on the wire in the current call
+        (``bounded`` as in :meth:`sizes_take_a_round`), its size included: ``n`` where the
+        backend probes, else 8 more (the size), and at least one byte of payload when the
+        sizes travel along (:meth:`_exchange_bounded`)."""
         if self.can_probe:
             return n
-        return 8 + (n if self.sizes_take_a_round() else max(n, 1))
+        return 8 + (n if self.sizes_take_a_round(bounded) else max(n, 1))
 
     def _exchange_var(self, sends: Sequence[Message], sources: Sequence[int],
                       max_nbytes: int | None = None) -> list[torch.Tensor]:
@@ -394,7 +395,7 @@ class Comm(ABC):
         payload travels just after its 8-byte size into a buffer of the bound (one round);
         otherwise a round of sizes first, then the payloads."""
         bound = self.max_message_bytes if max_nbytes is None else max_nbytes
-        if self.receives_short and bound is not None:
+        if not self.sizes_take_a_round(bounded=bound is not None):
             return self._exchange_bounded(sends, sources, bound)
         size_bufs = [torch.empty(8, dtype=torch.uint8, device=self.device) for _ in sources]
         size_msgs = [(peer, torch.tensor([t.numel()], dtype=torch.int64, device="cpu").view(torch.uint8).to(self.device))
@@ -455,8 +456,8 @@ class Comm(ABC):
         for peer, n, buf in zip(sources, got, bufs):
             n = self.check_message_size(int(n), peer, bound)
             results.append(buf[:n].clone())   # the scratch is the next round's
-        self.stats.bytes_sent += sum(self.var_message_nbytes(t.numel()) for _, t in sends)
-        self.stats.bytes_recv += sum(self.var_message_nbytes(t.numel()) for t in results)
+        self.stats.bytes_sent += sum(self.var_message_nbytes(t.numel(), bounded=True) for _, t in sends)
+        self.stats.bytes_recv += sum(self.var_message_nbytes(t.numel(), bounded=True) for t in results)
         self.stats.rounds += 1
         return results
 
@@ -534,8 +535,6 @@ class Comm(ABC):
         if not sends and not sources:
             return []
         self.check_usable()
-        if max_nbytes is None:
-            return self._exchange_var(sends, sources)
         return self._exchange_var(sends, sources, max_nbytes)
 
     def allreduce_dense(self, tensor: torch.Tensor) -> torch.Tensor:

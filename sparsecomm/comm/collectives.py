@@ -20,6 +20,7 @@ from typing import Protocol, Sequence
 import numpy as np
 import torch
 
+from ..errors import WireFormatError
 from ..formats.header import HEADER_NBYTES, Kind, check_header, pack_header
 
 __all__ = ["bruck_allgather", "bruck_allgather_var", "allgather_int64", "halving_tree", "halving_allreduce_",
@@ -97,8 +98,6 @@ def bruck_allgather_var(comm: PeerGroup, block: torch.Tensor) -> list[torch.Tens
     by its size round. Received sizes are checked against the call's bound per block
     (``max_message_bytes``) and against the message that carried them.
     """
-    from ..errors import WireFormatError
-
     size, rank = comm.size, comm.rank
     limit = comm.max_message_bytes
     held: list[torch.Tensor] = [block]   # held[j] is the block of rank (rank + j) % size
