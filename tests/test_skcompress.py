@@ -87,6 +87,25 @@ def test_quantize_matches_reference(n, q):
     assert np.array_equal(b.numpy(), rb)
 
 
+@pytest.mark.parametrize("levels,n", [(575, 75000), (128, 20000), (16, 20000), (3, 5000), (40, 300)])
+@pytest.mark.parametrize("outlier", [False, True])
+def test_quantize_repeated_values_matches_reference(levels, n, outlier):
+    """Values drawn from few distinct ones (sums of decoded values look like this): the
+    splits are those values, often several equal, and nearly every value lies in a bin of
+    the lookup table with a split inside. An outlier stretches the key range so that many
+    splits share one bin."""
+    r = _rng(levels * 7 + n)
+    v = (r.standard_normal(levels) * 3)[r.integers(0, levels, n)]
+    if outlier:
+        v[n // 2] = 1e30
+        v[n // 3] = -1e-30
+    b, sp, used = ops.skcompress_quantize(torch.from_numpy(v).float(), 256, exact_max=1 << 20)
+    rb, rsp, rused = _ref_quantize(v.astype(np.float32).astype(np.float64), 256)
+    assert used.tolist() == rused
+    assert np.array_equal(sp.numpy(), rsp)
+    assert np.array_equal(b.numpy(), rb)
+
+
 # ---------------------------------------------------------------- codec round trips
 
 def _message(n_entries, N, seed, dist="normal", dtype=torch.float32):

@@ -142,14 +142,24 @@ done:
 /* Bucket lookup of one sign: bucket(a) = #{j in 1..nb-1 : split[j] <= a} for keys a in
  * [split[0], split[nb]], through a table over bins of the key range (about four bins per
  * key, at most 2^16, two bytes each): a bin without a split inside holds its keys' bucket,
- * one load; a bin with a split inside is marked and its keys are searched among the splits
- * (few keys: the bins are narrower than a bucket wherever the keys crowd). */
+ * one load; a bin with a split inside holds the bucket of its first key, marked, and its
+ * keys count the splits from there. Those are few keys where values spread (the bins are
+ * narrower than a bucket wherever the keys crowd), but where values repeat -- sums of
+ * decoded values, which take few distinct values -- the splits are those values and nearly
+ * every key lies in a marked bin: the count starts at the bin's first split and takes the
+ * next SPLIT_RUN splits at once, without a branch; only a bin holding more splits (a value
+ * repeated over more than SPLIT_RUN quantiles) goes on with a binary search. */
 typedef struct {
   SEL(binning) bn;
-  const KT* split;   /* nb + 1 */
+  const KT* split;   /* split[0..nb-1], then SPLIT_RUN keys above any magnitude */
   int64_t nb;
-  uint16_t* tab;     /* per bin: bucket, or BUCKET_SPLIT */
+  uint16_t* tab;     /* per bin: its first key's bucket, | BUCKET_SPLIT if a split is inside;
+                      * the split copy lives in the same block */
 } SEL(bucket_table);
+
+#ifndef SPLIT_RUN
+#define SPLIT_RUN 8
+#endif
 
 #ifndef BUCKET_SPLIT
 #define BUCKET_SPLIT 0x8000u
@@ -157,10 +167,14 @@ typedef struct {
 
 static int SEL(bucket_table_build)(SEL(bucket_table)* t, const KT* split, int64_t nb, int64_t n) {
   t->nb = nb;
-  t->split = split;
   t->bn = SEL(make_binning)(split[0], split[nb], 4 * n, 1, 16);
-  t->tab = (uint16_t*)malloc(sizeof(uint16_t) * (size_t)t->bn.nbins);
+  size_t tab_bytes = (sizeof(uint16_t) * (size_t)t->bn.nbins + sizeof(KT) - 1) / sizeof(KT) * sizeof(KT);
+  t->tab = (uint16_t*)malloc(tab_bytes + sizeof(KT) * (size_t)(nb + SPLIT_RUN));
   if (!t->tab) return SC_ERR_NOMEM;
+  KT* pad = (KT*)((char*)t->tab + tab_bytes);
+  memcpy(pad, split, sizeof(KT) * (size_t)nb);
+  for (int64_t j = nb; j < nb + SPLIT_RUN; j++) pad[j] = ~(KT)0;
+  t->split = pad;
   /* bin k holds #{j : split[j] <= its first key}: runs of equal entries, split by split;
    * then the bins with a split past their first key are marked */
   KT mask = (KT)((((KT)1) << t->bn.shift) - 1);
@@ -174,15 +188,22 @@ static int SEL(bucket_table_build)(SEL(bucket_table)* t, const KT* split, int64_
   for (int64_t k = k0; k < t->bn.nbins; k++) t->tab[k] = (uint16_t)(nb - 1);
   for (int64_t j = 1; j < nb; j++) {
     KT off = split[j] - t->bn.lo;
-    if (off & mask) t->tab[off >> t->bn.shift] = (uint16_t)BUCKET_SPLIT;
+    if (off & mask) t->tab[off >> t->bn.shift] |= (uint16_t)BUCKET_SPLIT;
   }
   return SC_OK;
 }
 
-/* A key of a bin with a split inside: #{j in 1..nb-1 : split[j] <= a}. */
-static unsigned SEL(bucket_search)(const SEL(bucket_table)* t, KT a) {
-  int64_t lo = 1, hi = t->nb; /* in [lo, hi) */
-  while (lo < hi) {
+/* A key of a bin with a split inside, e its table entry: #{j in 1..nb-1 : split[j] <= a}.
+ * The splits below the bin's first split are the entry's bucket; the next SPLIT_RUN are
+ * counted at once (ascending, so the count is a position; past nb they count 0). */
+static unsigned SEL(bucket_search)(const SEL(bucket_table)* t, KT a, unsigned e) {
+  int64_t lo = (int64_t)(e & ~BUCKET_SPLIT) + 1, hi = t->nb;
+  const KT* run = t->split + lo;
+  unsigned c = 0;
+  for (int i = 0; i < SPLIT_RUN; i++) c += run[i] <= a;
+  if (c < SPLIT_RUN) return (unsigned)(lo - 1) + c;
+  lo += SPLIT_RUN;
+  while (lo < hi) { /* split[lo - 1] <= a: the answer is in [lo - 1, hi - 1] */
     int64_t mid = (lo + hi) >> 1;
     if (t->split[mid] <= a) lo = mid + 1; else hi = mid;
   }
@@ -191,7 +212,7 @@ static unsigned SEL(bucket_search)(const SEL(bucket_table)* t, KT a) {
 
 static inline unsigned SEL(bucket_lookup)(const SEL(bucket_table)* t, KT a) {
   unsigned e = t->tab[(a - t->bn.lo) >> t->bn.shift];
-  return __builtin_expect(e & BUCKET_SPLIT, 0) ? SEL(bucket_search)(t, a) : e;
+  return __builtin_expect(e & BUCKET_SPLIT, 0) ? SEL(bucket_search)(t, a, e) : e;
 }
 
 #define SEL_BITS ((int)sizeof(KT) * 8)
@@ -350,7 +371,7 @@ static int SEL(quantify)(const VT* v, int64_t n, int64_t B, int64_t exact_max, i
     KT u_ = SEL(bits_of)(v, (i)), mag_ = u_ & ~SEL_SIGN;                            \
     int pos_ = (int)(((u_ >> (SEL_BITS - 1)) & (KT)(mag_ != 0)) ^ 1);               \
     c = btab[pos_][(mag_ - blo[pos_]) >> bsh[pos_]];                                 \
-    if (__builtin_expect(c & BUCKET_SPLIT, 0)) c = SEL(bucket_search)(&t[pos_], mag_); \
+    if (__builtin_expect(c & BUCKET_SPLIT, 0)) c = SEL(bucket_search)(&t[pos_], mag_, c); \
     c = mp[pos_][c];                                                                \
   } while (0)
   if (!map) {
