@@ -68,10 +68,10 @@ sc_skc_options make_options(int64_t index_codec, int64_t value_codec, int64_t q,
   return o;
 }
 
-Tensor skcompress_encode_cpu(const Tensor& idx, const Tensor& val, int64_t n, int64_t index_codec,
-                             int64_t value_codec, int64_t q, int64_t s, double t, int64_t r,
-                             int64_t m, int64_t prefix, int64_t exact_max) {
-  const char* op = "sparsecomm.skcompress_encode";
+// The body, and with decoded (n values of val's dtype) what receivers decode from it.
+Tensor encode_body(const char* op, const Tensor& idx, const Tensor& val, int64_t n,
+                   int64_t index_codec, int64_t value_codec, int64_t q, int64_t s, double t,
+                   int64_t r, int64_t m, int64_t prefix, int64_t exact_max, Tensor* decoded) {
   check_vector(idx, op, "idx");
   check_vector(val, op, "val");
   index_dtype(idx, op, "idx");
@@ -86,13 +86,31 @@ Tensor skcompress_encode_cpu(const Tensor& idx, const Tensor& val, int64_t n, in
   Tensor vv = val.contiguous();
   int64_t cap = sc_skc_encode_bound(&o, n, vt, vv.numel());
   Tensor out = at::empty({cap}, val.options().dtype(at::kByte));
+  if (decoded) *decoded = at::empty({vv.numel()}, vv.options());
   int64_t len = 0;
   sc_error_info e{0, 0, 0};
   int st = sc_skc_encode(&o, n, ii.data_ptr<int64_t>(), vt, vv.data_ptr(), vv.numel(),
-                     out.data_ptr<uint8_t>(), cap, &len, &e);
+                         out.data_ptr<uint8_t>(), cap, &len, decoded ? decoded->data_ptr() : nullptr,
+                         &e);
   if (st == SC_ERR_ARG) raise_status(st, op, e, {kArgNames, 11});
   if (st) raise_status(st, op, e, {kVecNames, 2}, n);
   return out.narrow(0, 0, len).clone();
+}
+
+Tensor skcompress_encode_cpu(const Tensor& idx, const Tensor& val, int64_t n, int64_t index_codec,
+                             int64_t value_codec, int64_t q, int64_t s, double t, int64_t r,
+                             int64_t m, int64_t prefix, int64_t exact_max) {
+  return encode_body("sparsecomm.skcompress_encode", idx, val, n, index_codec, value_codec, q, s,
+                     t, r, m, prefix, exact_max, nullptr);
+}
+
+std::tuple<Tensor, Tensor> skcompress_encode_decoded_cpu(
+    const Tensor& idx, const Tensor& val, int64_t n, int64_t index_codec, int64_t value_codec,
+    int64_t q, int64_t s, double t, int64_t r, int64_t m, int64_t prefix, int64_t exact_max) {
+  Tensor decoded;
+  Tensor body = encode_body("sparsecomm.skcompress_encode_decoded", idx, val, n, index_codec,
+                            value_codec, q, s, t, r, m, prefix, exact_max, &decoded);
+  return {body, decoded};
 }
 
 std::tuple<Tensor, Tensor> skcompress_decode_cpu(const Tensor& body, int64_t n, int64_t count,
@@ -129,6 +147,8 @@ TORCH_LIBRARY_FRAGMENT(sparsecomm, m) {
   m.def("skcompress_quantize(Tensor v, int q, int exact_max) -> (Tensor, Tensor, Tensor)");
   m.def("skcompress_encode(Tensor idx, Tensor val, int n, int index_codec, int value_codec, int q, "
         "int s, float t, int r, int m, int prefix, int exact_max) -> Tensor");
+  m.def("skcompress_encode_decoded(Tensor idx, Tensor val, int n, int index_codec, int value_codec, "
+        "int q, int s, float t, int r, int m, int prefix, int exact_max) -> (Tensor, Tensor)");
   m.def("skcompress_decode(Tensor body, int n, int count, ScalarType dtype, int expect_index, "
         "int expect_value) -> (Tensor, Tensor)");
 }
@@ -137,5 +157,6 @@ TORCH_LIBRARY_IMPL(sparsecomm, CPU, m) {
   m.impl("skcompress_quantiles", &skcompress_quantiles_cpu);
   m.impl("skcompress_quantize", &skcompress_quantize_cpu);
   m.impl("skcompress_encode", &skcompress_encode_cpu);
+  m.impl("skcompress_encode_decoded", &skcompress_encode_decoded_cpu);
   m.impl("skcompress_decode", &skcompress_decode_cpu);
 }

@@ -64,6 +64,7 @@ def _samples():
         ("skcompress_quantiles", (x, 16, 100)),
         ("skcompress_quantize", (x, 256, 65536)),
         ("skcompress_encode", (_i(3, 17, 900), _f(1, -2, 3), 1000, 1, 1, 256, 2, 0.2, 8, 0, 0, 65536)),
+        ("skcompress_encode_decoded", (_i(3, 17, 900), _f(1, -2, 3), 1000, 1, 1, 256, 2, 0.2, 8, 0, 0, 65536)),
         ("skcompress_decode", (ops.skcompress_encode(_i(3, 17, 900), _f(1, -2, 3), 1000), 1000, 3,
                                torch.float32, 1, 1)),
         ("zen_partition", (_i(0, 3, 17, 64, 900), _f(1, -2, 3, 4, 5), 1000, 3, 7, 4)),

@@ -184,6 +184,30 @@ def test_sketch_parameters(q, s, t, r):
     _check_values(val, dv, q, r)
 
 
+@pytest.mark.parametrize("entries,N,dist,dtype", CASES)
+@pytest.mark.parametrize("value_codec", [0, 1])
+def test_encoder_returns_what_the_decoder_decodes(entries, N, dist, dtype, value_codec):
+    """The encoder's own decoded values (what a lossy sender keeps) equal the decoder's, bit
+    for bit, and its body is the plain encoder's."""
+    idx, val = _message(entries, N, entries + N + 1, dist, dtype)
+    body = ops.skcompress_encode(idx, val, N, value_codec=value_codec)
+    body2, sent = ops.skcompress_encode_decoded(idx, val, N, value_codec=value_codec)
+    _, dv = ops.skcompress_decode(body, N, entries, dtype)
+    assert torch.equal(body2, body)
+    assert sent.dtype == dtype and torch.equal(sent.view(torch.uint8), dv.view(torch.uint8))
+
+
+@pytest.mark.parametrize("q,s,t,r", [(2, 1, 0.01, 1), (16, 4, 1.0, 2), (10, 3, 0.3, 5), (1024, 3, 0.1, 1),
+                                     (4096, 16, 0.5, 255)])
+def test_encoder_decoded_values_every_sketch_shape(q, s, t, r):
+    """Odd row counts, cells of two bytes (G > 255), one group and 255 groups."""
+    for dist in ("skewed", "normal", "equal"):
+        idx, val = _message(6000, 100_000, q + s + r, dist)
+        body, sent = ops.skcompress_encode_decoded(idx, val, 100_000, q=q, s=s, t=t, r=r)
+        _, dv = ops.skcompress_decode(body, 100_000, 6000, torch.float32)
+        assert torch.equal(sent.view(torch.uint8), dv.view(torch.uint8))
+
+
 def test_underestimates_only_over_many_random_messages():
     """Thousands of random messages of every shape: never a sign flip, never a larger bucket."""
     r = _rng(7)

@@ -107,14 +107,15 @@ static int CX(read_codes)(const uint8_t* stream, int64_t nbits, const hf_table* 
   return SC_OK;
 }
 
-/* Each key's value: its list's value at the Max of its cells; lid[i] is its list (< lists).
+/* Each key's value: its list's value at the Max of its cells; lid[i] >> shift is its list
+ * (< lists): the decoder's list ids (shift 0) or the encoder's list << 12 | offset codes.
  * The cells of a block of keys first (cell_index), then their maxima and values. Checked on
  * the way, without a branch a key: each offset inside its list's buckets in use (a
  * malformed one reads a padding entry of the value table); the first fault is then
  * reported. */
 static int CX(query_values)(const dec_list* L, const uint64_t* lbase, const uint64_t* lcols, const uint32_t* lid,
-                            const CT* cells, int64_t s, const int64_t* keys, int64_t count, const void* vtab,
-                            int vs, void* val_out, int64_t at, sc_error_info* err) {
+                            int shift, const CT* cells, int64_t s, const int64_t* keys, int64_t count,
+                            const void* vtab, int vs, void* val_out, int64_t at, sc_error_info* err) {
   uint64_t rk[SC_SKC_MAX_ROWS];
   for (int64_t j = 0; j < (s + 1) / 2; j++) rk[j] = row_key(j);
   cell_index_fn index = cell_index();
@@ -126,7 +127,7 @@ static int CX(query_values)(const dec_list* L, const uint64_t* lbase, const uint
     const uint32_t* l = lid + b;
     for (int64_t i = 0; i < m; i++) bw[i] = 0;
     for (int64_t p = 0; 2 * p < s; p++) { /* each row pair */
-      index(keys + b, l, 0, m, lbase, lcols, rk[p], (uint64_t)(2 * p), i0, i1);
+      index(keys + b, l, shift, m, lbase, lcols, rk[p], (uint64_t)(2 * p), i0, i1);
       if (2 * p + 1 < s)
         for (int64_t i = 0; i < m; i++) bw[i] = (uint16_t)umax3(bw[i], cells[i0[i]], cells[i1[i]]);
       else /* an odd s: the last row alone */
@@ -136,7 +137,7 @@ static int CX(query_values)(const dec_list* L, const uint64_t* lbase, const uint
       const float* vt = (const float*)vtab;
       float* o = (float*)val_out + b;
       for (int64_t i = 0; i < m; i++) {
-        const dec_list* d = &L[l[i]];
+        const dec_list* d = &L[l[i] >> shift];
         bad |= (int64_t)bw[i] >= d->lim;
         o[i] = vt[d->vals + bw[i]];
       }
@@ -144,7 +145,7 @@ static int CX(query_values)(const dec_list* L, const uint64_t* lbase, const uint
       const double* vt = (const double*)vtab;
       double* o = (double*)val_out + b;
       for (int64_t i = 0; i < m; i++) {
-        const dec_list* d = &L[l[i]];
+        const dec_list* d = &L[l[i] >> shift];
         bad |= (int64_t)bw[i] >= d->lim;
         o[i] = vt[d->vals + bw[i]];
       }
@@ -155,7 +156,7 @@ static int CX(query_values)(const dec_list* L, const uint64_t* lbase, const uint
       int64_t m = count - b < SKC_BLOCK ? count - b : SKC_BLOCK;
       /* the same maxima again, block by block, to find the first fault */
       for (int64_t i = 0; i < m; i++) {
-        const dec_list* d = &L[lid[b + i]];
+        const dec_list* d = &L[lid[b + i] >> shift];
         uint64_t key = (uint64_t)keys[b + i], cols = d->cols;
         const CT* row = cells + d->base;
         unsigned v = 0;

@@ -113,6 +113,24 @@ typedef struct {
   int64_t vals;   /* first of its G values in the value table */
 } dec_list;
 
+/* List l's G decoded values (its sign's means of its group's buckets, signed; 0 past the
+ * buckets in use) into vtab[l G ..], from means[] as the body carries them (sign 0's nb[0],
+ * then sign 1's); returns how many offsets are buckets in use. The decoder and the encoder
+ * that returns what it decodes both build their value table here, so they agree bit for
+ * bit. */
+static int64_t list_values(int64_t l, int64_t r, int64_t G, const int64_t* nb, const double* means, int64_t vs,
+                           void* vtab) {
+  int64_t sg = l / r, g = l % r;
+  const double* mv = means + (sg ? nb[0] : 0);
+  for (int64_t o = 0; o < G; o++) {
+    int64_t b = g * G + o;
+    double x = b < nb[sg] ? (sg ? mv[b] : -mv[b]) : 0.0;
+    if (vs == 4) ((float*)vtab)[l * G + o] = (float)x;
+    else ((double*)vtab)[l * G + o] = x;
+  }
+  return nb[sg] - g * G < G ? nb[sg] - g * G : G;
+}
+
 /* ------------------------------------------------------------------ cell indices */
 
 /* The cells of entries in blocks of SKC_BLOCK: for entry i (key keys[i], list lst[i] >>
@@ -220,12 +238,13 @@ static void write_ids(const uint32_t* code, int64_t n, const enc_list* L, int fi
 
 static int encode_sketched(const sc_skc_options* o, int64_t N, const int64_t* idx, sc_dtype vt,
                            const void* val, int64_t n, uint8_t* out, int64_t cap, int64_t pos,
-                           int64_t* out_len, sc_error_info* err) {
+                           int64_t* out_len, void* decoded, sc_error_info* err) {
   int64_t vs = (int64_t)sc_dtype_size(vt);
   int64_t B = o->q / 2, r = o->r, G = (B + r - 1) / r, lists = 2 * r, s = o->s;
   /* the quantiles' scratch (n + 1 values), then each entry's list << 12 | offset */
   uint32_t* code = (uint32_t*)malloc((size_t)(vs * (n + 1)));
   double* splits = (double*)malloc(sizeof(double) * (size_t)(2 * (B + 1)));
+  double* wire_means = (double*)malloc(sizeof(double) * (size_t)(2 * B + 1));
   uint32_t* lcode = (uint32_t*)malloc(sizeof(uint32_t) * (size_t)(2 * B));
   enc_list* L = (enc_list*)calloc((size_t)lists, sizeof(enc_list));
   int64_t* cnt = (int64_t*)calloc((size_t)(4 * lists), sizeof(int64_t));
@@ -234,7 +253,10 @@ static int encode_sketched(const sc_skc_options* o, int64_t N, const int64_t* id
   uint32_t* hcode = (uint32_t*)calloc((size_t)(lists > G ? lists : G), sizeof(uint32_t));
   void* cells = NULL;
   int st = SC_OK;
-  if (!code || !splits || !lcode || !L || !cnt || !freq || !hlen || !hcode) { st = SC_ERR_NOMEM; goto done; }
+  if (!code || !splits || !wire_means || !lcode || !L || !cnt || !freq || !hlen || !hcode) {
+    st = SC_ERR_NOMEM;
+    goto done;
+  }
   /* bucket (plus B when non-negative) -> list << 12 | offset in the group */
   for (int64_t cb = 0; cb < 2 * B; cb++) {
     int64_t sg = cb >= B, b = cb - sg * B;
@@ -283,12 +305,13 @@ static int encode_sketched(const sc_skc_options* o, int64_t N, const int64_t* id
     put_u32(p + 8, (uint32_t)qz.nb[0]);
     put_u32(p + 12, (uint32_t)qz.nb[1]);
     p += 16;
-    for (int sg = 0; sg < 2; sg++)
-      for (int64_t b = 0; b < qz.nb[sg]; b++) {
+    for (int sg = 0, k = 0; sg < 2; sg++)
+      for (int64_t b = 0; b < qz.nb[sg]; b++, k++) {
         /* a + (b - a) / 2: inside [a, b] after rounding, also for subnormals */
         double mean = qz.splits[sg][b] + (qz.splits[sg][b + 1] - qz.splits[sg][b]) * 0.5;
-        if (vt == SC_F32) { float f = (float)mean; memcpy(p, &f, 4); }
+        if (vt == SC_F32) { float f = (float)mean; memcpy(p, &f, 4); mean = f; }
         else memcpy(p, &mean, 8);
+        wire_means[k] = mean; /* as the receiver reads it */
         p += vs;
       }
     for (int64_t l = 0; l < lists; l++) {
@@ -332,6 +355,24 @@ static int encode_sketched(const sc_skc_options* o, int64_t N, const int64_t* id
       sketch_insert_u16(idx, code, n, lbase, lcols, s, rk, (uint16_t*)cells);
       cells_finish_u16((uint16_t*)cells, total_cells, freq);
     }
+    if (decoded && n) { /* the receiver's query on the same cells (its Huffman decode is lossless) */
+      dec_list* D = (dec_list*)malloc(sizeof(dec_list) * (size_t)lists);
+      void* vtab = malloc((size_t)(lists * G * vs));
+      if (!D || !vtab) { free(D); free(vtab); st = SC_ERR_NOMEM; goto done; }
+      for (int64_t l = 0; l < lists; l++) {
+        D[l].base = L[l].base;
+        D[l].cols = (uint64_t)L[l].cols;
+        D[l].lim = list_values(l, r, G, qz.nb, wire_means, vs, vtab);
+        D[l].vals = l * G;
+      }
+      st = narrow ? query_values_u8(D, lbase, lcols, code, 12, (const uint8_t*)cells, s, idx, n, vtab, (int)vs,
+                                    decoded, 0, err)
+                  : query_values_u16(D, lbase, lcols, code, 12, (const uint16_t*)cells, s, idx, n, vtab, (int)vs,
+                                     decoded, 0, err);
+      free(D);
+      free(vtab);
+      if (st) goto done;
+    }
   }
   st = skc_huffman_lengths(freq, (int)G, hlen);
   if (st) goto done;
@@ -363,14 +404,14 @@ static int encode_sketched(const sc_skc_options* o, int64_t N, const int64_t* id
   }
   *out_len = pos;
 done:
-  free(code); free(splits); free(lcode); free(L); free(cnt); free(freq); free(hlen); free(hcode);
+  free(code); free(splits); free(wire_means); free(lcode); free(L); free(cnt); free(freq); free(hlen); free(hcode);
   free(cells);
   return st;
 }
 
 int sc_skc_encode(const sc_skc_options* o, int64_t N, const int64_t* idx, sc_dtype vt,
                   const void* val, int64_t n, uint8_t* out, int64_t cap, int64_t* out_len,
-                  sc_error_info* err) {
+                  void* decoded, sc_error_info* err) {
   int st = sc_skc_check_options(o, err);
   if (st) return st;
   if (vt != SC_F32 && vt != SC_F64) return sc_fail(err, SC_ERR_ARG, 9, 0, vt);
@@ -392,10 +433,11 @@ int sc_skc_encode(const sc_skc_options* o, int64_t N, const int64_t* idx, sc_dty
     if (w < 0 || cap - pos - w < n * vs) return sc_fail(err, SC_ERR_ARG, 8, 0, cap);
     pos += w;
     if (n) memcpy(out + pos, val, (size_t)(n * vs));
+    if (n && decoded) memcpy(decoded, val, (size_t)(n * vs));
     *out_len = pos + n * vs;
     return SC_OK;
   }
-  return encode_sketched(o, N, idx, vt, val, n, out, cap, pos, out_len, err);
+  return encode_sketched(o, N, idx, vt, val, n, out, cap, pos, out_len, decoded, err);
 }
 
 /* ------------------------------------------------------------------ decode */
@@ -570,16 +612,9 @@ static int decode_sketched(const uint8_t* body, int64_t len, int64_t pos, int ic
     total += (int64_t)n_l;
     L[l].base = total_cells;
     L[l].cols = cols;
-    L[l].lim = nb[sg] - g * G < G ? nb[sg] - g * G : G;
+    L[l].lim = list_values(l, r, G, nb, means, vs, vtab);
     L[l].vals = l * G;
     total_cells += s * (int64_t)cols;
-    const double* mv = means + (sg ? nb[0] : 0);
-    for (int64_t o = 0; o < G; o++) {
-      int64_t b = g * G + o;
-      double x = b < nb[sg] ? (sg ? mv[b] : -mv[b]) : 0.0;
-      if (vs == 4) ((float*)vtab)[l * G + o] = (float)x;
-      else ((double*)vtab)[l * G + o] = x;
-    }
   }
   if (total != count) { st = sc_fail(err, SC_ERR_MALFORMED, SC_SKC_F_LISTS, pos, total); goto done; }
   /* the list ids: fixed width, exactly count * width bits; or Huffman, a code exactly for
@@ -667,10 +702,10 @@ static int decode_sketched(const uint8_t* body, int64_t len, int64_t pos, int ic
       lcols[l] = L[l].cols;
     }
     if (!st)
-      st = narrow ? query_values_u8(L, lbase, lcols, lid, (const uint8_t*)cells, s, idx_out, count, vtab, (int)vs,
-                                    val_out, id_at, err)
-                  : query_values_u16(L, lbase, lcols, lid, (const uint16_t*)cells, s, idx_out, count, vtab, (int)vs,
-                                     val_out, id_at, err);
+      st = narrow ? query_values_u8(L, lbase, lcols, lid, 0, (const uint8_t*)cells, s, idx_out, count, vtab,
+                                    (int)vs, val_out, id_at, err)
+                  : query_values_u16(L, lbase, lcols, lid, 0, (const uint16_t*)cells, s, idx_out, count, vtab,
+                                     (int)vs, val_out, id_at, err);
   }
 done:
   skc_hf_table_free(&idt);

@@ -87,7 +87,8 @@ FZ_NOCOV static void encoder_mode(fz_reader* r, int64_t N, int64_t count) {
   int64_t cap = valid ? sc_skc_encode_bound(&o, N, SC_F32, n) : 64;
   uint8_t* body = (uint8_t*)malloc((size_t)cap);
   int64_t len = -1;
-  int st = sc_skc_encode(&o, N, idx, SC_F32, val, n, body, cap, &len, NULL);
+  float* sent = (float*)malloc(sizeof(float) * (size_t)(n + 1));
+  int st = sc_skc_encode(&o, N, idx, SC_F32, val, n, body, cap, &len, sent, NULL);
   FUZZ_CHECK(valid ? st == SC_OK : st == SC_ERR_ARG);
   if (st == SC_OK) {
     FUZZ_CHECK(len >= SC_SKC_BODY_HEAD && len <= cap);
@@ -97,6 +98,7 @@ FZ_NOCOV static void encoder_mode(fz_reader* r, int64_t N, int64_t count) {
     FUZZ_CHECK(sc_skc_decode(exact, len, N, n, SC_F32, o.index_codec, o.value_codec, di, dv, NULL) == SC_OK);
     for (int64_t i = 0; i < n; i++) {
       FUZZ_CHECK(di[i] == idx[i]);
+      FUZZ_CHECK(memcmp(&dv[i], &sent[i], 4) == 0); /* the encoder's decoded values */
       if (o.value_codec == SC_SKC_VALUE_RAW)
         FUZZ_CHECK(memcmp(&dv[i], &val[i], 4) == 0);
       else
@@ -106,7 +108,7 @@ FZ_NOCOV static void encoder_mode(fz_reader* r, int64_t N, int64_t count) {
       uint8_t* base = (uint8_t*)malloc((size_t)cap);
       int64_t blen = -1;
       sc_skc_set_simd(0);
-      FUZZ_CHECK(sc_skc_encode(&o, N, idx, SC_F32, val, n, base, cap, &blen, NULL) == SC_OK);
+      FUZZ_CHECK(sc_skc_encode(&o, N, idx, SC_F32, val, n, base, cap, &blen, NULL, NULL) == SC_OK);
       sc_skc_set_simd(1);
       FUZZ_CHECK(blen == len && memcmp(base, body, (size_t)len) == 0);
       free(base);
@@ -116,6 +118,7 @@ FZ_NOCOV static void encoder_mode(fz_reader* r, int64_t N, int64_t count) {
     free(dv);
   }
   free(body);
+  free(sent);
   free(idx);
   free(val);
 }

@@ -115,7 +115,7 @@ def encode_sparse_stream(stream: SparseStream, sender: int, codec: CooCodec | No
 
     Without codecs (or for a dense stream) the plain stream message and ``stream`` itself.
     With them a sparse stream becomes a coded COO message; with a lossy ``value_codec``
-    ``sent`` holds the decoded values (the sender decodes its own body), and the caller
+    ``sent`` holds the values receivers decode (the encoder returns them), and the caller
     keeps ``stream.values - sent.values`` in its residual and goes on with ``sent``.
     """
     if codec is None or codec.plain or stream.is_dense:

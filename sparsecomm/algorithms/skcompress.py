@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from .. import ops
+from ..formats.header import index_dtype_for
 from ..options import Option
 from ..traffic import IndexSets, Traffic, model_sets
 from .base import register
@@ -78,7 +79,7 @@ class SKCompress(TopkAllgather):
             with self.timed("merge"):
                 parts = [codec.decode(m, n=n, value_dtype=acc.dtype, receiver=0, sender=q, count=count)
                          for q, m in zip(others, received)]
-                mine = codec.decode(message, n=n, value_dtype=acc.dtype, receiver=0, sender=0, count=count)
+                mine = (indices.to(index_dtype_for(n)), sent)   # as the others would decode it
                 sum_idx, sum_val = ops.merge_add_many([mine[0]] + [p[0] for p in parts],
                                                       [mine[1]] + [p[1] for p in parts])
             with self.timed("select"):

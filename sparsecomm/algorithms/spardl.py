@@ -385,11 +385,13 @@ class SparDL(Algorithm):
 
         # 3. Bruck all-gather of the final blocks inside the team
         if layout.q > 1:
-            message, _ = self._encode(acc, f_idx, f_val, journal, holders=layout.teams)
+            message, sent = self._encode(acc, f_idx, f_val, journal, holders=layout.teams)
             blocks = self._allgather(_GroupView(comm, layout.team_members), message, layout.counts, acc)
         with self.timed("merge"):
             if layout.q > 1:
-                parts = [self._decode(blk, acc, layout.team_members[j], layout.counts[j])
+                # its own block as the others decode it (the encoder returned that), undecoded
+                parts = [(f_idx, sent) if j == layout.pos else
+                         self._decode(blk, acc, layout.team_members[j], layout.counts[j])
                          for j, blk in enumerate(blocks)]
                 # int32 or int64 as decoded: scatter_set_ and gather take either
                 all_idx = torch.cat([p[0] for p in parts])
@@ -472,10 +474,11 @@ class SparDL(Algorithm):
         comm, dtype = self.comm, acc.dtype
         h = f_idx.numel()
         d = layout.teams
-        message, _ = self._encode(acc, f_idx, f_val, journal)
+        message, sent = self._encode(acc, f_idx, f_val, journal)
         blocks = self._allgather(_GroupView(comm, layout.cross_members), message, [h] * d, acc)
         with self.timed("merge"):
-            parts = [self._decode(blk, acc, layout.cross_members[t], h) for t, blk in enumerate(blocks)]
+            parts = [(f_idx, sent) if layout.cross_members[t] == comm.rank else
+                     self._decode(blk, acc, layout.cross_members[t], h) for t, blk in enumerate(blocks)]
             u_idx, u_val = ops.merge_add_many([p[0] for p in parts], [p[1] for p in parts])
         n_t = u_idx.numel()
         target = layout.counts[layout.pos]

@@ -7,13 +7,17 @@ order, which makes the result bit-identical everywhere. Lossless: the output is 
 the sum of the locally selected vectors; what a rank did not select stays in its residual.
 
 Codecs (``index_codec``, ``value_codec`` and their parameters, :mod:`sparsecomm.formats.codec`):
-messages become variable-size and are all-gathered with ``bruck_allgather_var`` (one more
-all-gather of the sizes). ``index_codec="delta_binary"`` leaves every result bit-identical.
-With ``value_codec="skcompress"`` each rank sends the decoded values of its own message and
-keeps ``selected - decoded`` in its residual, so conservation and rank-identical results hold.
+messages become variable-size and are all-gathered with ``bruck_allgather_var`` (their sizes
+travel with them, or in rounds of their own where the Comm needs that:
+:meth:`~sparsecomm.comm.base.Comm.sizes_take_a_round`). ``index_codec="delta_binary"`` leaves
+every result bit-identical. With ``value_codec="skcompress"`` each rank sums the values its
+own message decodes to (the encoder returns them) and keeps ``selected - decoded`` in its
+residual, so conservation and rank-identical results hold. A rank never decodes its own
+message: what the encoder returns is what the others decode, bit for bit.
 
 Cost per rank: ceil(log2 P) rounds, (P-1) * (32 + k*(c + s)) bytes sent (c index bytes,
-s value bytes, 32 the header); with a codec, ceil(log2 P) more rounds for the sizes.
+s value bytes, 32 the header); with a codec and a Comm whose sizes take a round,
+ceil(log2 P) more rounds for the sizes.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch
 from .. import ops
 from ..comm.collectives import bruck_allgather, bruck_allgather_var
 from ..formats.coo import coo_nbytes
+from ..formats.header import index_dtype_for
 from ..traffic import IndexSets, Traffic
 from .base import Algorithm, register
 
@@ -54,7 +59,9 @@ class TopkAllgather(Algorithm):
             blocks = bruck_allgather_var(comm, message)
         with self.timed("merge"):
             count = indices.numel()
-            decoded = [codec.decode(block, n=n, value_dtype=acc.dtype, receiver=comm.rank, sender=source, count=count)
+            own = (indices.to(index_dtype_for(n)), sent)
+            decoded = [own if source == comm.rank else
+                       codec.decode(block, n=n, value_dtype=acc.dtype, receiver=comm.rank, sender=source, count=count)
                        for source, block in enumerate(blocks)]
             if len(decoded) == 1:  # one rank: its own vector is the sum (no copy)
                 merged_indices, merged_values = decoded[0]

@@ -22,7 +22,8 @@ two bytes name the codecs. Sizes vary with the data, so algorithms exchange thes
 with ``Comm.exchange_var`` / ``bruck_allgather_var``.
 
 Error feedback with a lossy codec: :meth:`CooCodec.encode` returns the values the receivers
-will decode (the sender decodes its own message); the caller keeps ``true - decoded`` in its
+will decode (the encoder queries its own sketch as a receiver does, so nobody decodes
+their own message); the caller keeps ``true - decoded`` in its
 residual and uses the decoded values wherever it would have used its own, so every rank sums
 the same numbers.
 
@@ -105,14 +106,15 @@ class CooCodec:
             return encode_coo(indices, values, n, sender), values
         count = indices.numel()
         work = values if values.dtype in (torch.float32, torch.float64) else values.float()
-        body = ops.skcompress_encode(indices, work, n, index_codec=self._index, value_codec=self._value,
-                                     **self._args)
         header = torch.from_numpy(pack_header(Kind.COO_CODED, sender, n, count, values.dtype, None))
-        message = torch.cat([header, body]).to(values.device)
         if self.lossless:
-            return message, values
-        _, sent = ops.skcompress_decode(body, n, count, work.dtype, expect_index=self._index,
-                                        expect_value=self._value)
+            body = ops.skcompress_encode(indices, work, n, index_codec=self._index, value_codec=self._value,
+                                         **self._args)
+            return torch.cat([header, body]).to(values.device), values
+        # the encoder queries its own sketch: the values every receiver decodes, bit for bit
+        body, sent = ops.skcompress_encode_decoded(indices, work, n, index_codec=self._index,
+                                                   value_codec=self._value, **self._args)
+        message = torch.cat([header, body]).to(values.device)
         return message, sent.to(device=values.device, dtype=values.dtype)
 
     @staticmethod

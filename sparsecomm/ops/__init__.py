@@ -48,7 +48,8 @@ from ._sketch import (MAX_ROWS, RUN, sketch_build_, sketch_build_coo_, sketch_es
 from ._skcompress import __all__ as _skcompress_all
 from ._skcompress import (EXACT_ALWAYS, INDEX_CODECS, MAX_Q, MAX_ROWS_SKC, MAX_T, PREFIXES, SKC_REVISION, SKETCH_K,
                           VALUE_CODECS,
-                          skcompress_decode, skcompress_encode, skcompress_quantiles, skcompress_quantize)
+                          skcompress_decode, skcompress_encode, skcompress_encode_decoded, skcompress_quantiles,
+                          skcompress_quantize)
 from ._stream import __all__ as _stream_all
 from ._stream import (qsgd_dequantize, qsgd_quantize, stream_add_dd_, stream_add_sd_, stream_add_ss,
                       stream_concat)

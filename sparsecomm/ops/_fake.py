@@ -188,6 +188,12 @@ def _skcompress_encode(idx, val, n, index_codec, value_codec, q, s, t, r, m, pre
     return val.new_empty(torch.library.get_ctx().new_dynamic_size(), dtype=torch.uint8)
 
 
+@torch.library.register_fake("sparsecomm::skcompress_encode_decoded")
+def _skcompress_encode_decoded(idx, val, n, index_codec, value_codec, q, s, t, r, m, prefix, exact_max):
+    return (val.new_empty(torch.library.get_ctx().new_dynamic_size(), dtype=torch.uint8),
+            val.new_empty(val.shape[0]))
+
+
 @torch.library.register_fake("sparsecomm::skcompress_decode")
 def _skcompress_decode(body, n, count, dtype, expect_index, expect_value):
     return body.new_empty(count, dtype=torch.int64), body.new_empty(count, dtype=dtype)

@@ -14,7 +14,9 @@ The contracts, the hash and the byte layout are documented once, in
 * :func:`skcompress_quantize` -- the buckets the codec uses: ``q / 2`` per sign over the
   magnitudes (zeros count as positive), splits from the quantiles above.
 * :func:`skcompress_encode` / :func:`skcompress_decode` -- one COO vector to a message body
-  and back. Keys are lossless; with ``value_codec=1`` a value decodes to the mean of a
+  and back; :func:`skcompress_encode_decoded` also returns the values a receiver decodes
+  (what a lossy sender keeps, without decoding its own body). Keys are lossless; with
+  ``value_codec=1`` a value decodes to the mean of a
   bucket of the same sign that is never further from zero than its own (Min on insert,
   Max on query, a key's group fixed by its bucket). The decoder validates everything and
   raises :class:`sparsecomm.errors.WireFormatError`.
@@ -31,7 +33,8 @@ import torch
 
 from ._errors import translating
 
-__all__ = ["skcompress_quantiles", "skcompress_quantize", "skcompress_encode", "skcompress_decode",
+__all__ = ["skcompress_quantiles", "skcompress_quantize", "skcompress_encode", "skcompress_encode_decoded",
+           "skcompress_decode",
            "EXACT_ALWAYS", "SKC_REVISION", "SKETCH_K", "MAX_Q", "MAX_ROWS_SKC", "MAX_T", "INDEX_CODECS", "VALUE_CODECS", "PREFIXES"]
 
 _ops = torch.ops.sparsecomm
@@ -81,6 +84,20 @@ def skcompress_encode(idx: torch.Tensor, val: torch.Tensor, n: int, *, index_cod
                                   operator.index(value_codec), operator.index(q), operator.index(s),
                                   float(t), operator.index(r), operator.index(m), operator.index(prefix),
                                   operator.index(exact_max))
+
+
+@translating
+def skcompress_encode_decoded(idx: torch.Tensor, val: torch.Tensor, n: int, *, index_codec: int = 1,
+                              value_codec: int = 1, q: int = 256, s: int = 2, t: float = 0.2, r: int = 8,
+                              m: int = 0, prefix: int = 0, exact_max: int = EXACT_ALWAYS
+                              ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(body, decoded)``: :func:`skcompress_encode`'s body, and the values (``val``'s dtype,
+    on the CPU) that :func:`skcompress_decode` returns for it, bit for bit -- the encoder
+    queries its own sketch, so a sender that keeps its error needs no decode."""
+    return _ops.skcompress_encode_decoded(_cpu(idx), _cpu(val), operator.index(n), operator.index(index_codec),
+                                          operator.index(value_codec), operator.index(q), operator.index(s),
+                                          float(t), operator.index(r), operator.index(m), operator.index(prefix),
+                                          operator.index(exact_max))
 
 
 @translating

@@ -179,12 +179,15 @@ int sc_skc_check_options(const sc_skc_options* o, sc_error_info* err);
 int64_t sc_skc_encode_bound(const sc_skc_options* o, int64_t N, sc_dtype vt, int64_t n);
 
 /* Encode the COO vector (idx strictly ascending in [0, N), val float32/float64) into
- * out[0..cap); *out_len = bytes written. Errors: options (SC_ERR_ARG), index order
- * and range (SC_ERR_INDEX_ORDER / RANGE, err->position), a non-finite value with the
- * skcompress value codec (SC_ERR_NAN), cap too small (SC_ERR_ARG, input 8). */
+ * out[0..cap); *out_len = bytes written. decoded (n values of vt, or NULL): the values
+ * sc_skc_decode returns for this body, bit for bit -- what a lossy sender keeps as sent,
+ * without decoding its own message (with the raw value codec, val). Errors: options
+ * (SC_ERR_ARG), index order and range (SC_ERR_INDEX_ORDER / RANGE, err->position), a
+ * non-finite value with the skcompress value codec (SC_ERR_NAN), cap too small
+ * (SC_ERR_ARG, input 8). */
 int sc_skc_encode(const sc_skc_options* o, int64_t N, const int64_t* idx, sc_dtype vt,
                   const void* val, int64_t n, uint8_t* out, int64_t cap, int64_t* out_len,
-                  sc_error_info* err);
+                  void* decoded, sc_error_info* err);
 
 /* The MinMaxSketch's cell indices run in AVX-512 or AVX2 vectors where the CPU has them
  * (the same integers as the baseline body). allow = 0 forces the baseline, 1 lets the
