@@ -9,7 +9,9 @@ Gradients: error-feedback top-k messages (density 1%) of
 * ResNet-20 (examples/models.py) on a CIFAR-shaped batch of generated images (32 x 3x32x32),
 * the 2-layer LSTM classifier on generated token sequences (16 x 100 tokens, vocab 5000),
 each after ``--steps`` SGD steps (the message of the last step is measured), and the top-k
-of random normal vectors of N = nnz / density for each ``--synthetic-nnz``. Bytes per nonzero
+of random normal vectors of N = nnz / density for each ``--synthetic-nnz`` (and, up to
+200,000 nonzeros, the same message with the values it decodes to: what spardl's R-SAG and
+final all-gather re-encode -- values repeated, a few hundred distinct). Bytes per nonzero
 are split into keys and values: keys = delta-binary keys alone (raw values); values = the
 SKCompress value section (raw int32 keys subtracted); both = one message with both codecs.
 COO sends 4 + 4 = 8 bytes per nonzero (float32 values, int32 keys); the 32-byte header is
@@ -20,7 +22,9 @@ nonzeros per second, of three things per message:
 * keys: the message with the delta-binary key codec alone (raw values);
 * both: the message with both codecs;
 * values: both minus keys -- the marginal cost of the value codec (its time is not measured
-  apart: the value codec also decides the keys' order and lists).
+  apart: the value codec also decides the keys' order and lists);
+* sender: what a lossy sender pays, the body with both codecs and the values receivers
+  decode (``skcompress_encode_decoded``), against encoding and then decoding its own body.
 "read" is one pass over the message's indices and values (``idx.sum()`` + ``val.sum()``),
 the floor any codec pays; "x read" is a time over the read pass's. Each repeat times every
 variant once, in turn (so a load change hits all of them); medians of ``--repeats``, in wall
@@ -119,6 +123,7 @@ def throughput(indices, values, n, repeats, clock=time.perf_counter):
         "keys_decode": lambda: ops.skcompress_decode(keys_body, n, c, torch.float32),
         "both_encode": lambda: ops.skcompress_encode(indices, values, n, index_codec=1, value_codec=1),
         "both_decode": lambda: ops.skcompress_decode(both_body, n, c, torch.float32),
+        "sender_encode": lambda: ops.skcompress_encode_decoded(indices, values, n, index_codec=1, value_codec=1),
     }
     for fn in variants.values():  # warm: first-touch allocations
         fn()
@@ -134,6 +139,9 @@ def throughput(indices, values, n, repeats, clock=time.perf_counter):
             row[f"{part}_{op}_s"] = t
             row[f"{part}_{op}_nnz_per_s"] = c / t
             row[f"{part}_{op}_vs_read"] = t / med["read"]
+    t = med["sender_encode"]
+    row.update(sender_encode_s=t, sender_encode_nnz_per_s=c / t, sender_encode_vs_read=t / med["read"],
+               sender_encode_vs_encode_then_decode=t / (med["both_encode"] + med["both_decode"]))
     for op in ("encode", "decode"):
         t = med[f"both_{op}"] - med[f"keys_{op}"]
         row[f"values_{op}_s"] = t
@@ -164,6 +172,11 @@ def main(argv=None):
         x = torch.randn(n, generator=g)
         v, i = ops.topk(x, nnz)
         msgs[f"random normal N={n}"] = (i, v, n)
+        if nnz <= 200_000:
+            order = torch.argsort(i)
+            si = i[order]
+            _, dv = ops.skcompress_decode(ops.skcompress_encode(si, v[order], n), n, nnz, torch.float32)
+            msgs[f"decoded values N={n}"] = (si, dv, n)
         del x
     print(f"{'gradient':34} {'N':>11} {'nnz':>8} {'keys B/nz':>9} {'values B/nz':>11} {'both B/nz':>9} {'COO':>4}")
     rows = {}
@@ -181,6 +194,9 @@ def main(argv=None):
             print(f"{name if part == 'keys' else '':34} {part:>6} {row[f'{part}_encode_nnz_per_s'] / 1e6:>9.1f} "
                   f"{row[f'{part}_decode_nnz_per_s'] / 1e6:>9.1f} {row[f'{part}_encode_vs_read']:>8.1f} "
                   f"{row[f'{part}_decode_vs_read']:>8.1f}" + (f"   {row['read_s'] * 1e6:.0f} us" if part == "keys" else ""))
+        print(f"{'':34} {'sender':>6} {row['sender_encode_nnz_per_s'] / 1e6:>9.1f} {'':>9} "
+              f"{row['sender_encode_vs_read']:>8.1f} {'':>8}   "
+              f"{row['sender_encode_vs_encode_then_decode']:.2f}x encode then decode")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

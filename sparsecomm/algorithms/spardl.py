@@ -307,7 +307,10 @@ class SparDL(Algorithm):
         message, sent = self.codec.encode(idx, val, acc.numel(), self.comm.rank)
         if not self.codec.lossless and idx.numel():
             i64 = idx.to(torch.int64)
-            journal.append((i64, ops.gather(acc, i64)))
+            # an entry just journalled for these very indices (their selection) restores them
+            # after this one would: recording them again is a gather and a restore for nothing
+            if not (journal and journal[-1][0] is idx):
+                journal.append((i64, ops.gather(acc, i64)))
             err = val - sent
             ops.scatter_add_(acc, i64, err if holders == 1 else err * (1.0 / holders))
         return message, sent
@@ -372,9 +375,9 @@ class SparDL(Algorithm):
             f_idx, f_val = _select_runs(acc, layout, [(layout.pos, 1)], final_quota, grad)
             if grad is not None:   # no SRS step (one rank per team): this was the first selection
                 _add_outside(acc, grad, layout, [(layout.pos, 1)])
+            f_idx = f_idx.to(idx_dtype)   # scatter_set_ and gather take either index dtype
             journal.append((f_idx, f_val))
             final_entry = len(journal) - 1
-            f_idx = f_idx.to(idx_dtype)
             selected = f_idx
 
         # 2. Spar-All-Gather between teams
