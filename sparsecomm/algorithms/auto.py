@@ -128,18 +128,19 @@ CODEC_VARIANTS = ("delta_binary", "skcompress", "delta_binary+skcompress")
 #: variable-size round, so a variant's is :meth:`~sparsecomm.traffic.Traffic.coded`
 CODEC_BASES = ("topka", "spardl")
 #: per codec variant, at densities 0.1%, 1%, 5% of N = 15M (random gradients' top-k, float32,
-#: one thread; docs/skcompress.md, "auto"): the coded message's bytes over the plain one's, ns
-#: per nonzero to encode (a lossy codec's encode includes decoding what receivers will get) and
-#: ns per nonzero to decode; then what a message costs beyond a plain one's whatever its size
-#: (us to encode, us to decode: tables, headers, allocations; measured at 20-2000 nonzeros)
+#: one thread; benchmarks/bench_codec_cost.py, docs/results/codec_cost.json): the coded
+#: message's bytes over the plain one's, ns per nonzero to encode (a lossy encode returns what
+#: receivers will decode) and ns per nonzero to decode; then what a message costs beyond a
+#: plain one's whatever its size (us to encode, us to decode: tables, headers, allocations;
+#: measured at 20 nonzeros)
 #: :data:`COMPUTE_NS` is wall time of 4 ranks sharing 2 cores (half a core each); the codecs'
 #: one-thread figures are scaled by the same factor to be compared with it
 CODEC_SHARE = 2.0
 CODEC_COST: dict[str, tuple[tuple[float, float, float], tuple[float, float, float], tuple[float, float, float],
                             tuple[float, float]]] = {
-    "delta_binary": ((0.689, 0.637, 0.601), (4.7, 2.8, 3.5), (3.7, 2.4, 2.5), (3.5, 6.5)),
-    "skcompress": ((0.591, 0.583, 0.582), (17.5, 16.4, 16.0), (6.2, 5.4, 5.8), (15.0, 7.5)),
-    "delta_binary+skcompress": ((0.281, 0.220, 0.183), (19.8, 17.9, 18.7), (7.8, 6.9, 7.2), (17.0, 7.6)),
+    "delta_binary": ((0.689, 0.637, 0.601), (4.8, 3.9, 3.1), (3.7, 2.5, 2.5), (3.1, 6.9)),
+    "skcompress": ((0.591, 0.583, 0.582), (16.1, 12.6, 14.2), (6.2, 5.3, 5.9), (6.3, 7.7)),
+    "delta_binary+skcompress": ((0.281, 0.220, 0.183), (15.8, 14.3, 15.4), (7.8, 6.9, 7.7), (7.8, 7.8)),
 }
 
 # one fit per Comm (every reducer on it reuses it; every rank builds reducers in the same order)
