@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import time
 
 import torch
 
+from sparsecomm.bench.kernels import median_time
 from sparsecomm.formats.codec import CooCodec
 from sparsecomm.formats.coo import coo_nbytes, decode_coo, encode_coo
 
@@ -31,16 +31,6 @@ VARIANTS = {
     "delta_binary+skcompress": {"index_codec": "delta_binary", "value_codec": "skcompress"},
 }
 DENSITIES = (0.001, 0.01, 0.05)
-
-
-def median_s(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def top_message(x: torch.Tensor, nnz: int):
@@ -59,8 +49,8 @@ def per_nonzero(n: int, repeats: int) -> dict[str, list[list[float]]]:
         for name, options in VARIANTS.items():
             codec = CooCodec(options)
             message, _ = codec.encode(idx, val, n, 0)
-            encode = median_s(lambda: codec.encode(idx, val, n, 0), repeats)
-            decode = median_s(lambda: codec.decode(message, n=n, value_dtype=torch.float32, receiver=1, sender=0),
+            encode = median_time(lambda: codec.encode(idx, val, n, 0), repeats)
+            decode = median_time(lambda: codec.decode(message, n=n, value_dtype=torch.float32, receiver=1, sender=0),
                               repeats)
             out[name].append([round(message.numel() / plain, 3), round(encode / nnz * 1e9, 1),
                               round(decode / nnz * 1e9, 1)])
@@ -73,15 +63,15 @@ def per_message(repeats: int = 201, n: int = 2_000_000, nnz: int = 20) -> dict[s
     x = torch.randn(n, generator=torch.Generator().manual_seed(0))
     idx, val = top_message(x, nnz)
     plain_message = encode_coo(idx, val, n, 0)
-    plain_encode = median_s(lambda: encode_coo(idx, val, n, 0), repeats)
-    plain_decode = median_s(lambda: decode_coo(plain_message, n=n, value_dtype=torch.float32, receiver=1, sender=0),
+    plain_encode = median_time(lambda: encode_coo(idx, val, n, 0), repeats)
+    plain_decode = median_time(lambda: decode_coo(plain_message, n=n, value_dtype=torch.float32, receiver=1, sender=0),
                             repeats)
     out = {}
     for name, options in VARIANTS.items():
         codec = CooCodec(options)
         message, _ = codec.encode(idx, val, n, 0)
-        encode = median_s(lambda: codec.encode(idx, val, n, 0), repeats) - plain_encode
-        decode = median_s(lambda: codec.decode(message, n=n, value_dtype=torch.float32, receiver=1, sender=0),
+        encode = median_time(lambda: codec.encode(idx, val, n, 0), repeats) - plain_encode
+        decode = median_time(lambda: codec.decode(message, n=n, value_dtype=torch.float32, receiver=1, sender=0),
                           repeats) - plain_decode
         out[name] = [round(encode * 1e6, 1), round(decode * 1e6, 1)]
         print(f"{name:24} per message: encode +{out[name][0]:.1f} us, decode +{out[name][1]:.1f} us", flush=True)
