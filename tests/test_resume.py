@@ -296,7 +296,7 @@ def test_auto_with_measured_trials_resumes_exactly_once_decided():
     """auto with its defaults (tune=2, ping-pong): a checkpoint taken once every bucket has kept
     its candidate resumes bit-identically; one taken while trials are under way resumes them
     (same order, each rank's own times so far), re-times the rest in the new processes and so may
-    keep another candidate -- but its ranks always agree, and it is bit-identical exactly when it
+    keep another candidate -- but its ranks always agree, and it is bit-identical whenever it
     kept the uninterrupted run's candidates (the trial calls themselves run in a fixed order)."""
     rows = _auto_resume_runs()
     assert any(row["decided"] for row in rows) and any(not row["decided"] for row in rows), rows
@@ -305,4 +305,7 @@ def test_auto_with_measured_trials_resumes_exactly_once_decided():
         if row["decided"]:
             assert row["identical"] and row["same_choices"], row
         else:
-            assert row["identical"] == row["same_choices"], row
+            # the same candidates kept: bit-identical. Others may be too (a lossless codec
+            # variant reduces bit for bit as its plain algorithm; with 2 ranks a + b is b + a)
+            if row["same_choices"]:
+                assert row["identical"], row
