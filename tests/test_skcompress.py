@@ -200,12 +200,14 @@ def test_encoder_returns_what_the_decoder_decodes(entries, N, dist, dtype, value
 @pytest.mark.parametrize("q,s,t,r", [(2, 1, 0.01, 1), (16, 4, 1.0, 2), (10, 3, 0.3, 5), (1024, 3, 0.1, 1),
                                      (4096, 16, 0.5, 255)])
 def test_encoder_decoded_values_every_sketch_shape(q, s, t, r):
-    """Odd row counts, cells of two bytes (G > 255), one group and 255 groups."""
+    """Odd row counts, cells of two bytes (G > 255: q = 1024, r = 1), one group and 255
+    groups, float32 and float64."""
     for dist in ("skewed", "normal", "equal"):
-        idx, val = _message(6000, 100_000, q + s + r, dist)
-        body, sent = ops.skcompress_encode_decoded(idx, val, 100_000, q=q, s=s, t=t, r=r)
-        _, dv = ops.skcompress_decode(body, 100_000, 6000, torch.float32)
-        assert torch.equal(sent.view(torch.uint8), dv.view(torch.uint8))
+        for dtype in (torch.float32, torch.float64):
+            idx, val = _message(6000, 100_000, q + s + r, dist, dtype)
+            body, sent = ops.skcompress_encode_decoded(idx, val, 100_000, q=q, s=s, t=t, r=r)
+            _, dv = ops.skcompress_decode(body, 100_000, 6000, dtype)
+            assert sent.dtype == dtype and torch.equal(sent.view(torch.uint8), dv.view(torch.uint8))
 
 
 def test_underestimates_only_over_many_random_messages():
