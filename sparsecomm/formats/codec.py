@@ -110,12 +110,12 @@ class CooCodec:
         if self.lossless:
             body = ops.skcompress_encode(indices, work, n, index_codec=self._index, value_codec=self._value,
                                          **self._args)
-            return torch.cat([header, body]).to(values.device), values
-        # the encoder queries its own sketch: the values every receiver decodes, bit for bit
-        body, sent = ops.skcompress_encode_decoded(indices, work, n, index_codec=self._index,
-                                                   value_codec=self._value, **self._args)
-        message = torch.cat([header, body]).to(values.device)
-        return message, sent.to(device=values.device, dtype=values.dtype)
+            sent = values
+        else:   # the encoder queries its own sketch: the values every receiver decodes, bit for bit
+            body, decoded = ops.skcompress_encode_decoded(indices, work, n, index_codec=self._index,
+                                                          value_codec=self._value, **self._args)
+            sent = decoded.to(device=values.device, dtype=values.dtype)
+        return torch.cat([header, body]).to(values.device), sent
 
     @staticmethod
     def readdress(message: torch.Tensor, sender: int) -> torch.Tensor:

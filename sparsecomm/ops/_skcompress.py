@@ -68,6 +68,13 @@ def skcompress_quantize(v: torch.Tensor, q: int = 256, exact_max: int = EXACT_AL
     return _ops.skcompress_quantize(_cpu(v), operator.index(q), operator.index(exact_max))
 
 
+def _encode_args(idx, val, n, index_codec, value_codec, q, s, t, r, m, prefix, exact_max) -> tuple:
+    """The encoders' schema arguments: tensors on the CPU, integers as integers, t a float."""
+    return (_cpu(idx), _cpu(val), operator.index(n), operator.index(index_codec), operator.index(value_codec),
+            operator.index(q), operator.index(s), float(t), operator.index(r), operator.index(m),
+            operator.index(prefix), operator.index(exact_max))
+
+
 @translating
 def skcompress_encode(idx: torch.Tensor, val: torch.Tensor, n: int, *, index_codec: int = 1,
                       value_codec: int = 1, q: int = 256, s: int = 2, t: float = 0.2, r: int = 8,
@@ -80,10 +87,8 @@ def skcompress_encode(idx: torch.Tensor, val: torch.Tensor, n: int, *, index_cod
     columns per key of each group's sketch (0 < t <= 64), ``r`` groups per sign (1..q/2,
     <= 255), ``m`` 0 (choose) or 2/4/8/16, ``prefix`` 0 auto, 1 fixed, 2 Huffman.
     """
-    return _ops.skcompress_encode(_cpu(idx), _cpu(val), operator.index(n), operator.index(index_codec),
-                                  operator.index(value_codec), operator.index(q), operator.index(s),
-                                  float(t), operator.index(r), operator.index(m), operator.index(prefix),
-                                  operator.index(exact_max))
+    return _ops.skcompress_encode(*_encode_args(idx, val, n, index_codec, value_codec, q, s, t, r, m, prefix,
+                                                exact_max))
 
 
 @translating
@@ -94,10 +99,8 @@ def skcompress_encode_decoded(idx: torch.Tensor, val: torch.Tensor, n: int, *, i
     """``(body, decoded)``: :func:`skcompress_encode`'s body, and the values (``val``'s dtype,
     on the CPU) that :func:`skcompress_decode` returns for it, bit for bit -- the encoder
     queries its own sketch, so a sender that keeps its error needs no decode."""
-    return _ops.skcompress_encode_decoded(_cpu(idx), _cpu(val), operator.index(n), operator.index(index_codec),
-                                          operator.index(value_codec), operator.index(q), operator.index(s),
-                                          float(t), operator.index(r), operator.index(m), operator.index(prefix),
-                                          operator.index(exact_max))
+    return _ops.skcompress_encode_decoded(*_encode_args(idx, val, n, index_codec, value_codec, q, s, t, r, m,
+                                                        prefix, exact_max))
 
 
 @translating
