@@ -30,13 +30,8 @@ import torch.distributed as dist
 
 import sparsecomm
 from sparsecomm import ops
+from sparsecomm.algorithms.auto import CODEC_VARIANTS, split_variant, variant_options
 
-VARIANTS = {
-    "plain": {},
-    "delta_binary": {"index_codec": "delta_binary"},
-    "skcompress": {"value_codec": "skcompress"},
-    "delta_binary+skcompress": {"index_codec": "delta_binary", "value_codec": "skcompress"},
-}
 # the ops whose CPU time is counted apart: the codec kernels, and the residual's gathers and
 # scatters (a lossy sender adds its error into the residual and journals what it changes)
 TIMED_OPS = ("skcompress_encode", "skcompress_encode_decoded", "skcompress_decode",
@@ -65,8 +60,9 @@ def measure(algorithms, n: int, density: float, repeats: int) -> dict[str, dict[
     instrument(spent)
     grad = torch.randn(n, generator=torch.Generator().manual_seed(rank))
     out = torch.empty(n)
-    reducers = {f"{a}" if v == "plain" else f"{a}+{v}": sparsecomm.SparseAllreduce(a, density, **opts)
-                for a in algorithms for v, opts in VARIANTS.items()}
+    names = [name for a in algorithms for name in (a, *(f"{a}+{codecs}" for codecs in CODEC_VARIANTS))]
+    reducers = {name: sparsecomm.SparseAllreduce(split_variant(name)[0], density, **variant_options(name))
+                for name in names}
     rows: dict[str, list[dict[str, float]]] = {name: [] for name in reducers}
     for rep in range(repeats + 1):
         for name, reducer in reducers.items():

@@ -21,15 +21,13 @@ import time
 
 import torch
 
+from sparsecomm.algorithms.auto import CODEC_VARIANTS, variant_options
 from sparsecomm.bench.kernels import median_time
 from sparsecomm.formats.codec import CooCodec
 from sparsecomm.formats.coo import coo_nbytes, decode_coo, encode_coo
 
-VARIANTS = {
-    "delta_binary": {"index_codec": "delta_binary"},
-    "skcompress": {"value_codec": "skcompress"},
-    "delta_binary+skcompress": {"index_codec": "delta_binary", "value_codec": "skcompress"},
-}
+# auto's codec variants, each as the options a candidate "base+codecs" sets
+VARIANTS = {codecs: variant_options(f"base+{codecs}") for codecs in CODEC_VARIANTS}
 DENSITIES = (0.001, 0.01, 0.05)
 
 
