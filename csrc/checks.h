@@ -36,8 +36,9 @@ namespace sparsecomm {
 
 using at::Tensor;
 
-// The prefix that makes the Python face raise WireFormatError (keep in sync
-// with sparsecomm/ops/_errors.py: WIRE_PREFIX).
+// The prefix that makes the Python face raise WireFormatError. The Python side's one
+// copy is sparsecomm/ops/_errors.py: WIRE_PREFIX; tests/test_single_sources.py reads this
+// line and fails when the two differ.
 constexpr const char* kWirePrefix = "malformed message: ";
 
 inline int threads() { return at::get_num_threads(); }

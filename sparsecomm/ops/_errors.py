@@ -27,7 +27,10 @@ from ..errors import WireFormatError
 
 __all__ = ["WIRE_PREFIX", "translating"]
 
-# keep in sync with csrc/checks.h: kWirePrefix
+# The text a wire/format error from received bytes begins with, for every raiser on the
+# Python side (the torch implementations import it from here). csrc/checks.h writes it once
+# more as kWirePrefix, C++ cannot import it; tests/test_single_sources.py reads that header
+# and fails when the two differ.
 WIRE_PREFIX = "malformed message: "
 # how torch's schema parser reports an argument of the wrong type
 _SCHEMA_TYPE_ERRORS = ("Expected a value of type", "expected a value of type")

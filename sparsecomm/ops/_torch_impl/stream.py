@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from .._errors import WIRE_PREFIX
 from .checks import (FULL_FLOATS, check_contiguous, check_indices, check_nonnegative, check_same_dtype,
                      check_same_length, check_sorted, check_values, check_vector, first_true, overlaps)
 from .splitmix import mix64, srl, u64
@@ -12,7 +13,6 @@ from .splitmix import mix64, srl, u64
 __all__ = ["stream_add_dd_", "stream_concat", "qsgd_uniform", "qsgd_quantize", "qsgd_dequantize"]
 
 _FLT_MAX = 3.4028234663852886e38
-WIRE_PREFIX = "malformed message: "  # ops/_errors.py (imported lazily there: no cycle)
 
 
 def stream_add_dd_(a: torch.Tensor, b: torch.Tensor) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from .._errors import WIRE_PREFIX
 from .checks import check_nonnegative, check_same_length, check_sorted, check_values, check_vector
 from .splitmix import mix64, srl, u64
 
@@ -13,7 +14,6 @@ __all__ = ["zen_owner", "zen_partition", "zen_bitmap_encode", "zen_bitmap_decode
 
 MAX_PARTS = 2**31 - 1
 _GOLDEN = 0x9E3779B97F4A7C15
-_WIRE_PREFIX = "malformed message: "  # ops/_errors.py turns it into WireFormatError
 
 
 def _check_args(op: str, n: int, parts: int, block: int) -> int:
@@ -104,11 +104,11 @@ def zen_bitmap_decode(bitmap: torch.Tensor, n: int, parts: int, seed: int, block
     blocks, size = _class_blocks(n, parts, seed, block, owner, bitmap.device)
     nbytes = bitmap.numel()
     if nbytes != (size + 7) // 8:
-        raise ValueError(f"{_WIRE_PREFIX}{op}: bitmap is malformed at position -1 (value {nbytes})")
+        raise ValueError(f"{WIRE_PREFIX}{op}: bitmap is malformed at position -1 (value {nbytes})")
     if size & 7:
         last = int(bitmap[-1])
         if last & (0xFF << (size & 7)) & 0xFF:
-            raise ValueError(f"{_WIRE_PREFIX}{op}: bitmap is malformed at position {nbytes - 1} (value {last})")
+            raise ValueError(f"{WIRE_PREFIX}{op}: bitmap is malformed at position {nbytes - 1} (value {last})")
     shifts = torch.arange(8, dtype=torch.uint8, device=bitmap.device)
     bits = ((bitmap.view(-1, 1) >> shifts) & 1).reshape(-1)[:size].bool()
     pos = bits.nonzero().reshape(-1)
