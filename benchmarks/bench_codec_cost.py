@@ -1,4 +1,4 @@
-"""The COO codecs' cost as ``auto`` models it (``CODEC_COST`` in sparsecomm/algorithms/auto.py,
+"""The COO codecs' cost as ``auto`` models it (``CODEC_COST`` in sparsecomm/tune/tables.py,
 docs/skcompress.md, "auto and the codecs"): per codec variant, at densities 0.1%, 1% and 5% of
 N = 15M, the coded bytes over plain COO bytes and the encode and decode nanoseconds per
 nonzero; and a message's fixed cost in microseconds.

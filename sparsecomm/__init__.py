@@ -12,11 +12,11 @@ or, functionally, ``sc.SparseAllreduce("topka", 0.01, comm)(grad)``.
 from __future__ import annotations
 
 from . import algorithms, comm, formats, ops
-from .hook import DDPHookState, ddp_hook, register
-from . import fsdp
-from .fsdp import FSDPHookState
-from .reducer import SparseAllreduce, k_for
-from .density import DensitySchedule
+from . import tune  # registers auto, which picks among the algorithms per tensor
+from . import hooks, reduce
+from .hooks import DDPHookState, FSDPHookState, ddp_hook, register
+from .hooks import fsdp
+from .reduce import DensitySchedule, SparseAllreduce, k_for
 from .comm.topology import NodeComms, Topology
 
 from ._version import __version__

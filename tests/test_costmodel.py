@@ -1,4 +1,4 @@
-"""The cost model (sparsecomm/costmodel.py, each algorithm's traffic()) against what the simulated Comm counts.
+"""The cost model (sparsecomm/tune/costmodel.py, each algorithm's traffic()) against what the simulated Comm counts.
 
 Every registered algorithm runs one call on the simulated Comm; its bytes sent and rounds,
 rank by rank, are compared with the model's replay of the schedule: equal for the algorithms

@@ -1,4 +1,4 @@
-"""Density warm-up (sparsecomm/density.py): values, validation, the reducer's k per call,
+"""Density warm-up (sparsecomm/reduce/density.py): values, validation, the reducer's k per call,
 conservation under a changing k for every algorithm, the signature handshake, the hook's
 state_dict. Exact resume with a schedule is in tests/test_resume.py."""
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import sparsecomm as sc
-import sparsecomm.reducer as reducer_module
+import sparsecomm.reduce.placement as placement_module
 from sparsecomm.comm import simulate
 from sparsecomm.costmodel import Links
 
@@ -33,16 +33,16 @@ def _run(links, state=None, measure=True):
             red.load_state_dict(state[comm.rank])
         out = red(_grad(comm.rank))
         return red.hierarchy_choice, out, red.state_dict()
-    original = reducer_module.measure_links
+    original = placement_module.measure_links
 
     def fixed(world, intra, inter):
         assert measure, "a resumed choice needs no ping-pong"
         return links
-    reducer_module.measure_links = fixed
+    placement_module.measure_links = fixed
     try:
         return simulate(4, fn).results
     finally:
-        reducer_module.measure_links = original
+        placement_module.measure_links = original
 
 
 def _fixed_run(hierarchy):
@@ -90,7 +90,7 @@ def test_a_rank_failing_before_the_choice_raises_its_own_error_and_releases_its_
         if world.rank == 1:
             raise RuntimeError("rank 1's link measurement broke")
         return FAST_INSIDE
-    monkeypatch.setattr(reducer_module, "measure_links", broken_links)
+    monkeypatch.setattr(placement_module, "measure_links", broken_links)
 
     def fn(comm):
         red = sc.SparseAllreduce("topka", 0.01, comm=comm, hierarchy="auto", nodes=sc.Topology(2, 2))

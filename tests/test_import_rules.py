@@ -20,7 +20,7 @@ The rules:
   reported as one cycle through it, as a chain of files and the lines that import);
 * (c) a private module (a dotted-path part starting with ``_``, say ``p._m`` or
   ``p._m.x``) is imported only from inside the package that holds it, ``p`` (its modules,
-  its subpackages and its own ``__init__``): ``sparsecomm/reducer.py`` importing
+  its subpackages and its own ``__init__``): ``sparsecomm/reduce/reducer.py`` importing
   ``sparsecomm.ops._torch_impl`` breaks it, ``sparsecomm/ops/_sketch.py`` importing it does not;
 * (d) the tooling uses the library's public names only: a tooling module imports no private
   module of the core (``sparsecomm.bench.baselines`` importing ``sparsecomm._checkpoint`` breaks
@@ -290,6 +290,19 @@ def test_kernels_reached_only_through_ops():
                        "adding one there if none exists):\n  " + "\n  ".join(found))
 
 
+def unresolved_imports(root: Path, package: str) -> list[str]:
+    modules, imports = collect_imports(root, package)
+    return sorted({f"{_file(modules, imp.importer, root)}:{imp.line} imports {imp.target}, which is no module"
+                   for imp in imports if imp.target not in modules})
+
+
+def test_every_import_names_a_module():
+    """A relative import left behind by a move (``from .comm import x`` in a subpackage) names a
+    module that does not exist; it fails only when its line runs, so it is caught here."""
+    found = unresolved_imports(ROOT, PACKAGE)
+    assert not found, "imports of modules that do not exist:\n  " + "\n  ".join(found)
+
+
 # -- the rules on a planted package, against what each file was written to break --------------------
 PLANTED = {
     "pkg/__init__.py": "from . import core\nfrom ._version import v\n",
@@ -340,38 +353,57 @@ def test_rules_on_a_planted_package(tmp_path):
     assert private_imports(root, "pkg") == ["pkg/core.py:7 imports pkg.sub._hidden, a private module of pkg.sub"]
     # the extension's one door is pkg.sub: core's function-level import of it is the one breach
     assert kernel_imports(root, "pkg", "pkg._ext", "pkg.sub") == ["pkg/core.py:6 imports pkg._ext"]
+    assert unresolved_imports(root, "pkg") == []
     # pkg.tools.deep reaches pkg._version, a private module of the core
     assert tooling_private_imports(root, "pkg", ("pkg.tools",)) == [
         "pkg/tools/deep.py:2 imports pkg._version, a private module of the library"]
 
 
 # -- rule 1 of docs/architecture.md: each core room imports only the rooms its table row allows ------
-#: core module (longest dotted prefix wins; the root package names only its own __init__) -> its room
+#: core room -> the directory (package) that holds it; the root package holds no room but the face
+#: (its __init__), the leaves and the aliases of moved modules (:data:`ALIASES`)
+ROOM_DIRS = {
+    "integrations": "sparsecomm.integrations",
+    "hooks": "sparsecomm.hooks",
+    "reduce": "sparsecomm.reduce",
+    "tune": "sparsecomm.tune",
+    "algorithms": "sparsecomm.algorithms",
+    "traffic": "sparsecomm.traffic",
+    "comm": "sparsecomm.comm",
+    "formats": "sparsecomm.formats",
+    "ops": "sparsecomm.ops",
+}
+#: modules that moved, kept importable at their old path as the same module object (pickled states,
+#: ``import sparsecomm.hook``): old dotted name -> the module it is
+ALIASES = {
+    "sparsecomm.hook": "sparsecomm.hooks.ddp",
+    "sparsecomm.fsdp": "sparsecomm.hooks.fsdp",
+    "sparsecomm.bucket_worker": "sparsecomm.hooks.bucket_worker",
+    "sparsecomm.reducer": "sparsecomm.reduce.reducer",
+    "sparsecomm.density": "sparsecomm.reduce.density",
+    "sparsecomm.costmodel": "sparsecomm.tune.costmodel",
+    "sparsecomm.algorithms.auto": "sparsecomm.tune.auto",
+}
+LEAVES = ("sparsecomm.errors", "sparsecomm._version", "sparsecomm.options")
+#: core module (longest dotted prefix wins; the root package names only its own __init__) -> its room;
+#: an alias belongs to the room of the module it is
 ROOMS = {
-    "sparsecomm.integrations": "integrations",
     "sparsecomm": "face",
-    "sparsecomm.hook": "hook", "sparsecomm.fsdp": "hook", "sparsecomm._bucket_layout": "hook", "sparsecomm.bucket_worker": "hook",
-    "sparsecomm.reducer": "reducer", "sparsecomm._agreement": "reducer", "sparsecomm._two_level": "reducer",
-    "sparsecomm._checkpoint": "values", "sparsecomm.density": "values",
-    "sparsecomm.costmodel": "costmodel",
-    "sparsecomm.algorithms": "algorithms",
-    "sparsecomm.traffic": "traffic",
-    "sparsecomm.comm": "comm",
-    "sparsecomm.formats": "formats",
-    "sparsecomm.ops": "ops",
+    **{package: room for room, package in ROOM_DIRS.items()},
     "sparsecomm._C": "kernels",
-    "sparsecomm.errors": "leaves", "sparsecomm._version": "leaves", "sparsecomm.options": "leaves",
+    **{leaf: "leaves" for leaf in LEAVES},
+    **{alias: next(room for room, package in ROOM_DIRS.items() if _inside(target, package))
+       for alias, target in ALIASES.items()},
 }
 #: room -> the other rooms it may import (every room may import its own modules and the leaves)
 MAY_IMPORT = {
     # above the face: the package's public names only (importing ``sparsecomm`` itself is no arrow);
     # no room lists it, so the core never imports an integration
     "integrations": set(),
-    "face": {"hook", "reducer", "values", "costmodel", "algorithms", "comm", "formats", "ops"},
-    "hook": {"reducer", "values", "algorithms", "comm"},
-    "reducer": {"values", "algorithms", "comm", "formats", "ops"},
-    "values": set(),
-    "costmodel": {"algorithms", "traffic", "formats"},
+    "face": {"hooks", "reduce", "tune", "algorithms", "comm", "formats", "ops"},
+    "hooks": {"reduce", "algorithms", "comm"},
+    "reduce": {"tune", "algorithms", "comm", "formats", "ops"},
+    "tune": {"algorithms", "traffic", "comm"},
     "algorithms": {"traffic", "comm", "formats", "ops"},
     "traffic": {"formats"},
     "comm": {"formats"},
@@ -380,6 +412,33 @@ MAY_IMPORT = {
     "kernels": set(),
     "leaves": set(),
 }
+
+
+def test_rooms_are_directories():
+    """Every room but the face, the leaves and the compiled kernels is a package of its own, and
+    the root package holds nothing else: the face, the leaves, the aliases, the tooling."""
+    for room, package in ROOM_DIRS.items():
+        path = ROOT / Path(*package.split("."))
+        assert (path / "__init__.py").is_file(), f"room {room!r} must be the directory {path}"
+    modules, _ = collect_imports(ROOT, PACKAGE)
+    top = sorted(m for m in modules if m.count(".") == 1 and modules[m] is not None
+                 and modules[m].name != "__init__.py")
+    allowed = set(LEAVES) | set(ALIASES) | {t for t in TOOLING if modules.get(t) is not None
+                                            and modules[t].name != "__init__.py"}
+    assert [m for m in top if m not in allowed] == [], (
+        "modules at the package's root that are no leaf, alias or tooling: put each in its room's directory")
+
+
+def test_aliases_are_the_modules_they_name():
+    """An alias file only makes its old name the same module object as the new one."""
+    import importlib
+
+    for alias, target in ALIASES.items():
+        path = ROOT / Path(*alias.split(".")).with_suffix(".py")
+        tree = ast.parse(path.read_text())
+        body = [node for node in tree.body if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
+        assert len(body) == 3 and isinstance(body[-1], ast.Assign), f"{path}: an alias holds nothing but the alias"
+        assert importlib.import_module(alias) is importlib.import_module(target), alias
 
 
 def room_of(module: str, rooms: dict[str, str]) -> str | None:

@@ -10,7 +10,7 @@ import torch
 
 import sparsecomm as sc
 import sparsecomm.hook as hook_module
-from sparsecomm._checkpoint import gather_rank_parts, pack_rank_part
+from sparsecomm.reduce.checkpoint import gather_rank_parts, pack_rank_part
 from sparsecomm.comm import simulate
 from sparsecomm.testing import spawn
 

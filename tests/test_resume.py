@@ -11,7 +11,7 @@ What makes this hard: a fresh DDP reduces its initial bucket layout in its first
 and rebuilds its buckets after it, so the resumed run's first step arrives in other buckets
 than the uninterrupted run's step t+1. The hook reduces every step in the layout of the
 first iteration it saw (its recorded layout, part of the state_dict), regrouping DDP's buckets when they
-differ (sparsecomm/hook.py, "Bucket rebuilds and exact resume").
+differ (sparsecomm/hooks/ddp.py, "Bucket rebuilds and exact resume").
 
 One group of processes runs every (configuration, algorithm) uninterrupted; a second, fresh
 group resumes them all: two process groups per P. The checkpoints travel through the parent

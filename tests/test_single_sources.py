@@ -55,3 +55,55 @@ def _line_of_python_source() -> int:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "WIRE_PREFIX" for t in node.targets):
             return node.lineno
     raise AssertionError("sparsecomm/ops/_errors.py defines no WIRE_PREFIX")
+
+
+# -- the non-finite bits: the kernel's SC_NONFINITE_* and sparsecomm.ops.NONFINITE_* ----------------
+KERNELS_H = ROOT / "csrc" / "include" / "sparsecomm" / "kernels.h"
+_C_NONFINITE = re.compile(r"#define\s+SC_NONFINITE_(NAN|POS_INF|NEG_INF)\s+(\d+)")
+
+
+def test_nonfinite_bits_c_equals_python():
+    import sparsecomm.ops as ops
+
+    bits = {name: int(value) for name, value in _C_NONFINITE.findall(KERNELS_H.read_text())}
+    assert bits == {"NAN": ops.NONFINITE_NAN, "POS_INF": ops.NONFINITE_POS_INF, "NEG_INF": ops.NONFINITE_NEG_INF}, (
+        f"{KERNELS_H.relative_to(ROOT)} defines the non-finite bits {bits}, sparsecomm.ops "
+        f"{(ops.NONFINITE_NAN, ops.NONFINITE_POS_INF, ops.NONFINITE_NEG_INF)}")
+
+
+def test_nonfinite_bits_written_once_in_python():
+    """No module but ops/_coo.py names a non-finite bit of its own (``_NAN = 1``, ``NAN, INF = 1, 2``)."""
+    copies = []
+    for path in sorted((ROOT / "sparsecomm").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not isinstance(node, ast.Assign):
+                continue
+            names = [t.id for target in node.targets
+                     for t in (target.elts if isinstance(target, ast.Tuple) else [target]) if isinstance(t, ast.Name)]
+            if any(re.search(r"NAN|_INF", name.upper()) for name in names):
+                copies.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert len(copies) == 1 and copies[0].startswith("sparsecomm/ops/_coo.py:"), (
+        f"non-finite bits are defined in {copies}: use sparsecomm.ops.NONFINITE_NAN / _POS_INF / _NEG_INF")
+
+
+# -- the hierarchies: the cost model's layouts, and the reducer's option built on them ---------------
+def test_hierarchies_are_the_layouts_and_auto():
+    """``hierarchy`` takes what the cost model can time, plus "auto"; no module lists them again."""
+    from sparsecomm.reduce import HIERARCHIES
+    from sparsecomm.tune import LAYOUTS
+
+    assert HIERARCHIES == (*LAYOUTS, "auto")
+    lists = []
+    for path in sorted((ROOT / "sparsecomm").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, (ast.Tuple, ast.List)):
+                words = {e.value for e in node.elts if isinstance(e, ast.Constant)}
+                if {"flat", "node"} <= words:
+                    lists.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert lists == ["sparsecomm/tune/costmodel.py:" + str(_line_of("sparsecomm/tune/costmodel.py", "LAYOUTS = "))], (
+        f"the hierarchies are listed in {lists}: use sparsecomm.tune.LAYOUTS or sparsecomm.reduce.HIERARCHIES")
+
+
+def _line_of(rel: str, start: str) -> int:
+    lines = (ROOT / rel).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if line.startswith(start))

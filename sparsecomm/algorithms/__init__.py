@@ -3,7 +3,9 @@
 ``sparsecomm.algorithms.names()`` lists what is registered; ``get(name)`` returns the class;
 ``traffic(name, P, N, k)`` gives one call's message schedule, sizes only (``modelled()`` lists
 the algorithms that have one).
-Importing this package imports every algorithm module so that each registers itself.
+Importing this package imports every algorithm module so that each registers itself; ``auto``,
+which picks one of them per tensor, is the tuner's (:mod:`sparsecomm.tune.auto`, registered by
+``import sparsecomm``; ``sparsecomm.algorithms.auto`` names the same module).
 """
 
 from .base import Algorithm, get, modelled, names, register, traffic
@@ -14,6 +16,5 @@ from . import sparcml  # noqa: F401  (sparcml_*, topkdsa and the sparcml chooser
 from . import densestream  # noqa: F401  (DenseStreamAllreduce: docs/densestream.md)
 from . import skcompress  # noqa: F401  (docs/skcompress.md)
 from . import zen  # noqa: F401  (ZEN's hash-balanced sparse allreduce: docs/zen.md)
-from . import auto  # noqa: F401  (picks one of the above per tensor: docs/scale.md)
 
 __all__ = ["Algorithm", "get", "names", "register", "traffic", "modelled"]

@@ -226,6 +226,18 @@ class Algorithm(ABC):
                 return bool(vars(klass).get("fuses_add", False))
         return False
 
+    def layout_candidates(self) -> tuple[tuple[str, ...], dict[str, float] | None]:
+        """What ``hierarchy="auto"`` weighs flat against two-level for this instance: the
+        algorithm names whose schedules it predicts and a compute table (ns per element by
+        name; None: the measured one). An algorithm is its own one candidate; ``auto`` names
+        its candidates."""
+        return (self.name,), None
+
+    def placed_between_nodes(self, links: Any, ranks_per_node: int) -> None:
+        """Told, as a fresh instance on the inter-node Comm that ``hierarchy="auto"`` chose, the
+        cluster's measured links (a :class:`~sparsecomm.traffic.Links`) and how many ranks share
+        a node's NIC. Nothing by default; ``auto`` starts from them instead of a new ping-pong."""
+
     @staticmethod
     def select_topk(acc: torch.Tensor, k: int, grad: torch.Tensor | None, clear: bool,
                     num_blocks: int = 1) -> tuple[torch.Tensor, torch.Tensor]:

@@ -43,7 +43,7 @@ from typing import Any, Dict, List, Sequence
 import torch
 
 from ..comm.simulated import simulate
-from ..reducer import SparseAllreduce
+from ..reduce import SparseAllreduce
 from . import tasks as task_defs
 
 __all__ = ["main", "PhaseCounter", "rank_gradients", "measure", "summarize", "parse_algorithm", "run_balance",

@@ -34,7 +34,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from ..bucket_worker import BucketWorker
+from ..hooks.bucket_worker import BucketWorker
 from ..comm.base import ring_allreduce_cost
 
 __all__ = ["TorchHook", "names", "is_baseline", "powersgd_counts", "bucket_shapes"]
@@ -218,7 +218,7 @@ class TorchHook:
     def _run_in_order(self, bucket: dist.GradBucket) -> torch.futures.Future:
         """PyTorch's hook on one worker thread, bucket after bucket; backward goes on meanwhile.
 
-        The worker is the one the DDP hook uses (:class:`sparsecomm.bucket_worker.BucketWorker`):
+        The worker is the one the DDP hook uses (:class:`sparsecomm.hooks.bucket_worker.BucketWorker`):
         after a failed bucket it fails every later one at once instead of issuing collectives
         that would pair with other ranks' earlier ones, and it is stopped (bounded) at
         interpreter exit.

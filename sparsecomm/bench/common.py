@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from ..tune import LAYOUTS
+
 __all__ = ["parse_size", "format_size", "bench_gradient"]
 
 _SUFFIXES = {"K": 10**3, "M": 10**6, "G": 10**9}
@@ -42,6 +44,10 @@ def bench_gradient(rank: int, step: int, n: int, dtype: torch.dtype = torch.floa
     return torch.randn(n, generator=generator).to(dtype)
 
 
+#: the values of the benchmarks' ``--hierarchy``: each layout the reducer runs, or both of them
+HIERARCHY_CHOICES = (*LAYOUTS, "both")
+
+
 def hierarchies_of(ap, args, launched: bool) -> list[str]:
     """The hierarchies ``--hierarchy`` asks for (``both``: flat, then node), checked against how
     the ranks start: under a launcher the nodes' shape comes from its ``LOCAL_WORLD_SIZE``
@@ -49,7 +55,7 @@ def hierarchies_of(ap, args, launched: bool) -> list[str]:
     ``--nproc-per-node`` without node is refused. Errors through ``ap.error``."""
     from ..comm.topology import Topology
 
-    hierarchies = ["flat", "node"] if "both" in args.hierarchy else list(dict.fromkeys(args.hierarchy))
+    hierarchies = list(LAYOUTS) if "both" in args.hierarchy else list(dict.fromkeys(args.hierarchy))
     if "node" not in hierarchies:
         if args.nproc_per_node is not None:
             ap.error("--nproc-per-node is only used with --hierarchy node or both")

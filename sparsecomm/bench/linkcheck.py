@@ -12,7 +12,7 @@ Every rank joins torch.distributed (``env://``: ``RANK``, ``WORLD_SIZE``, ``MAST
 ``MASTER_PORT``), builds a :class:`~sparsecomm.comm.TorchComm` and the two-level Comms of
 :meth:`Topology.from_env() <sparsecomm.Topology.from_env>` (``LOCAL_WORLD_SIZE``,
 ``LOCAL_RANK``, ``GROUP_RANK``), and runs
-:func:`sparsecomm.algorithms.auto.measure_links` -- the ping-pong ``hierarchy="auto"`` decides
+:func:`sparsecomm.tune.measure_links` -- the ping-pong ``hierarchy="auto"`` decides
 with: 1 KB, 64 KB and 1 MB messages, three timed round trips each after a warm-up, half the
 median round trip per size, least squares on t = alpha + beta * bytes
 (:func:`sparsecomm.traffic.fit_alpha_beta`). Inside a node: local ranks 0 and 1 of every node
@@ -34,7 +34,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ..algorithms.auto import measure_links
+from ..tune import measure_links
 from ..comm.topology import Topology
 from ..comm.torch_comm import TorchComm
 from ..traffic import Links

@@ -39,7 +39,7 @@ from typing import Any, Dict, List, Sequence
 import torch
 
 from ..comm.simulated import simulate
-from ..reducer import SparseAllreduce
+from ..reduce import SparseAllreduce
 from .common import bench_gradient, format_size, parse_size
 
 __all__ = ["main", "run_phases", "PHASES", "DEFAULT_ALGORITHMS"]

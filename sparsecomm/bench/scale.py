@@ -11,7 +11,7 @@ needs about P k / scale int64 values, well under 1 GiB.
 Time per call = the alpha-beta cost of the message schedule (the ``time(alpha, beta)`` of what
 :func:`sparsecomm.costmodel.traffic` returns, a :class:`~sparsecomm.traffic.Traffic`) with alpha given
 (fitted by ``python -m sparsecomm.bench collectives`` on the emulated links) and beta = 8 /
-bandwidth. ``auto`` is the algorithm :mod:`sparsecomm.algorithms.auto` picks for that (P, N,
+bandwidth. ``auto`` is the algorithm :mod:`sparsecomm.tune.auto` picks for that (P, N,
 k, alpha, beta) with its compute table; its time is that algorithm's. Writes ``scale.json``,
 ``scale.csv`` and ``scale_<bandwidth>.png`` per bandwidth into ``--out``.
 
@@ -20,7 +20,7 @@ nodes of L ranks, every algorithm of :data:`CLUSTER_ROWS` flat (its schedule on 
 each message on the link it takes: a node's ranks share its NIC at ``--bandwidth``, inside a
 node each rank has its own ``--intra-bandwidth`` link) and two-level (the reducer's
 ``hierarchy="node"``), timed by :func:`sparsecomm.costmodel.predict`; ``auto`` is the
-(hierarchy, algorithm) :func:`sparsecomm.algorithms.auto.choose_layout` picks. Writes
+(hierarchy, algorithm) :func:`sparsecomm.tune.choose_layout` picks. Writes
 ``cluster.json``, ``cluster.csv`` and ``cluster_<bandwidth>.png``.
 """
 
@@ -32,10 +32,10 @@ import json
 import time
 from pathlib import Path
 
-from .. import costmodel
-from ..algorithms.auto import choose_algorithm, choose_layout
+from ..tune import costmodel
+from ..tune import choose_algorithm, choose_layout
 from ..comm.collectives import block_bounds
-from ..reducer import k_for
+from ..reduce import k_for
 from .plots import line_plot, pyplot
 
 __all__ = ["main", "ROWS", "run", "CLUSTER_ROWS", "run_cluster"]
@@ -127,7 +127,7 @@ def run_cluster(nodes: list[int], per: int, N: int, densities: list[float], band
             sets = costmodel.default_sets(P, N, k, model_n=model_n)
             found, records = {}, {}
             for name in CLUSTER_ROWS:
-                for hierarchy in ("flat", "node"):
+                for hierarchy in costmodel.LAYOUTS:
                     links = {bw: costmodel.Links(alpha, beta, intra_alpha, intra_beta)
                              for bw, beta in bandwidths.items()}
                     first = next(iter(links.values()))

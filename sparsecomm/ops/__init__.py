@@ -40,7 +40,8 @@ from ._coo import __all__ as _coo_all
 from ._densestream import __all__ as _densestream_all
 from ._densestream import (densestream_add, densestream_add_into_, densestream_encode_coo, densestream_encode_dense,
                            densestream_slice, densestream_to_coo)
-from ._coo import (block_topk, block_topk_count, gather, merge_add, merge_add_many, nonfinite_flags, release_caches,
+from ._coo import (NONFINITE_NAN, NONFINITE_NEG_INF, NONFINITE_POS_INF, block_topk, block_topk_count, gather, merge_add,
+                   merge_add_many, nonfinite_flags, release_caches,
                    scatter_add_, scatter_set_, topk, topk_accum_, topk_radix)
 from ._sketch import __all__ as _sketch_all
 from ._sketch import (MAX_ROWS, RUN, sketch_build_, sketch_build_coo_, sketch_estimate, sketch_estimate_at,

@@ -13,9 +13,13 @@ import torch
 from ._errors import translating
 
 __all__ = ["topk", "topk_radix", "block_topk", "topk_accum_", "block_topk_count", "merge_add", "merge_add_many", "scatter_add_",
-           "scatter_set_", "gather", "nonfinite_flags", "release_caches"]
+           "scatter_set_", "gather", "nonfinite_flags", "release_caches", "NONFINITE_NAN", "NONFINITE_POS_INF",
+           "NONFINITE_NEG_INF"]
 
 _ops = torch.ops.sparsecomm
+
+#: the bits of :func:`nonfinite_flags` (the kernel's ``SC_NONFINITE_*``, csrc/include/sparsecomm/kernels.h)
+NONFINITE_NAN, NONFINITE_POS_INF, NONFINITE_NEG_INF = 1, 2, 4
 
 
 @translating
@@ -166,8 +170,9 @@ def gather(dense: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 
 @translating
 def nonfinite_flags(x: torch.Tensor) -> int:
-    """Which non-finite values the floating tensor ``x`` (any shape) holds: an OR of 1
-    (NaN), 2 (+Inf) and 4 (-Inf); 0 when every element is finite.
+    """Which non-finite values the floating tensor ``x`` (any shape) holds: an OR of
+    :data:`NONFINITE_NAN`, :data:`NONFINITE_POS_INF` and :data:`NONFINITE_NEG_INF`; 0 when every
+    element is finite.
 
     CPU: one vectorized read of ``x`` that decides whether anything is there (about 0.45
     residual-add passes at N = 15M float32 on one thread, where ``torch.aminmax`` takes

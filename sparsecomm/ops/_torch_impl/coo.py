@@ -8,6 +8,7 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
+from .._coo import NONFINITE_NAN, NONFINITE_NEG_INF, NONFINITE_POS_INF
 from .checks import (HALF_FLOATS, check_contiguous, check_index_range, check_indices, check_no_nan, check_nonnegative,
                      check_same_dtype, check_same_length, check_sorted, check_values, check_vector, overlaps)
 
@@ -209,7 +210,7 @@ def gather(dense: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 
 
 def nonfinite_flags(x: torch.Tensor) -> torch.Tensor:
-    """1 (NaN) | 2 (+Inf) | 4 (-Inf) of what x holds, as a 0-dim int32 tensor on x's device:
+    """NaN | +Inf | -Inf bits (``sparsecomm.ops.NONFINITE_*``) of what x holds, as a 0-dim int32 tensor on x's device:
     one aminmax (a NaN propagates to both ends, an Inf shows as an end), then, only when
     an end is not finite, one read per kind."""
     op = "sparsecomm.nonfinite_flags"
@@ -220,6 +221,7 @@ def nonfinite_flags(x: torch.Tensor) -> torch.Tensor:
     ends = torch.stack(torch.aminmax(x.reshape(-1)))
     if bool(torch.isfinite(ends).all()):
         return flags
-    for bit, test in ((1, torch.isnan), (2, torch.isposinf), (4, torch.isneginf)):
+    for bit, test in ((NONFINITE_NAN, torch.isnan), (NONFINITE_POS_INF, torch.isposinf),
+                      (NONFINITE_NEG_INF, torch.isneginf)):
         flags += bit * test(x).any().to(torch.int32)
     return flags

@@ -2,7 +2,7 @@
 
 The record is a fixed-size message (its fields: :data:`sparsecomm.formats.header.AGREEMENT_FIELDS`,
 120 bytes) that every :class:`~sparsecomm.SparseAllreduce` call all-gathers first (see
-sparsecomm/reducer.py): the handshake after construction, ``reset()`` or ``load_state_dict()``,
+:mod:`sparsecomm.reduce.reducer`): the handshake after construction, ``reset()`` or ``load_state_dict()``,
 then each call's check. Any difference in a compared field raises the same
 :class:`~sparsecomm.errors.AgreedValueError` on every rank, naming the ranks and the field;
 texts (sparsecomm version, algorithm, options) travel as CRCs and are named in words through
@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from . import _version as _version_module
-from .comm.base import Comm
-from .errors import AgreedValueError
-from .formats.header import AGREEMENT_FIELDS, DTYPE_CODES, FORMAT_VERSION, MAGIC, AgreementKind
+from .. import _version as _version_module
+from ..comm.base import Comm
+from ..errors import AgreedValueError
+from ..formats.header import AGREEMENT_FIELDS, DTYPE_CODES, FORMAT_VERSION, MAGIC, AgreementKind
 
 __all__ = ["Signature", "agree", "signature"]
 

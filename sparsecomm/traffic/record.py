@@ -1,60 +1,22 @@
-"""Traffic of one allreduce call without running it: bytes and rounds of every rank, and its time.
-
-Each algorithm writes its own message schedule as a classmethod ``traffic(P, N, k, sets,
-dtype, **options)`` beside its ``reduce()`` (:mod:`sparsecomm.algorithms`); this module holds
-what those share:
-
-* :class:`Traffic`, the record they fill round by round (bytes sent and received and rounds
-  per rank, the per-round cost) and its alpha-beta time, with the rounds every message schedule reuses
-  (:meth:`Traffic.bruck_allgather`, :meth:`Traffic.allgather_int64`, and the variable-size
-  :meth:`Traffic.var_round` and :meth:`Traffic.bruck_allgather_var`), recorded with their size
-  rounds, which :meth:`Traffic.unsized` folds into the payloads' rounds for the Comms that
-  send sizes along (gloo and the simulated world inside a reducer call, MPI's probes);
-* :func:`fit_alpha_beta`, the inverse of :meth:`Traffic.time`: alpha and beta from measured
-  message times;
-* the ranks' selected index sets (:class:`IndexSets`) the set-based message schedules need, and a model
-  of real gradients' sets (:func:`model_sets`, :func:`default_sets`) for when the real ones are
-  not at hand.
-
-It sizes messages with :mod:`sparsecomm.formats` and imports no algorithm.
-"""
+"""The record one call's message schedule fills round by round (:class:`Traffic`): bytes sent and
+received and rounds per rank, the per-round cost, and its alpha-beta time."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 import torch
 
-from .formats.header import HEADER_NBYTES
-from .formats.stream import stream_delta, stream_nbytes
+from ..formats.header import HEADER_NBYTES
+from ..formats.stream import stream_delta, stream_nbytes
+from .links import Links
 
-__all__ = ["Traffic", "Links", "IndexSets", "model_sets", "default_sets", "fit_alpha_beta", "union_sorted",
-           "stream_message_nbytes"]
+__all__ = ["Traffic", "UNNAMED_PEER", "stream_message_nbytes"]
 
 #: a message's receiver in a round whose peers are not known (:meth:`Traffic.spread`): a rank on
 #: another node that receives what the sender sends
 UNNAMED_PEER = -1
-
-
-@dataclass(frozen=True)
-class Links:
-    """The two links of a cluster of nodes: ``alpha`` seconds per message and ``beta`` seconds
-    per byte on the network between nodes (one NIC per node, shared by the node's ranks), and
-    ``intra_alpha`` / ``intra_beta`` on the links inside a node (NVLink, PCIe, shared memory;
-    each rank its own)."""
-
-    alpha: float
-    beta: float
-    intra_alpha: float
-    intra_beta: float
-
-    def __post_init__(self) -> None:
-        for name in ("alpha", "beta", "intra_alpha", "intra_beta"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
-                raise ValueError(f"Links: {name} must be a number >= 0 (seconds), got {value!r}")
 
 
 class Traffic:
@@ -281,90 +243,3 @@ def stream_message_nbytes(n: int, count: int, dtype: torch.dtype) -> int:
     (the SparseStream rule)."""
     dense = count > stream_delta(n, dtype)
     return stream_nbytes(n, 0 if dense else count, dtype, dense)
-
-
-def fit_alpha_beta(sizes, times) -> tuple[float, float]:
-    """Ordinary least squares on t = alpha + beta * bytes.
-
-    beta is the slope (the large messages set it, as they should: tbf lets a burst of a few
-    hundred KB through faster than the rate). When the intercept comes out negative,
-    alpha = t - beta * bytes of the smallest message, clamped at 0.
-    """
-    x = np.asarray(sizes, dtype=np.float64)
-    t = np.asarray(times, dtype=np.float64)
-    A = np.stack([np.ones_like(x), x], 1)
-    alpha, beta = (float(v) for v in np.linalg.lstsq(A, t, rcond=None)[0])
-    if beta <= 0:
-        beta = float(np.sum(x * t) / np.sum(x * x))
-    if alpha < 0:
-        i = int(np.argmin(x))
-        alpha = max(0.0, float(t[i] - beta * x[i]))
-    return alpha, beta
-
-
-# -- index sets ---------------------------------------------------------------------------------
-@dataclass
-class IndexSets:
-    """The ranks' selected indices (sorted int64 numpy arrays over [0, n)).
-
-    ``scale`` > 1 stands for a vector ``scale`` times longer than ``n`` with the same structure:
-    every count and position is multiplied by it (the scale study draws sets at a model length
-    and scales them to N, so P = 1024 stays small)."""
-
-    sets: list[np.ndarray]
-    n: int
-    scale: float = 1.0
-
-    def count(self, arr_or_len) -> int:
-        """``len`` (or a count) scaled to N."""
-        m = arr_or_len if isinstance(arr_or_len, (int, np.integer)) else len(arr_or_len)
-        return int(round(m * self.scale))
-
-
-def union_sorted(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Union of two sorted arrays of distinct indices (a sort, not numpy's hash-based unique)."""
-    c = np.concatenate([a, b])
-    c.sort(kind="stable")
-    if len(c) < 2:
-        return c
-    return c[np.concatenate([[True], c[1:] != c[:-1]])]
-
-
-def model_sets(size: int, n: int, k: int, overlap: float = 0.10, hot_fraction: float = 0.25,
-               hot_share: float = 0.60, regions: int = 64, seed: int = 0) -> list[np.ndarray]:
-    """Index sets drawn from a model of real gradients' local top-k (measured on the digits MLP,
-    docs/scale.md): a fraction ``overlap`` of every rank's k indices comes from one pool shared by
-    all ranks, the rest is the rank's own; both are drawn with ``hot_share`` of the indices in a
-    fixed ``hot_fraction`` of ``regions`` equal index ranges (the layers that carry the large
-    gradients), uniformly inside a range. Sorted, distinct; about k per rank."""
-    rng = np.random.default_rng(seed)
-    hot_regions = rng.choice(regions, max(1, round(hot_fraction * regions)), replace=False)
-    is_hot = np.zeros(regions, dtype=bool)
-    is_hot[hot_regions] = True
-    bounds = [r * n // regions for r in range(regions + 1)]
-
-    def draw(m: int) -> np.ndarray:
-        hot = rng.random(m) < hot_share
-        pick = np.where(hot, rng.choice(np.flatnonzero(is_hot), m), rng.choice(np.flatnonzero(~is_hot), m))
-        lo = np.asarray(bounds)[pick]
-        hi = np.asarray(bounds)[pick + 1]
-        return lo + (rng.random(m) * np.maximum(hi - lo, 1)).astype(np.int64)
-
-    shared_k = int(round(overlap * k))
-    pool = union_sorted(draw(2 * shared_k + 1), np.empty(0, np.int64))[: max(1, 2 * shared_k)]
-    out = []
-    for _ in range(size):
-        common = rng.choice(pool, min(shared_k, len(pool)), replace=False) if shared_k else np.empty(0, np.int64)
-        own = draw(k - len(common) + k // 20 + 1)
-        s = union_sorted(np.sort(common), own)
-        if len(s) > k:
-            s = np.sort(rng.choice(s, k, replace=False))
-        out.append(s.astype(np.int64))
-    return out
-
-
-def default_sets(P: int, N: int, k: int, model_n: int = 1 << 20, seed: int = 0) -> IndexSets:
-    """Model index sets at length min(N, model_n), scaled to N."""
-    n_model = min(N, model_n)
-    k_model = max(1, round(k * n_model / N)) if N else 0
-    return IndexSets(model_sets(P, n_model, k_model, seed=seed), n_model, N / n_model if n_model else 1.0)

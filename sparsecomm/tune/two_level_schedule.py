@@ -2,7 +2,7 @@
 ``SparseAllreduce(..., hierarchy="node")``.
 
 ``nodes`` nodes of ``ranks_per_node`` (L) ranks, rank ``node * L + local`` (torchrun's layout).
-The reducer's two-level call (sparsecomm/reducer.py) is, in order:
+The reducer's two-level call (:class:`sparsecomm.reduce.placement.NodePlacement`) is, in order:
 
 1. the node's reduce-scatter of the N-element bucket
    (:func:`~sparsecomm.comm.collectives.direct_reduce_scatter_into_`, one round, its messages
@@ -29,7 +29,7 @@ import torch
 
 from ..comm.collectives import block_bounds, direct_allgather_rounds, direct_reduce_scatter_rounds
 from ..traffic import IndexSets, Traffic
-from .base import traffic
+from ..algorithms import traffic
 
 __all__ = ["two_level_traffic"]
 

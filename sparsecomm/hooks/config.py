@@ -1,0 +1,148 @@
+"""What the DDP and the FSDP2 hook states share: their configuration and its checks, the reducer
+they build per bucket or module, the checks of a loaded state, the half-precision averaging
+path, the owner check deferred until a Comm exists, and closing what they built.
+
+:class:`HookConfig` is the base of :class:`~sparsecomm.hooks.ddp.DDPHookState` and
+:class:`~sparsecomm.hooks.fsdp.FSDPHookState`; each keeps its own interface to its framework.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+
+from .. import algorithms
+from ..comm.base import Comm
+from ..comm.topology import NodeComms
+from ..reduce import SparseAllreduce, as_schedule, check_density, check_nonfinite
+from ..reduce.checkpoint import check_owner, check_version, unpack_rank_part
+
+__all__ = ["HookConfig", "reduce_average", "group_size"]
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def group_size(process_group: Any) -> int | None:
+    """The number of ranks of ``process_group`` (None: the default group), or None while unknown."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    size = dist.get_world_size(process_group)
+    return size if size > 0 else None  # -1: this rank is not in the group
+
+
+def reduce_average(reducer: SparseAllreduce, tensor: torch.Tensor, divisor: int | None, **call: Any) -> None:
+    """``tensor`` (a bucket or shard) replaced in place by the reducer's sum over ranks divided by
+    ``divisor`` (None: not divided). A float16 / bfloat16 tensor is summed in float32, divided,
+    and rounded once to its dtype, so 2 ranks with an fp16 gradient of 40000 average to 40000
+    (as DDP's own allreduce does), not to inf. ``call``: the reducer's keyword arguments (``step``)."""
+    if tensor.dtype in _HALF:
+        total = reducer(tensor, out=torch.empty(tensor.shape, dtype=torch.float32, device=tensor.device), **call)
+        if divisor is not None:
+            total.div_(divisor)
+        tensor.copy_(total)
+    else:
+        reducer(tensor, out=tensor, **call)  # the reducer reads the gradient before writing the sum
+        if divisor is not None:
+            tensor.div_(divisor)
+
+
+class HookConfig:
+    """The configuration and lifecycle both hook states share (module docstring)."""
+
+    #: the state's class name, as its errors and checkpoints name it
+    KIND: ClassVar[str]
+    #: the keys of every local_state_dict() of the checkpoint version
+    STATE_KEYS: ClassVar[tuple[str, ...]]
+    #: the configuration a loaded state must share with this one
+    LOAD_COMPARED: ClassVar[tuple[str, ...]] = ("algorithm", "density", "options")
+    #: the torch.distributed group the state reduces over (None: the default group)
+    process_group: Any = None
+
+    def _configure(self, algorithm: str, density: float, nonfinite: str, density_schedule: Any,
+                   options: dict[str, Any], comm: Comm | None) -> None:
+        """Check and keep the algorithm, density, policy, schedule and options (the options
+        now, by a comm-less instance: checks only; those that depend on the number of ranks
+        later, by :meth:`_options_checked`'s ``check_size``), and the Comm given, if any."""
+        check_density(density)
+        check_nonfinite(nonfinite)
+        schedule = as_schedule(density_schedule)
+        self._options_checked = algorithms.get(algorithm)(None, **options)
+        self.algorithm = algorithm
+        self.density = float(density)
+        self.options = dict(options)
+        self.nonfinite = nonfinite
+        self.density_schedule = schedule
+        self._comm = comm
+        self._owns_comm = comm is None  # a Comm this state builds is closed by close()
+        self._nodes: NodeComms | None = None
+        self._owns_nodes = True
+        self._closed = False
+        #: 0 while fresh; after load_state_dict the loaded save's fingerprint, handed to every
+        #: reducer (SparseAllreduce.set_checkpoint_fingerprint), whose first handshake compares it across ranks
+        self._checkpoint_id = 0
+        #: (rank, world size, per rank) of a loaded state whose owner could not be checked at load
+        #: time (no process group or Comm yet): checked when the Comm is built
+        self._unchecked_owner: tuple[Any, Any, bool] | None = None
+
+    def _new_reducer(self, comm: Comm, **placement: Any) -> SparseAllreduce:
+        """A reducer of this configuration on ``comm`` (``placement``: hierarchy and nodes),
+        continuing from the loaded save (its first handshake compares the fingerprint)."""
+        reducer = SparseAllreduce(self.algorithm, self.density, comm=comm, nonfinite=self.nonfinite,
+                                  density_schedule=self.density_schedule, **placement, **self.options)
+        reducer.set_checkpoint_fingerprint(self._checkpoint_id)
+        return reducer
+
+    def _rank_and_size(self) -> tuple[int | None, int | None]:
+        """This state's rank and world size: its world Comm's, else the process group's, else unknown."""
+        comm = self._nodes.world if self._nodes is not None else self._comm
+        if comm is not None:
+            return comm.rank, comm.size
+        size = group_size(self.process_group)
+        return (None, None) if size is None else (dist.get_rank(self.process_group), size)
+
+    def _checked_load(self, state: Any) -> dict[str, Any]:
+        """This rank's part of a loaded state (packed by ``state_dict()`` or plain), checked:
+        its checkpoint version, every key, and the configuration it was saved with. A
+        ValueError saying what to do otherwise."""
+        if isinstance(state, dict) and state.get("sparsecomm") == self.KIND:
+            state = unpack_rank_part(self.KIND, state, self._rank_and_size()[0])
+        check_version(state, self.KIND)
+        # every state of this checkpoint version has every key; one without them is no state_dict()
+        missing = [key for key in self.STATE_KEYS if key not in state]
+        if missing:
+            raise ValueError(f"this {self.KIND} state_dict lacks the keys {missing}: load what state_dict() or "
+                             "local_state_dict() returned")
+        for key in self.LOAD_COMPARED:
+            if state[key] != getattr(self, key):
+                raise ValueError(f"state_dict has {key}={state[key]!r}, this {self.KIND} has "
+                                 f"{getattr(self, key)!r}: build the state with the checkpoint's configuration")
+        saved_schedule = as_schedule(state["density_schedule"])
+        if saved_schedule != self.density_schedule:
+            raise ValueError(f"state_dict has density_schedule={saved_schedule!r}, this {self.KIND} has "
+                             f"{self.density_schedule!r}: build the state with the checkpoint's schedule")
+        return state
+
+    def _check_owner(self, state: dict[str, Any], per_rank: bool) -> None:
+        """Refuse another rank's or world size's state now, or, without a Comm or process group
+        yet, remember it for :meth:`_check_deferred_owner`."""
+        rank, size = self._rank_and_size()
+        check_owner(self.KIND, state.get("rank"), state.get("world_size"), rank, size, per_rank)
+        self._unchecked_owner = (state.get("rank"), state.get("world_size"), per_rank) if rank is None else None
+
+    def _check_deferred_owner(self, rank: int, size: int) -> None:
+        """The owner check a load made before any Comm existed, against the Comm now built."""
+        if self._unchecked_owner is not None:
+            saved_rank, saved_size, per_rank = self._unchecked_owner
+            self._unchecked_owner = None
+            check_owner(self.KIND, saved_rank, saved_size, rank, size, per_rank)
+
+    def _close_comms(self) -> None:
+        """Close the two-level Comms and the world Comm this state built (one passed in is the
+        caller's); later use raises ValueError."""
+        self._closed = True
+        if self._nodes is not None and self._owns_nodes:
+            self._nodes.close()
+        if self._owns_comm and self._comm is not None and hasattr(self._comm, "close"):
+            self._comm.close()

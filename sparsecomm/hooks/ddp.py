@@ -1,0 +1,548 @@
+"""The DDP communication hook: ``model.register_comm_hook(state, sparsecomm.ddp_hook)``.
+
+Each DDP gradient bucket goes through a :class:`~sparsecomm.SparseAllreduce` (one per bucket of
+the hook's bucket layout, see "Bucket rebuilds" below); the hook writes the average (sum / world size) into the
+bucket's buffer. For float16/bfloat16 buckets the reducer hands back the float32 sum, which is
+divided by the world size in float32 and only then rounded to the bucket's dtype (so 2 ranks
+with an fp16 gradient of 40000 average to 40000, as with DDP's own allreduce, not to inf).
+Warm-up steps use DDP's own arithmetic: divide the bucket by the world size, then the backend's
+dense allreduce.
+
+Non-finite gradients (``nonfinite="propagate"``, the default): when any rank's bucket holds
+NaN or Inf the bucket's result on every rank is the dense average of the raw gradients
+(non-finite exactly where DDP's allreduce would be) and no residual changes, so
+``torch.amp.GradScaler`` finds the overflow on every rank and skips the step everywhere.
+``nonfinite="raise"`` makes every rank raise the same ValueError instead (see
+:class:`~sparsecomm.SparseAllreduce`).
+
+Bucket rebuilds and exact resume. DDP rebuilds its buckets after its first iteration, and a
+fresh DDP after a restart starts from its initial layout again; bucket membership and order
+decide the result of every position-dependent algorithm, so the hook reduces every step in its
+own bucket *layout* (:mod:`sparsecomm.hooks.bucket_layout`: DDP's initial layout for steps 0 and 1, its
+rebuilt layout from step 2 on), with one reducer per layout bucket, regrouping DDP's buckets
+into it when they differ. Adopting the rebuilt layout keeps every residual: residuals are cut
+per parameter and reassembled; a bucket equal to the old layout's bucket of the same index
+keeps its reducer; of the other buckets' algorithm state only counters that belong to no
+tensor carry over (``Algorithm.carried_state``: QSGD's and gssgd's step); per-tensor adaptive
+state (spardl's B-SAG h, sparcml's observed fill-in, oktopk's thresholds and boundaries)
+restarts, as it describes tensors that no longer exist. ``regrouped_buckets`` counts the DDP
+buckets that went through the layout's buffers.
+
+Checkpointing: :meth:`DDPHookState.state_dict` stores the step, the bucket layout (and a
+rebuilt layout waiting for step 2), every parameter's residual and every layout bucket's algorithm state
+(``algorithm_states``); restored with ``load_state_dict`` into a fresh state registered on a
+fresh DDP model, training continues bit-identically to the uninterrupted run
+(tests/test_resume.py: every algorithm; plain DDP, small buckets, ``gradient_as_bucket_view``,
+``static_graph``, ``no_sync``, ``find_unused_parameters``, fp16 and bf16 parameters, warm-up;
+P = 2 and 3). The state pickles without its process group (like PowerSGD's state), and the
+default group is used after unpickling unless ``process_group`` is set again.
+
+The state is per rank (each rank's residuals), so it records whose it is -- ``rank``,
+``world_size`` and a ``fingerprint`` equal on every rank of one save (:mod:`sparsecomm.reduce.checkpoint`)
+-- and ``load_state_dict`` refuses another rank's state or another world size's with a
+ValueError saying how to save: one file per rank (``torch.save(state.state_dict(),
+f"hook_rank{rank}.pt")``), or ``torch.distributed.checkpoint`` with the state as a ``Stateful``
+(``state_dict()`` puts this rank's part, ``local_state_dict()`` as ``torch.save`` bytes, under
+the key ``rank<r>``, so DCP writes and returns each rank's own; tests/test_checkpoint.py).
+The loaded fingerprint goes to every reducer's first handshake: ranks resumed from different
+saves, or some fresh, raise the same ValueError on every rank.
+
+Non-blocking communication (SparCML section 5; ``async_comm=True``, the default): the hook
+only queues the bucket and returns its Future at once; one background worker thread per
+state runs the collectives in FIFO order (bucket order, the same on every rank, so the
+ranks' point-to-point messages match), so the communication of one bucket overlaps the
+backward pass computing the next. Everything the hook decides from ``state`` (warm-up or
+not, the bucket's reducer and layout, the step count) is decided on the calling thread at
+enqueue time; the worker only runs the reducer on the bucket buffer, which DDP keeps alive
+and untouched until it has waited on the Future. An exception in the worker is set on that
+bucket's Future, so it is raised by DDP's wait in ``loss.backward()``; every later bucket
+fails at once with an error naming the first failure, of the same type (never a hang on
+this rank; the Comm publishes the failure, so peers raise within about 0.05 s naming this
+rank). The Future carries the original exception: ``loss.backward()`` raises the
+ValueError, CommError or CommTimeoutError itself (``bucket_worker.fail_future``). ``state_dict``, pickling and DDP's bucket rebuild first
+wait for the queue to drain. The worker thread is not pickled; a new one starts lazily.
+With ``async_comm=False`` the collectives run inside the hook (the Future is complete
+when returned); results are identical either way.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .. import algorithms
+from ..comm.base import Comm
+from ..comm.topology import NodeComms, Topology
+from ..reduce import CHECKPOINT_VERSION, DensitySchedule, SparseAllreduce, check_hierarchy, saved_text
+from ..reduce.checkpoint import fingerprint, gather_rank_parts, loaded_fingerprint, pack_rank_part
+from .bucket_layout import BucketLayout, LayoutBucket
+from .bucket_worker import BucketWorker
+from .config import HookConfig, group_size, reduce_average
+
+__all__ = ["DDPHookState", "ddp_hook", "register"]
+
+
+class DDPHookState(HookConfig):
+    """Configuration and per-bucket state of :func:`ddp_hook`.
+
+    Args:
+        algorithm: a name from :func:`sparsecomm.algorithms.names`.
+        density: fraction of elements each rank selects per bucket, in (0, 1].
+        process_group: the torch.distributed group; None is the default group.
+        warmup_steps: iterations that use a plain dense allreduce before sparsification
+            starts (a common remedy for early-training instability).
+        comm: a ready :class:`~sparsecomm.comm.Comm` to use instead of a TorchComm over
+            ``process_group`` (e.g. an MPIComm).
+        async_comm: run the collectives on a background worker (default True); False
+            runs them inside the hook.
+        nonfinite: ``"propagate"`` (default: what mixed precision's GradScaler needs) or
+            ``"raise"``: what a bucket holding NaN or Inf on any rank does.
+        density_schedule: a :class:`~sparsecomm.DensitySchedule`: denser steps first (gs-SGD's
+            per-epoch list, DGC's exponential warm-up), ``density`` after it. Counted in the
+            hook's steps (iterations, including ``warmup_steps``); compared by the signature
+            handshake and kept in ``state_dict()``. Default None: ``density`` from step 0 --
+            measured, a warm-up cost spardl and gtopk at 1% time to accuracy on the demo's
+            MLP and gave no consistent gain on digits (docs/benchmarks.md, "Density warm-up").
+        hierarchy: ``"flat"`` (default: every rank a peer of every other), ``"auto"`` (each bucket's
+            reducer picks flat or two-level by the cost model on the measured links, see
+            :class:`~sparsecomm.SparseAllreduce`) or ``"node"``: each
+            bucket is reduce-scattered densely inside the node, each rank's shard goes through
+            the algorithm among the ranks of the same local rank on the other nodes (density is
+            per shard: a node sends about ``density * N`` elements' worth, not L times that),
+            and the node all-gathers the reduced shards (:class:`~sparsecomm.SparseAllreduce`).
+        nodes: the cluster's shape for ``hierarchy="node"`` / ``"auto"``: a
+            :class:`~sparsecomm.Topology`; default: torchrun's variables (:meth:`Topology.from_env`),
+            read here. (Not ``topology``: that is skcompress's option.)
+        **options: options of the algorithm, validated here.
+    """
+
+    KIND = "DDPHookState"
+    #: the keys of every local_state_dict() of CHECKPOINT_VERSION; their names are the checkpoint's
+    #: on-disk format (e.g. "layout" for the bucket layout), kept as they are
+    STATE_KEYS = ("checkpoint_version", "algorithm", "density", "options", "nonfinite", "warmup_steps",
+                  "density_schedule", "step", "layout", "layout_final", "next_layout", "rank", "world_size",
+                  "fingerprint", "residuals", "algorithm_states")
+
+    def __init__(self, algorithm: str, density: float, process_group: Any = None, warmup_steps: int = 0,
+                 comm: Comm | None = None, async_comm: bool = True, nonfinite: str = "propagate",
+                 density_schedule: DensitySchedule | None = None, hierarchy: str = "flat",
+                 nodes: Topology | None = None, **options: Any):
+        check_hierarchy(hierarchy, nodes)
+        if isinstance(nodes, NodeComms):
+            raise ValueError("DDPHookState takes a Topology as nodes (it splits its own Comm), not NodeComms")
+        topology = nodes
+        self.hierarchy = hierarchy
+        if hierarchy == "node":
+            self.topology = topology or Topology.from_env()
+        elif hierarchy == "auto" and topology is None and os.environ.get("LOCAL_WORLD_SIZE") not in (None, ""):
+            self.topology = Topology.from_env()    # auto without a topology is flat (SparseAllreduce)
+        else:
+            self.topology = topology if hierarchy == "auto" else None
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
+        if not isinstance(async_comm, bool):
+            raise ValueError(f"async_comm must be True or False, got {async_comm!r}")
+        # validates the options now, not at the first bucket; those that depend on the number
+        # of ranks (spardl's teams) too when it is known already, else in `comm` below
+        self._configure(algorithm, density, nonfinite, density_schedule, options, comm)
+        size = comm.size if comm is not None else group_size(process_group)
+        if self.hierarchy == "node":   # two levels: the algorithm runs among one rank per node
+            size = self.topology.nodes
+        elif self.hierarchy == "auto":   # either: checked by the reducer once it has decided
+            size = None
+        if size is not None:
+            self._options_checked.check_size(size)
+        self.async_comm = async_comm
+        self._worker: BucketWorker | None = None
+        self.warmup_steps = warmup_steps
+        self.process_group = process_group
+        self.step = 0
+        self._warmup = None  # (comm, CallScope) of the warm-up's dense allreduce
+        # the bucket layout the reductions use (hooks/bucket_layout.py); one reducer per bucket of it
+        self._layout = BucketLayout()
+        self._reducers: dict[int, SparseAllreduce] = {}
+        self._loose_residuals: dict[int, torch.Tensor] = {}  # ordinal -> loaded residual waiting for its reducer
+        self._loose_algorithm_states: dict[int, dict[str, Any]] = {}  # layout bucket -> loaded algorithm state
+        self.last_stats: dict[int, dict[str, Any]] = {}
+
+    @property
+    def regrouped_buckets(self) -> int:
+        """DDP buckets that were not a bucket of the layout and went through its gather
+        buffers (each costs one copy of its gradients in and one of the result out)."""
+        return self._layout.regrouped_buckets
+
+    # the layout's parameter ordinals and DDP's buckets as last seen, read by tests/test_hook.py
+    @property
+    def _ordinals(self) -> dict[int, int]:
+        return self._layout.ordinals
+
+    @property
+    def _layouts(self) -> dict[int, list]:
+        return self._layout.ddp_buckets
+
+    def density_at(self, step: int | None = None) -> float:
+        """The density of hook step ``step`` (default: the next step); 1.0 during ``warmup_steps``."""
+        step = self.step if step is None else step
+        if step < self.warmup_steps:
+            return 1.0
+        return self.density if self.density_schedule is None else self.density_schedule.density_at(step, self.density)
+
+    # -- plumbing -------------------------------------------------------------------------
+    @property
+    def comm(self) -> Comm:
+        # Built on DDP's thread at the first bucket (the same point on every rank): a
+        # TorchComm runs on a private process group, so DDP's own collectives (e.g. its
+        # find_unused_parameters allreduce) never interleave with the hook's.
+        if self._closed:
+            raise ValueError("sparsecomm: this DDPHookState was closed; build a new one on every rank (its "
+                             "state_dict() carries the residuals) and register it on the model")
+        if self._comm is None:
+            from ..comm.torch_comm import TorchComm
+            size = group_size(self.process_group)
+            if size is not None and self.hierarchy == "flat":  # options that need P fail here, on
+                self._options_checked.check_size(size)         # every rank, before any message
+            self._comm = TorchComm(self.process_group)
+        if self.topology is not None and self._nodes is None:
+            # collective, like the Comm's construction: at the first bucket, on every rank
+            self._nodes = self.topology.split(self._comm)
+        try:
+            self._check_deferred_owner(self._comm.rank, self._comm.size)
+        except ValueError as exc:  # the peers are about to wait for this rank's first bucket
+            if self._comm.size > 1:
+                self._comm.abort(f"ValueError: {exc} (loading the hook's state, before it sent anything)")
+            raise
+        return self._comm
+
+    def _scoped(self, job, comm: Comm):
+        """``job`` run as one call of the warm-up's scope (its own tag; a failure on this
+        rank makes every rank raise, see Comm.call_scope)."""
+        if self._warmup is None or self._warmup[0] is not comm:
+            self._warmup = (comm, comm.new_scope("DDP hook warm-up (dense allreduce)"))
+        scope = self._warmup[1]
+
+        def run():
+            with comm.call_scope(scope):
+                return job()
+        return run
+
+    def _residual_pieces(self) -> dict[int, torch.Tensor]:
+        """Every reducer's residual cut into per-parameter copies, keyed by ordinal."""
+        pieces = {}
+        for j, reducer in self._reducers.items():
+            if reducer.residual is None:
+                continue
+            flat = reducer.residual.detach().reshape(-1)
+            for ordinal, offset, numel, _ in self._layout.buckets[j].entries:
+                pieces[ordinal] = flat[offset:offset + numel].clone()
+        return pieces
+
+    def _drain(self) -> None:
+        """Wait until the background worker has run every queued bucket."""
+        if self._worker is not None:
+            self._worker.drain()
+
+    def _adopt(self, buckets: list[LayoutBucket]) -> None:
+        """Make ``buckets`` (DDP's rebuilt layout) the layout for good. A bucket equal to the old
+        layout's bucket of the same index keeps its reducer (residual and algorithm state); the
+        residuals of the others are cut into per-parameter pieces and reassembled in the new
+        buckets (no residual is lost), and of their algorithm state only what belongs to no
+        particular tensor carries over (``Algorithm.carried_state``: step counters); the rest
+        (spardl's B-SAG h, sparcml's observed fill-in) was about the old tensors."""
+        self._drain()  # no reducer may be running while its residual is cut up
+        old = self._layout.buckets
+        old_states = {**self._loose_algorithm_states,
+                      **{j: reducer.algorithm.state_dict() for j, reducer in self._reducers.items()}}
+        carried = algorithms.get(self.algorithm).carried_state(old_states.get(0, {}))
+        keep = self._layout.adopt(buckets)
+        for j, reducer in self._reducers.items():
+            if j not in keep and reducer.residual is not None:
+                flat = reducer.residual.detach().reshape(-1)
+                for ordinal, offset, numel, _ in old[j].entries:
+                    self._loose_residuals[ordinal] = flat[offset:offset + numel].clone()
+        self._reducers = {j: reducer for j, reducer in self._reducers.items() if j in keep}
+        states = {j: state for j, state in self._loose_algorithm_states.items() if j in keep}
+        if carried:
+            states.update({j: dict(carried) for j in range(len(buckets)) if j not in keep})
+        self._loose_algorithm_states = states
+
+    def _reducer(self, j: int) -> SparseAllreduce:
+        """Layout bucket ``j``'s reducer, built at its first use from what a loaded state holds."""
+        reducer = self._reducers.get(j)
+        if reducer is not None:
+            return reducer
+        bucket = self._layout.buckets[j]
+        comm = self.comm
+        reducer = self._new_reducer(comm, hierarchy=self.hierarchy, nodes=self._nodes)
+        algorithm_state = self._loose_algorithm_states.pop(j, {})
+        pieces = [(entry, self._loose_residuals.pop(entry[0], None)) for entry in bucket.entries]
+        if algorithm_state or any(piece is not None for _, piece in pieces):
+            work_dtype = torch.float32 if bucket.dtype in (torch.float16, torch.bfloat16) else bucket.dtype
+            residual = torch.zeros(bucket.numel, dtype=work_dtype)
+            missing = []
+            for (ordinal, offset, numel, _), piece in pieces:
+                if piece is not None and piece.numel() == numel and piece.dtype == work_dtype:
+                    residual[offset:offset + numel].copy_(piece.reshape(-1))
+                elif piece is not None:
+                    missing.append(ordinal)
+            if missing:
+                warnings.warn(f"sparsecomm: bucket {j}: residuals of parameters {missing} no longer fit "
+                              "(shape or dtype changed); they restart from zero", RuntimeWarning, stacklevel=4)
+            try:
+                reducer.load_state_dict({"checkpoint_version": CHECKPOINT_VERSION, "algorithm": self.algorithm,
+                                         "density": self.density, "rank": self.comm.rank,
+                                         "world_size": self.comm.size, "fingerprint": self._checkpoint_id,
+                                         **({} if self.hierarchy == "flat" else {"hierarchy": saved_text(self.hierarchy, self.topology)}),
+                                         "residual": residual, "algorithm_state": algorithm_state})
+            except (ValueError, TypeError) as exc:
+                # a state only this rank loaded: its peers are about to wait for this bucket's
+                # messages, so they are told (CommAbortedError naming this rank) instead of
+                # waiting out the timeout, as for a reducer's own argument errors
+                if self.comm.size > 1:
+                    self.comm.abort(f"{type(exc).__name__}: {exc} (restoring bucket {j}'s saved state, "
+                                    "before it sent anything)")
+                raise
+        # compared by its first handshake, also when nothing was loaded for this bucket
+        reducer.set_checkpoint_fingerprint(self._checkpoint_id)
+        self._reducers[j] = reducer
+        return reducer
+
+    # -- one bucket -----------------------------------------------------------------------
+    def _on_bucket(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        """Route DDP bucket ``bucket`` through the layout; the Future completes with its average."""
+        self.comm  # noqa: B018 - built here, on DDP's thread, at the same point on every rank
+        future = self._layout.route(bucket, self.step, self._start, self._adopt)
+        if bucket.is_last():
+            self.step += 1
+            self._layout.end_iteration()
+        return future
+
+    def _start(self, j: int, target: torch.Tensor, step: int, future: torch.futures.Future, scatter) -> None:
+        """Reduce layout bucket ``j`` held in ``target`` (averaged in place) at hook step ``step``,
+        then copy the result to the DDP buckets in ``scatter``; on the worker, or now when not
+        async. Everything is decided here on DDP's thread, the schedule's step included."""
+        comm = self.comm
+        reducer = None if step < self.warmup_steps else self._reducer(j)
+
+        def job() -> torch.Tensor:
+            if reducer is None:  # DDP's own allreduce_hook: divide first, then sum
+                target.div_(comm.size)
+                comm.allreduce_dense(target)
+            else:
+                reduce_average(reducer, target, comm.size, step=step)
+            if reducer is not None:
+                self.last_stats[j] = reducer.last_stats
+            for buffer, offset, layout_offset, numel, _ in scatter:
+                buffer[offset:offset + numel].copy_(target[layout_offset:layout_offset + numel])
+            return target
+
+        run = job if reducer is not None else self._scoped(job, comm)  # reducers scope their own calls
+        if self.async_comm:
+            self._submit(run, future)
+        else:
+            future.set_result(run())
+
+    # -- checkpointing ----------------------------------------------------------------------
+    def local_state_dict(self) -> dict[str, Any]:
+        """This rank's state as a plain dict: everything that decides the next reductions --
+        the step, the bucket layout, every parameter's residual (``residuals``, by
+        parameter ordinal) and every layout bucket's algorithm state (``algorithm_states``) --
+        and whose it is: ``rank``, ``world_size`` and ``fingerprint`` (equal on every rank of one
+        save: configuration, world size, step and layout; :mod:`sparsecomm.reduce.checkpoint`).
+        :meth:`state_dict` is this dict packed for saving; :meth:`load_state_dict` takes either."""
+        self._drain()
+        residuals = {**self._loose_residuals, **self._residual_pieces()}
+        algorithm_states = {**self._loose_algorithm_states,
+                            **{j: reducer.algorithm.state_dict() for j, reducer in self._reducers.items()}}
+        rank, size = self._rank_and_size()
+        state = {"checkpoint_version": CHECKPOINT_VERSION, "algorithm": self.algorithm, "density": self.density,
+                 "options": dict(self.options), "nonfinite": self.nonfinite, "warmup_steps": self.warmup_steps,
+                 "density_schedule": None if self.density_schedule is None else self.density_schedule.to_state(),
+                 "step": self.step, **self._layout.state()}   # key names: see STATE_KEYS
+        if self.hierarchy != "flat":   # a flat state keeps the keys (and fingerprint) it always had
+            state["hierarchy"] = saved_text(self.hierarchy, self.topology)
+        state["rank"], state["world_size"] = rank, size
+        algorithm_states = {j: s for j, s in algorithm_states.items() if s}
+        pristine = not (self.step or self._layout.complete or residuals or algorithm_states)
+        # 0 for a state that has seen nothing (as a fresh one: loading it changes nothing)
+        state["fingerprint"] = 0 if pristine else \
+            fingerprint("DDPHookState", {key: state[key] for key in sorted(state) if key != "rank"})
+        state["residuals"] = residuals
+        state["algorithm_states"] = algorithm_states
+        return state
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state to save, one per rank: ``{"sparsecomm": "DDPHookState", "checkpoint_version",
+        "world_size", "fingerprint", "rank<r>": bytes}``, where ``rank<r>`` holds this rank's
+        :meth:`local_state_dict` (``torch.save`` bytes). Local: no communication.
+
+        Saved with ``torch.save(state.state_dict(), f"hook_rank{rank}.pt")`` on every rank, or as
+        a ``torch.distributed.checkpoint`` ``Stateful`` (``dcp.save({"model": ..., "hook": state})``):
+        the per-rank part sits under a key of its own rank, so DCP writes each rank's own and
+        gives it back to that rank (a plain per-rank dict of tensors would be deduplicated as
+        replicated, and a fresh state could not name its residuals for DCP to fill in). The few
+        keys beside it are the same on every rank."""
+        return pack_rank_part("DDPHookState", self.local_state_dict())
+
+    def gathered_state_dict(self) -> dict[str, Any]:
+        """:meth:`state_dict` with every rank's part at rank 0, for frameworks that write one
+        checkpoint file from rank 0 and give that file to every rank on resume (Lightning,
+        Accelerate: ``sparsecomm.integrations``). Collective: call it on every rank, at the same
+        point. Rank 0 gets ``rank0`` ... ``rank<P-1>`` (the other ranks their own part);
+        :meth:`load_state_dict` of that one dict on every rank takes the rank's own. Rank 0
+        holds every rank's residuals meanwhile (P times one rank's). Without a process group
+        (a 1-process run) it is :meth:`state_dict`."""
+        rank, size = self._rank_and_size()
+        if size is None or size == 1:
+            return self.state_dict()
+        comm = self.comm     # built first: the packed part is keyed by the Comm's rank
+        packed = self.state_dict()
+        return gather_rank_parts("DDPHookState", packed, comm)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (or :meth:`local_state_dict`) of this rank, before the
+        first step. Refused with a ValueError that says what to do: another rank's state (when
+        it holds residuals or algorithm state: every rank must load its own), a state saved by
+        another number of ranks (not supported: residuals are per rank), another algorithm,
+        density, options or schedule, another checkpoint version. Ranks that load different
+        saves (or some none) raise together at their first sparse bucket (the reducers'
+        handshake compares the save's fingerprint)."""
+        state = self._checked_load(state)
+        mine = saved_text(self.hierarchy, self.topology)
+        if state.get("hierarchy", "flat") != mine:
+            raise ValueError(f"state_dict was saved with hierarchy {state.get('hierarchy', 'flat')!r}, this hook "
+                             f"state runs {mine!r}: residuals are kept per shard owner in "
+                             "two-level mode; resume with the same hierarchy and topology")
+        raw = state["algorithm_states"]
+        if not isinstance(raw, dict) or not all(isinstance(s, dict) for s in raw.values()):
+            raise ValueError("state_dict's algorithm_states must map bucket numbers to dicts (each an algorithm's "
+                             f"state_dict()); got {raw!r}"[:300])
+        mark = loaded_fingerprint(state)
+        per_rank = bool(state.get("residuals")) or bool(raw)
+        size = self._rank_and_size()[1]
+        try:
+            self._check_owner(state, per_rank)
+        except ValueError as exc:
+            # the peers that loaded their own state are about to build the Comm at their first
+            # bucket (a collective: without this rank it waits for the process group's timeout)
+            # and wait for this rank's messages: join that construction and abort the Comm, so
+            # they raise naming this rank at once
+            if size is not None and size > 1 and not self._closed:
+                self.comm.abort(f"ValueError: {exc} (loading the hook's state, before it sent anything)")
+            raise
+        self._drain()
+        self._checkpoint_id = mark
+        self.step = int(state["step"])
+        self.warmup_steps = int(state["warmup_steps"])
+        self._reducers.clear()
+        self._layout.load_state(state)
+        self._loose_residuals = {int(k): v for k, v in state["residuals"].items()}
+        self._loose_algorithm_states = {int(j): dict(s) for j, s in raw.items()}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # process groups, communicators and the worker thread cannot be pickled;
+        # configuration and residuals can
+        return {**self.local_state_dict(), "async_comm": self.async_comm,
+                "placement": (self.hierarchy, self.topology)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        hierarchy, nodes = state.get("placement", ("flat", None))
+        self.__init__(state["algorithm"], state["density"], process_group=None,
+                      warmup_steps=state["warmup_steps"], async_comm=state["async_comm"],
+                      nonfinite=state["nonfinite"], density_schedule=state["density_schedule"],
+                      hierarchy=hierarchy, nodes=nodes, **state["options"])
+        self.load_state_dict(state)
+
+    def close(self) -> None:
+        """Release what the state took: stop the background worker (after the queued buckets)
+        and close the Comm it built (a TorchComm's private process group, sockets and threads;
+        a Comm passed as ``comm=`` is the caller's to close). Call it on every rank when done
+        with the model, or before building a new state after a failure. ``state_dict()`` still
+        works; a later bucket raises ValueError. Idempotent."""
+        if self._worker is not None:
+            self._worker.stop()
+            self._worker = None
+        self._close_comms()
+
+    def _submit(self, job, future: torch.futures.Future) -> None:
+        if self._worker is None or not self._worker.alive():
+            self._worker = BucketWorker()
+        self._worker.submit(job, future)
+
+
+def ddp_hook(state: DDPHookState, bucket: dist.GradBucket) -> torch.futures.Future:
+    """DDP communication hook: sparse allreduce of the bucket, averaged over the ranks.
+
+    Register with ``model.register_comm_hook(state, sparsecomm.ddp_hook)``. With
+    ``state.async_comm`` (default) the collective is queued on the state's background
+    worker and the Future completes when it has run; otherwise it runs before returning.
+    Buckets are reduced in the state's own bucket layout (the first iteration's, then DDP's
+    rebuilt one): see the module docstring, "Bucket rebuilds and exact resume".
+    """
+    return state._on_bucket(bucket)
+
+
+# DDP checks the hook's annotations as objects (``from __future__ import annotations``
+# would leave them as strings and make register_comm_hook reject the hook).
+ddp_hook.__annotations__ = {"state": DDPHookState, "bucket": dist.GradBucket,
+                            "return": torch.futures.Future[torch.Tensor]}
+
+
+_told_one_process = False
+
+
+def _unwrap_compiled(model: Any) -> Any:
+    """The module inside torch.compile's wrapper (``OptimizedModule._orig_mod``)."""
+    inner = getattr(model, "_orig_mod", None)
+    return inner if isinstance(inner, torch.nn.Module) and type(model).__name__ == "OptimizedModule" else model
+
+
+def register(model: torch.nn.Module, state: DDPHookState) -> DDPHookState:
+    """Register :func:`ddp_hook` with ``state`` on ``model`` and return ``state``, whose
+    ``state_dict()`` / ``load_state_dict()`` save and restore the hook (``gathered_state_dict()``
+    where one file is written from rank 0).
+
+    ``model``: a ``DistributedDataParallel`` (also inside ``torch.compile``'s wrapper), as after
+    ``DDP(model)``, ``accelerator.prepare(model)`` or Lightning's DDP strategy. A bare module is
+    what a 1-process run of the same script leaves (Accelerate's ``prepare`` with one process, a
+    script that wraps in DDP only when ``WORLD_SIZE > 1``): with no process group, or a group of
+    one rank, there is nothing to reduce, so this says so once (a UserWarning) and returns
+    ``state`` unregistered; a bare module while several ranks run is refused (its gradients
+    would not be averaged at all). When ``state`` has no process group and no Comm of its own it
+    takes DDP's (``DDP(model, process_group=...)``), so the hook reduces over DDP's ranks.
+    Raises TypeError for anything else (an FSDP2 module: :func:`sparsecomm.fsdp.register_hook`)."""
+    global _told_one_process
+    if not isinstance(state, DDPHookState):
+        raise TypeError(f"sparsecomm.register(model, state): state must be a sparsecomm.DDPHookState, got "
+                        f"{type(state).__name__} (build one: sparsecomm.DDPHookState('topka', density=0.01))")
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"sparsecomm.register(model, state): model must be a torch.nn.Module wrapped in "
+                        f"DistributedDataParallel, got {type(model).__name__}")
+    target = _unwrap_compiled(model)
+    if isinstance(target, torch.nn.parallel.DistributedDataParallel):
+        group = getattr(target, "process_group", None)
+        if state.process_group is None and state._comm is None and group is not None \
+                and dist.is_initialized() and group is not dist.group.WORLD:
+            state.process_group = group
+            if state.hierarchy == "flat":
+                state._options_checked.check_size(dist.get_world_size(group))
+        target.register_comm_hook(state, ddp_hook)
+        return state
+    if type(target).__name__.startswith("FSDP") or hasattr(target, "_get_fsdp_state"):
+        raise TypeError("sparsecomm.register(model, state) takes a DistributedDataParallel model; this is an FSDP "
+                        "module: use sparsecomm.fsdp.register_hook(model, sparsecomm.FSDPHookState(...))")
+    ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if ranks > 1:
+        raise ValueError(f"sparsecomm.register(model, state): model is a bare {type(target).__name__} but "
+                         f"{ranks} ranks are running: its gradients would not be averaged at all. Wrap it "
+                         "first: model = torch.nn.parallel.DistributedDataParallel(model) (or "
+                         "accelerator.prepare(model)), then register")
+    if not _told_one_process:
+        _told_one_process = True
+        warnings.warn(f"sparsecomm.register: {type(target).__name__} is not DistributedDataParallel and this is "
+                      "a 1-process run: there is nothing to reduce, so the hook is not registered and the "
+                      "gradients stay this process's own", UserWarning, stacklevel=2)
+    return state
