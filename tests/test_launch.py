@@ -555,7 +555,7 @@ def test_inconsistent_cluster_shapes_are_rejected(capsys, flags, message):
     (["--nproc", "4", "--nnodes", "2", "--nproc-per-node", "2"], 4, 2), (["--nnodes", "3"], 3, 1),
 ])
 def test_consistent_cluster_shapes_are_launched(monkeypatch, flags, nproc, per_node):
-    import sparsecomm.launch as launcher
+    import sparsecomm.launch.cli as launcher  # where main() calls launch
 
     called = {}
     monkeypatch.setattr(launcher, "launch", lambda cmd, n, rate, port, backend, nproc_per_node:
