@@ -40,7 +40,7 @@ except ImportError:  # running from a checkout without installing
 
 from sparsecomm.bench.common import bench_gradient, parse_size
 from sparsecomm.comm import GBIT_BETA, TorchComm, simulate
-from sparsecomm.testing import spawn
+from sparsecomm.testing import launched, spawn
 
 ALGS = [("dense", "dense", {}), ("recursive_double", "sparcml_recursive_double", {}),
         ("split_allgather", "sparcml_split_allgather", {}), ("topkdsa", "topkdsa", {}),
@@ -111,8 +111,8 @@ def _gather_launched(local, size):
 
 
 def gloo_sweep(size, n, densities, repeats, check_n):
-    launched = "WORLD_SIZE" in os.environ and "RANK" in os.environ
-    if launched:
+    under_launcher = launched()
+    if under_launcher:
         import torch.distributed as dist
         dist.init_process_group("gloo")
         size = dist.get_world_size()
@@ -125,7 +125,7 @@ def gloo_sweep(size, n, densities, repeats, check_n):
     else:
         res = spawn(_sweep_rank, size, n, densities, repeats, check_n, timeout=3000)
     _check(size, [r[0] for r in res])
-    where = "emulated 1 Gbit/s cluster (sparsecomm.launch)" if launched else "loopback"
+    where = "emulated 1 Gbit/s cluster (sparsecomm.launch)" if under_launcher else "loopback"
     print(f"\n## gloo, P = {size}, {where}, N = {n:,} float32 (checked: bit-identical, conservation)\n")
     print("| density | algorithm | time ms | wire ms | MB sent/rank | dense time / time |")
     print("|---|---|---|---|---|---|")

@@ -43,7 +43,7 @@ except ImportError:  # running from a checkout without installing
 
 from sparsecomm.bench.common import bench_gradient, parse_size
 from sparsecomm.comm import GBIT_BETA, simulate
-from sparsecomm.testing import spawn
+from sparsecomm.testing import launched, spawn
 
 
 def variants(size: int) -> list[tuple[str, str, dict]]:
@@ -187,19 +187,19 @@ def main(argv=None) -> dict:
     n = parse_size(args.n)
     k = max(1, math.ceil(args.density * n))
     report = {"n": n, "density": args.density, "k": k, "repeats": args.repeats, "sizes": {}}
+    under_launcher = launched()
     where = (f"ranks started by the launcher (GLOO_SOCKET_IFNAME={os.environ.get('GLOO_SOCKET_IFNAME')})"
-             if "RANK" in os.environ else "gloo loopback")
+             if under_launcher else "gloo loopback")
     if os.environ.get("RANK", "0") == "0":
         print(f"N = {n}, density {args.density} (k = {k}), float32, {where}, 1 thread per rank, "
               f"{os.cpu_count()} CPUs; medians of {args.repeats}")
-    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    if launched:  # one P: the launcher's (e.g. on the emulated 1 Gbit/s network)
+    if under_launcher:  # one P: the launcher's (e.g. on the emulated 1 Gbit/s network)
         import torch.distributed as dist
 
         dist.init_process_group("gloo")
         args.sizes = [dist.get_world_size()]
     for size in args.sizes:
-        if launched:
+        if under_launcher:
             results = _gather_launched(_rank(dist.get_rank(), size, n, args.density, args.repeats, args.check_n),
                                        size)
             if dist.get_rank() != 0:
@@ -235,7 +235,7 @@ def main(argv=None) -> dict:
     if args.json and os.environ.get("RANK", "0") == "0":
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
-    if launched:
+    if under_launcher:
         dist.destroy_process_group()
     return report
 

@@ -23,6 +23,7 @@ import torch.nn as nn
 import sparsecomm as sc
 from sparsecomm.bench import baselines
 from sparsecomm.launch import EmulatedNetwork, NetworkSetupError, describe_link, launch, parse_rate
+from sparsecomm.testing import launched
 
 
 def add_common_args(parser: argparse.ArgumentParser, *, steps: int | None, epochs: int, batch: int, lr: float,
@@ -98,7 +99,7 @@ def start(script: str, argv: list[str] | None, args: argparse.Namespace, spawned
     """Run ``spawned(rank, world, args)`` on every rank: under a launcher, through one, or spawned."""
     for name in getattr(args, "algorithms", None) or [args.algorithm]:
         check_algorithm(name)
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+    if launched():
         dist.init_process_group("gloo")
         try:
             return [spawned(dist.get_rank(), dist.get_world_size(), args)]

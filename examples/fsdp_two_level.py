@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from models import MLP  # noqa: E402
 
 import sparsecomm as sc  # noqa: E402
+from sparsecomm.testing import launched, spawn  # noqa: E402
 
 TEST = 360
 
@@ -159,15 +160,13 @@ def main(argv: list[str] | None = None) -> None:
         print("fsdp_two_level needs scikit-learn for its bundled digits data: pip install scikit-learn",
               file=sys.stderr)
         sys.exit(2)
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+    if launched():
         dist.init_process_group("gloo")
         try:
             run_rank(dist.get_rank(), dist.get_world_size(), args)
         finally:
             dist.destroy_process_group()
         return
-    from sparsecomm.testing import spawn
-
     spawn(_spawned, args.nproc, args, timeout=3600)
 
 

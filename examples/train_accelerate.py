@@ -47,6 +47,7 @@ import train_image  # noqa: E402
 from sparsecomm.bench.tasks import find_cifar, load_cifar  # noqa: E402
 
 import sparsecomm as sc  # noqa: E402
+from sparsecomm.testing import launched  # noqa: E402
 
 
 def reduced(state: sc.DDPHookState) -> str:
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.algorithm not in sc.algorithms.names():
         parser.error(f"--algorithm {args.algorithm}: a sparsecomm algorithm ({', '.join(sc.algorithms.names())}); "
                      "PyTorch's own hooks go through DistributedDataParallelKwargs(comm_hook=...) instead")
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ or args.nproc == 1:
+    if launched() or args.nproc == 1:
         run(args)   # one process of a launched run, or a plain 1-process run
         return
     print(train_image.describe_data(args), flush=True)  # loud before any process starts

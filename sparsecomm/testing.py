@@ -14,6 +14,10 @@ reads them.
 
 Return values travel back to the parent with pickle: this is between our own test
 processes, never between peers of a sparsecomm algorithm.
+
+A benchmark or example runs either way: as one rank a launcher started (:func:`launched`:
+torchrun, ``python -m sparsecomm.launch``), or starting its ranks itself with :func:`spawn`;
+:func:`run_ranks` takes whichever branch applies.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import traceback
 from datetime import timedelta
 from typing import Any, Callable
 
-__all__ = ["spawn", "free_port", "SpawnError"]
+__all__ = ["spawn", "free_port", "SpawnError", "launched", "run_ranks"]
 
 _LOOPBACK = "127.0.0.1"
 
@@ -235,3 +239,30 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
         for c in conns:
             c.close()
         del store
+
+
+def launched() -> bool:
+    """Whether a launcher started this process as one rank of a job: torchrun, ``python -m
+    sparsecomm.launch``, ``accelerate launch`` and the like set RANK and WORLD_SIZE."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def run_ranks(fn: Callable[..., Any], nproc: int, *args: Any, timeout: float) -> list:
+    """``fn(rank, world_size, *args)`` on every rank: this process's rank when :func:`launched`,
+    else ``nproc`` ranks started here with :func:`spawn`.
+
+    Launched, this process joins the launcher's gloo group (``env://``, ``timeout`` seconds),
+    runs ``fn`` once and leaves the group, and the list holds its own return value alone.
+    Spawned, ``timeout`` bounds the whole run as in :func:`spawn`, and the list holds every
+    rank's return value in rank order. So ``[0]`` is rank 0's value wherever rank 0's report
+    is printed: in rank 0 when launched, in this process when spawned.
+    """
+    if not launched():
+        return spawn(fn, nproc, *args, timeout=timeout)
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
+    try:
+        return [fn(dist.get_rank(), dist.get_world_size(), *args)]
+    finally:
+        dist.destroy_process_group()

@@ -42,7 +42,6 @@ import os
 import statistics
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +55,7 @@ from ..comm.topology import Topology
 from ..hook import DDPHookState, ddp_hook
 from ..launch import describe_link
 from ..density import DensitySchedule
-from ..testing import spawn
+from ..testing import launched, run_ranks
 from . import baselines
 from .common import hierarchies_of
 from .plots import pyplot
@@ -392,7 +391,7 @@ def config(args: argparse.Namespace, ap: argparse.ArgumentParser) -> dict[str, A
         value = getattr(args, name)
         if value is not None and value < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
-    hierarchies = hierarchies_of(ap, args, "RANK" in os.environ and "WORLD_SIZE" in os.environ)
+    hierarchies = hierarchies_of(ap, args, launched())
     if hierarchies == ["node"] and args.target is None:
         ap.error("--hierarchy node alone has no flat dense to take the target from: use --hierarchy both, "
                  "or give --target")
@@ -410,17 +409,11 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(ap)
     args = ap.parse_args(argv)
     cfg = config(args, ap)
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
-        try:
-            report = run_rank(dist.get_rank(), dist.get_world_size(), cfg)
-        finally:
-            dist.destroy_process_group()
-    else:
+    if not launched():
         if args.nproc < 1:
             ap.error("--nproc must be >= 1")
         cfg["where"] = "gloo loopback"
-        report = spawn(run_rank, args.nproc, cfg, timeout=args.timeout)[0]
+    report = run_ranks(run_rank, args.nproc, cfg, timeout=args.timeout)[0]
     if report is None:
         return 0
     print_report(report)

@@ -77,11 +77,9 @@ import argparse
 import csv
 import json
 import math
-import os
 import random
 import statistics
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -94,7 +92,7 @@ from ..comm.torch_comm import TorchComm
 from ..costmodel import fit_alpha_beta
 from ..launch import describe_link
 from ..reducer import SparseAllreduce, k_for
-from ..testing import spawn
+from ..testing import launched, run_ranks
 from . import baselines
 from . import tasks as task_defs
 from .balance import rank_gradients
@@ -726,16 +724,16 @@ def main(argv=None) -> int:
     if bad_d:
         ap.error(f"--density values must be in (0, 1], got {bad_d}")
     names = list(dict.fromkeys(names))
-    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    where = describe_link()[0] if launched else "gloo loopback"
+    under_launcher = launched()
+    where = describe_link()[0] if under_launcher else "gloo loopback"
     per_node = None
     if "node" in args.hierarchy or "both" in args.hierarchy:
         with_baselines = [a for a in names if is_baseline(a)]
         if with_baselines:
             ap.error(f"--hierarchy node times sparsecomm's algorithms only; drop {', '.join(with_baselines)} "
                      "(PyTorch's hooks run flat) or time them in a flat run")
-    hierarchies = hierarchies_of(ap, args, launched)
-    if "node" in hierarchies and not launched:
+    hierarchies = hierarchies_of(ap, args, under_launcher)
+    if "node" in hierarchies and not under_launcher:
         per_node = args.nproc_per_node
         where = (f"gloo loopback, {Topology(args.nproc // per_node, per_node)} given by --nproc-per-node "
                  "(no separate link per node)")
@@ -744,16 +742,9 @@ def main(argv=None) -> int:
            "densities": args.density, "repeats": args.repeats,
            "check_n": args.check_n, "pingpong_max": args.pingpong_max, "threads": args.threads, "where": where,
            "shuffle": args.shuffle, "hierarchies": hierarchies, "per_node": per_node}
-    if launched:
-        dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
-        try:
-            report = _worker(dist.get_rank(), dist.get_world_size(), cfg)
-        finally:
-            dist.destroy_process_group()
-    else:
-        if args.nproc < 2:
-            ap.error("--nproc must be >= 2")
-        report = spawn(_worker, args.nproc, cfg, timeout=args.timeout)[0]
+    if not under_launcher and args.nproc < 2:
+        ap.error("--nproc must be >= 2")
+    report = run_ranks(_worker, args.nproc, cfg, timeout=args.timeout)[0]
     if report is None:
         return 0
     if "hierarchies" in report:
