@@ -80,7 +80,9 @@ import math
 import random
 import statistics
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -353,150 +355,227 @@ def _gradient_stats(grads: list[torch.Tensor]) -> torch.Tensor:
     return torch.tensor([[float(g.double().norm()), float((g == 0).sum())] for g in grads], dtype=torch.float64)
 
 
-def _worker(rank: int, size: int, cfg: dict) -> dict | None:
-    """Everything one rank does; returns the report on rank 0 (None elsewhere)."""
+@dataclass
+class _Run:
+    """What every phase of one rank's run shares: the Comm, the node split, the entries timed."""
+
+    rank: int
+    size: int
+    cfg: dict
+    comm: TorchComm
+    say: Callable[..., None]   # print on rank 0, nothing elsewhere
+    nodes: NodeComms | None = None       # two-level: split once, shared by every two-level reducer
+    node_of: list[int] | None = None     # two-level: every rank's node
+    counter: LinkCounter | None = None   # two-level: bytes per destination, inside the node or not
+    #: (algorithm, hierarchy), each algorithm's hierarchies side by side
+    entries: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def two_level(self) -> bool:
+        return "node" in self.cfg["hierarchies"]
+
+    def label(self, algorithm: str, hierarchy: str) -> str:
+        return f"{algorithm}/{hierarchy}" if self.two_level else algorithm
+
+    @property
+    def labels(self) -> list[str]:
+        return [self.label(a, h) for a, h in self.entries]
+
+    def nodes_for(self, hierarchy: str) -> NodeComms | None:
+        """The node split for a two-level entry, None for a flat one."""
+        return self.nodes if hierarchy == "node" else None
+
+
+def _setup(rank: int, size: int, cfg: dict) -> _Run:
+    """Threads, the Comm and, two-level, the node split and the link counter on it."""
     torch.set_num_threads(cfg["threads"])
-    comm = TorchComm()
-    say = print if rank == 0 else (lambda *a, **k: None)
-    hierarchies = cfg["hierarchies"]
-    two_level = "node" in hierarchies
-    nodes = node_of = counter = None
-    if two_level:   # split once, before anything is counted; every two-level reducer shares it
+    run = _Run(rank, size, cfg, TorchComm(), print if rank == 0 else (lambda *a, **k: None))
+    if run.two_level:   # split once, before anything is counted; every two-level reducer shares it
         topology = (Topology(size // cfg["per_node"], cfg["per_node"]) if cfg.get("per_node")
                     else Topology.from_env())
-        nodes = topology.split(comm)
-        node_of = [int(row[0]) for row in comm.allgather_small(
+        comm = run.comm
+        nodes = run.nodes = topology.split(comm)
+        node_of = run.node_of = [int(row[0]) for row in comm.allgather_small(
             torch.tensor([nodes.topology.node], dtype=torch.int64)).tolist()]
-        counter = LinkCounter()
+        counter = run.counter = LinkCounter()
         counter.watch(comm, lambda peer: node_of[peer] == nodes.topology.node)
         if nodes.intra is not None:
             counter.watch(nodes.intra, lambda peer: True)
         if nodes.inter is not None:
             counter.watch(nodes.inter, lambda peer: False)
-    # the timed gradients first: a task's take rank 0 a while, and a failure there should end
-    # the run before the checks and the ping-pong
-    grads, gradients = _timed_gradients(rank, size, cfg, say)
-    gradient_stats = _gather(_gradient_stats(grads))   # [P] x [step, (norm, zeros)]
-    if gradients["source"] != "random":
-        say(f"gradients: {gradients['model']}; computed on rank 0 in {gradients['compute_s']:.1f} s, "
-            f"scattered in {gradients['scatter_s']:.1f} s", flush=True)
-    # entries: (algorithm, hierarchy), each algorithm's hierarchies side by side
-    entries = [(a, h) for a in cfg["algorithms"] for h in hierarchies]
-    label = (lambda a, h: f"{a}/{h}") if two_level else (lambda a, h: a)
-    # 1. correctness
+    run.entries = [(a, h) for a in cfg["algorithms"] for h in cfg["hierarchies"]]
+    return run
+
+
+def _check_all(run: _Run) -> dict[str, dict]:
+    """1. correctness: every entry on ``--check-n`` random entries; the verdicts said on rank 0."""
+    cfg = run.cfg
     checks = {}
-    for name, h in entries:
-        checks[label(name, h)] = (_check_baseline(name, cfg["check_n"], comm) if is_baseline(name)
-                                  else _check_algorithm(name, cfg["densities"][0], cfg["check_n"], comm,
-                                                        nodes if h == "node" else None))
-    say(f"correctness checked on N = {cfg['check_n']} (float64, {_CHECK_STEPS} steps): "
-        + ", ".join(f"{a}{' (lossless)' if c['lossless'] else ''}" for a, c in checks.items()), flush=True)
-    say("energy captured (lossy; least over the checked steps, of the exact global top-k's): "
-        + ", ".join(f"{a} {c['energy_captured']:.3f}" for a, c in checks.items()
-                    if c.get("energy_captured") is not None), flush=True)
-    # 2. alpha-beta
+    for name, h in run.entries:
+        checks[run.label(name, h)] = (_check_baseline(name, cfg["check_n"], run.comm) if is_baseline(name)
+                                      else _check_algorithm(name, cfg["densities"][0], cfg["check_n"], run.comm,
+                                                            run.nodes_for(h)))
+    run.say(f"correctness checked on N = {cfg['check_n']} (float64, {_CHECK_STEPS} steps): "
+            + ", ".join(f"{a}{' (lossless)' if c['lossless'] else ''}" for a, c in checks.items()), flush=True)
+    run.say("energy captured (lossy; least over the checked steps, of the exact global top-k's): "
+            + ", ".join(f"{a} {c['energy_captured']:.3f}" for a, c in checks.items()
+                        if c.get("energy_captured") is not None), flush=True)
+    return checks
+
+
+def _alpha_beta(run: _Run) -> dict:
+    """2. alpha-beta: the ping-pong's sizes and half round trips, the fit, the peer of rank 0."""
     sizes = []
     s = 1 << 10
-    while s <= cfg["pingpong_max"]:
+    while s <= run.cfg["pingpong_max"]:
         sizes.append(s)
         s <<= 2
     # two-level: rank 0 and the first rank of node 1 (across the inter-node link), else 0 and 1
-    peer = node_of.index(1) if two_level and nodes.topology.nodes > 1 else 1
-    if size >= 2 and sizes:
-        halves = _pingpong(sizes, rank, peer)
+    peer = run.node_of.index(1) if run.two_level and run.nodes.topology.nodes > 1 else 1
+    if run.size >= 2 and sizes:
+        halves = _pingpong(sizes, run.rank, peer)
         alpha, beta = fit_alpha_beta(sizes, halves)
     else:
         halves, alpha, beta = [], 0.0, 0.0
-    say(f"ping-pong rank 0 <-> {peer}, {sizes[0] if sizes else 0} B .. {sizes[-1] if sizes else 0} B: "
-        f"alpha = {alpha * 1e6:.1f} us, beta = {beta * 1e9:.3f} ns/B ({8 / beta / 1e9 if beta else 0:.3f} Gbit/s)",
-        flush=True)
-    # 3. timing
-    n, dens = gradients["N"], cfg["densities"]
-    algos = [label(a, h) for a, h in entries]
-    fields = _FIELDS + (_LINK_FIELDS if two_level else ())
+    run.say(f"ping-pong rank 0 <-> {peer}, {sizes[0] if sizes else 0} B .. {sizes[-1] if sizes else 0} B: "
+            f"alpha = {alpha * 1e6:.1f} us, beta = {beta * 1e9:.3f} ns/B "
+            f"({8 / beta / 1e9 if beta else 0:.3f} Gbit/s)", flush=True)
+    return {"sizes": sizes, "halves": halves, "alpha": alpha, "beta": beta, "peer": peer}
+
+
+def _time_all(run: _Run, grads: list[torch.Tensor], n: int) -> tuple[torch.Tensor, dict]:
+    """3. timing: per density, every entry warmed up, then interleaved repeats. Returns this
+    rank's figures [entries, densities, repeats, fields] and what ``auto`` chose per (entry, density)."""
+    cfg, dens = run.cfg, run.cfg["densities"]
+    fields = _FIELDS + (_LINK_FIELDS if run.two_level else ())
     # the node's interface counter covers all its ranks: local rank 0 reads it
-    reads_link = two_level and nodes.topology.local_rank == 0 and interface_tx_bytes() is not None
+    reads_link = run.two_level and run.nodes.topology.local_rank == 0 and interface_tx_bytes() is not None
     out = torch.empty(n)
-    data = torch.zeros(len(algos), len(dens), cfg["repeats"], len(fields), dtype=torch.float64)
+    data = torch.zeros(len(run.entries), len(dens), cfg["repeats"], len(fields), dtype=torch.float64)
     chosen: dict = {}
     for di, d in enumerate(dens):
-        reducers = [_BaselineRunner(a, n) if is_baseline(a) else _reducer(a, d, comm, nodes if h == "node" else None)
-                    for a, h in entries]
-        for ai, red in enumerate(reducers):             # warm-up: handshake, layouts, buffers
-            for _ in range(getattr(red, "warmup_calls", 1)):
-                red(grads[0], out=out)
-            while red.last_stats.get("auto_tuning"):     # auto: its trial calls are its warm-up too
-                red(grads[0], out=out)
-            if "auto_choice" in red.last_stats:         # auto: which algorithm it runs (same on every rank)
-                st = red.last_stats
-                chosen[(algos[ai], d)] = st["auto_choice"]
-                trials = ", ".join(f"{a} {t * 1e3:.1f}" for a, t in (st["auto_trials"] or {}).items())
-                say(f"{algos[ai]} at density {d:g} chose {st['auto_choice']} (predicted "
-                    f"{st['auto_predicted_s'] * 1e3:.1f} ms{'; measured ' + trials + ' ms' if trials else ''})",
-                    flush=True)
+        reducers = [_BaselineRunner(a, n) if is_baseline(a) else _reducer(a, d, run.comm, run.nodes_for(h))
+                    for a, h in run.entries]
+        _warm_up(run, reducers, grads[0], out, d, chosen)
         for rep in range(cfg["repeats"]):
             order = list(range(len(reducers)))
             if cfg.get("shuffle"):   # seeded by the repeat: the same order on every rank
                 random.Random(rep).shuffle(order)
             for ai in order:
-                red = reducers[ai]
-                dist.barrier()
-                if two_level:   # every rank past the barrier before the counters are read
-                    link_before = interface_tx_bytes() if reads_link else None
-                    counted_before = counter.totals()
-                    dist.barrier()
-                start = time.perf_counter()
-                red(grads[rep % 2], out=out)
-                wall = time.perf_counter() - start
-                st = red.last_stats
-                row = [wall, st["comm_s"], st["bytes_sent"], st["rounds"]]
-                if two_level:   # every rank done before the interface counter is read again
-                    intra, inter = (a - b for a, b in zip(counter.totals(), counted_before))
-                    dist.barrier()
-                    row += [intra, inter, interface_tx_bytes() - link_before if reads_link else math.nan]
-                data[ai, di, rep] = torch.tensor(row, dtype=torch.float64)
+                data[ai, di, rep] = _timed_call(run, reducers[ai], grads[rep % 2], out, reads_link)
         del reducers
-    everyone = torch.stack(_gather(data))              # [P, algos, dens, repeats, fields]
-    if rank != 0:
-        return None
+    return data, chosen
+
+
+def _warm_up(run: _Run, reducers: list, grad: torch.Tensor, out: torch.Tensor, density: float,
+             chosen: dict) -> None:
+    """The calls before the timed ones: handshake, layouts, buffers; ``auto``'s trial calls too,
+    its choice kept in ``chosen`` and said on rank 0."""
+    labels = run.labels
+    for ai, red in enumerate(reducers):
+        for _ in range(getattr(red, "warmup_calls", 1)):
+            red(grad, out=out)
+        while red.last_stats.get("auto_tuning"):     # auto: its trial calls are its warm-up too
+            red(grad, out=out)
+        if "auto_choice" in red.last_stats:         # auto: which algorithm it runs (same on every rank)
+            st = red.last_stats
+            chosen[(labels[ai], density)] = st["auto_choice"]
+            trials = ", ".join(f"{a} {t * 1e3:.1f}" for a, t in (st["auto_trials"] or {}).items())
+            run.say(f"{labels[ai]} at density {density:g} chose {st['auto_choice']} (predicted "
+                    f"{st['auto_predicted_s'] * 1e3:.1f} ms{'; measured ' + trials + ' ms' if trials else ''})",
+                    flush=True)
+
+
+def _timed_call(run: _Run, red, grad: torch.Tensor, out: torch.Tensor, reads_link: bool) -> torch.Tensor:
+    """One timed call after a barrier: its fields (float64), two-level with the link bytes."""
+    dist.barrier()
+    if run.two_level:   # every rank past the barrier before the counters are read
+        link_before = interface_tx_bytes() if reads_link else None
+        counted_before = run.counter.totals()
+        dist.barrier()
+    start = time.perf_counter()
+    red(grad, out=out)
+    wall = time.perf_counter() - start
+    st = red.last_stats
+    row = [wall, st["comm_s"], st["bytes_sent"], st["rounds"]]
+    if run.two_level:   # every rank done before the interface counter is read again
+        intra, inter = (a - b for a, b in zip(run.counter.totals(), counted_before))
+        dist.barrier()
+        row += [intra, inter, interface_tx_bytes() - link_before if reads_link else math.nan]
+    return torch.tensor(row, dtype=torch.float64)
+
+
+def _rows(run: _Run, everyone: torch.Tensor, checks: dict, link: dict, chosen: dict, n: int) -> list[dict]:
+    """One row per entry and density from every rank's figures [P, entries, densities, repeats,
+    fields]: medians of the slowest rank per repeat, speedups, the alpha-beta bound."""
+    dens, hierarchies, label = run.cfg["densities"], run.cfg["hierarchies"], run.label
+    algos = run.labels
     slowest = everyone[..., :len(_FIELDS)].amax(0)     # per repeat: the slowest rank's figures
-    per_node = _per_node(everyone[..., len(_FIELDS):], node_of) if two_level else None
+    per_node = _per_node(everyone[..., len(_FIELDS):], run.node_of) if run.two_level else None
     rows = []
     for di, d in enumerate(dens):
         med = {a: {f: float(np.median(slowest[ai, di, :, fi].numpy())) for fi, f in enumerate(_FIELDS)}
                for ai, a in enumerate(algos)}
-        for ai, (a, h) in enumerate(entries):
+        for ai, (a, h) in enumerate(run.entries):
             m = med[algos[ai]]
             dense_t = med[label("dense", h)]["wall_s"] if label("dense", h) in med else None
-            bound = m["rounds"] * alpha + m["bytes_sent"] * beta
-            row = {"algorithm": a, "P": size, "N": n, "density": d,      # baselines ignore d
+            bound = m["rounds"] * link["alpha"] + m["bytes_sent"] * link["beta"]
+            row = {"algorithm": a, "P": run.size, "N": n, "density": d,      # baselines ignore d
                    "k": None if is_baseline(a) else k_for(d, n), "baseline": is_baseline(a),
-                   "lossless": checks[algos[ai]]["lossless"], "repeats": cfg["repeats"],
+                   "lossless": checks[algos[ai]]["lossless"], "repeats": run.cfg["repeats"],
                    "time_s": m["wall_s"], "comm_s": m["comm_s"],
                    "bytes_sent": int(m["bytes_sent"]), "rounds": int(m["rounds"]),
                    "speedup_vs_dense": dense_t / m["wall_s"] if dense_t else None,
                    "bound_s": bound, "bound_over_measured": bound / m["comm_s"] if m["comm_s"] > 0 else None,
                    "energy_captured_check": checks[algos[ai]].get("energy_captured"),
                    **({"chose": chosen[(algos[ai], d)]} if (algos[ai], d) in chosen else {})}
-            if two_level:
+            if run.two_level:
                 flat_t = med[label(a, "flat")]["wall_s"] if h == "node" and "flat" in hierarchies else None
                 row.update({"hierarchy": h, **per_node[ai][di],
                             "speedup_vs_flat": flat_t / m["wall_s"] if flat_t else None})
             rows.append(row)
-    gradients["per_rank"] = [{"rank": r, "norm": stats[:, 0].tolist(), "zeros": [int(z) for z in stats[:, 1]]}
-                             for r, stats in enumerate(gradient_stats)]
-    report = {"P": size, "N": n, "gradients": gradients, "densities": dens, "repeats": cfg["repeats"], "alpha_s": alpha,
-              "beta_s_per_byte": beta, "pingpong": {"bytes": sizes, "half_rtt_s": halves},
-              "checks": checks, "rows": rows, "where": cfg["where"], **({"pingpong_peer": peer} if two_level else {}),
+    return rows
+
+
+def _report(run: _Run, gradients: dict, checks: dict, link: dict, rows: list[dict]) -> dict:
+    """Rank 0's report: the run's parameters, the link's fit, the checks and the rows."""
+    cfg = run.cfg
+    report = {"P": run.size, "N": gradients["N"], "gradients": gradients, "densities": cfg["densities"],
+              "repeats": cfg["repeats"], "alpha_s": link["alpha"],
+              "beta_s_per_byte": link["beta"], "pingpong": {"bytes": link["sizes"], "half_rtt_s": link["halves"]},
+              "checks": checks, "rows": rows, "where": cfg["where"],
+              **({"pingpong_peer": link["peer"]} if run.two_level else {}),
               "order": "shuffled per repeat" if cfg.get("shuffle") else "listed"}
-    if two_level:
-        report.update({"hierarchies": hierarchies, "nodes": nodes.topology.nodes,
-                       "ranks_per_node": nodes.topology.ranks_per_node,
+    if run.two_level:
+        report.update({"hierarchies": cfg["hierarchies"], "nodes": run.nodes.topology.nodes,
+                       "ranks_per_node": run.nodes.topology.ranks_per_node,
                        "link_accounting": "point-to-point messages counted per destination rank; the backend's "
                                           "dense allreduce by its ring count, sent to the next rank of its group; "
                                           "per node: summed over its ranks, the busiest node, median over repeats; "
                                           "link_tx: the node interface's transmitted bytes (/proc/net/dev)"})
     return report
+
+
+def _worker(rank: int, size: int, cfg: dict) -> dict | None:
+    """Everything one rank does; returns the report on rank 0 (None elsewhere)."""
+    run = _setup(rank, size, cfg)
+    # the timed gradients first: a task's take rank 0 a while, and a failure there should end
+    # the run before the checks and the ping-pong
+    grads, gradients = _timed_gradients(rank, size, cfg, run.say)
+    gradient_stats = _gather(_gradient_stats(grads))   # [P] x [step, (norm, zeros)]
+    if gradients["source"] != "random":
+        run.say(f"gradients: {gradients['model']}; computed on rank 0 in {gradients['compute_s']:.1f} s, "
+                f"scattered in {gradients['scatter_s']:.1f} s", flush=True)
+    checks = _check_all(run)
+    link = _alpha_beta(run)
+    data, chosen = _time_all(run, grads, gradients["N"])
+    everyone = torch.stack(_gather(data))              # [P, entries, densities, repeats, fields]
+    if rank != 0:
+        return None
+    rows = _rows(run, everyone, checks, link, chosen, gradients["N"])
+    gradients["per_rank"] = [{"rank": r, "norm": stats[:, 0].tolist(), "zeros": [int(z) for z in stats[:, 1]]}
+                             for r, stats in enumerate(gradient_stats)]
+    return _report(run, gradients, checks, link, rows)
 
 
 def _per_node(link: torch.Tensor, node_of: list[int]) -> list[list[dict]]:
