@@ -346,39 +346,46 @@ static void key_table_free(key_table* kt) {
 }
 
 /* One code of a 32-bit key stream (at most 47 bits, below the 56 a refill leaves): the
- * key after prev. With CHECK, a pattern that is no code (only an incomplete table, the
- * one-symbol code, has them) and every key past N are flagged; without, the caller knows
- * the table complete and checks the last key: keys grow by at most 2^32 a code, so fewer
- * than 2^31 codes cannot wrap and only the last can be past N. */
-#define KEY_STEP(r, kt, prev, bad, out, CHECK)                           \
-  do {                                                                   \
-    br_refill(&(r));                                                     \
-    unsigned x_ = (unsigned)br_top(&(r), (kt)->tb);                      \
-    int a_ = (kt)->total[x_];                                            \
-    uint64_t d_ = ((r).w >> 1 >> (63 - a_)) & ((1ull << (kt)->data[x_]) - 1); \
-    br_skip(&(r), a_);                                                   \
-    (prev) = (prev) + 1 + d_;                                            \
-    if (CHECK) {                                                         \
-      (bad) |= (uint64_t)(a_ == 0);                                      \
-      (bad) |= (uint64_t)((prev) >= un);                                 \
-    }                                                                    \
-    (out) = (int64_t)(prev);                                             \
-  } while (0)
+ * key after *prev, which it becomes. With check, a pattern that is no code (only an
+ * incomplete table, the one-symbol code, has them) and every key past N (un) are flagged in
+ * *bad; without, the caller knows the table complete and checks the last key: keys grow by
+ * at most 2^32 a code, so fewer than 2^31 codes cannot wrap and only the last can be past N.
+ * Always inlined: check is a constant at each call, and the reader stays in registers. */
+static inline __attribute__((always_inline)) int64_t key_step(bit_reader* r, const key_table* kt,
+                                                              uint64_t* prev, uint64_t* bad,
+                                                              uint64_t un, int check) {
+  br_refill(r);
+  unsigned x = (unsigned)br_top(r, kt->tb);
+  int a = kt->total[x];
+  uint64_t d = (r->w >> 1 >> (63 - a)) & ((1ull << kt->data[x]) - 1);
+  br_skip(r, a);
+  *prev = *prev + 1 + d;
+  if (check) {
+    *bad |= (uint64_t)(a == 0);
+    *bad |= (uint64_t)(*prev >= un);
+  }
+  return (int64_t)*prev;
+}
 
-/* K streams read side by side. */
-#define KEY_STREAMS(CHECK)                                                        \
-  do {                                                                           \
-    if (K == 1) {                                                                \
-      for (int64_t i = 0; i < n; i++) KEY_STEP(r0, kt, p0, bad, keys[i], CHECK);  \
-    } else {                                                                     \
-      int64_t i = 0;                                                             \
-      for (; i < h; i++) { /* the second stream holds h or h + 1 keys */         \
-        KEY_STEP(r0, kt, p0, bad, keys[i], CHECK);                               \
-        KEY_STEP(r1, kt, p1, bad, keys[h + i], CHECK);                           \
-      }                                                                          \
-      for (i = 2 * h; i < n; i++) KEY_STEP(r1, kt, p1, bad, keys[i], CHECK);     \
-    }                                                                            \
-  } while (0)
+/* K streams read side by side into keys[0..n): the first from r0, the second (K == 2, from
+ * key h on) from r1, each from -1. Returns the faults key_step flagged (with check). */
+static inline __attribute__((always_inline)) uint64_t key_streams(bit_reader* r0, bit_reader* r1,
+                                                                  const key_table* kt, int K, int64_t n,
+                                                                  int64_t h, uint64_t un, int64_t* keys,
+                                                                  int check) {
+  uint64_t bad = 0, p0 = (uint64_t)-1, p1 = (uint64_t)-1;
+  if (K == 1) {
+    for (int64_t i = 0; i < n; i++) keys[i] = key_step(r0, kt, &p0, &bad, un, check);
+  } else {
+    int64_t i = 0;
+    for (; i < h; i++) { /* the second stream holds h or h + 1 keys */
+      keys[i] = key_step(r0, kt, &p0, &bad, un, check);
+      keys[h + i] = key_step(r1, kt, &p1, &bad, un, check);
+    }
+    for (i = 2 * h; i < n; i++) keys[i] = key_step(r1, kt, &p1, &bad, un, check);
+  }
+  return bad;
+}
 
 /* 32-bit keys, K streams read side by side: SC_OK, or SC_ERR_MALFORMED for the checked
  * reader to place. */
@@ -390,15 +397,14 @@ static int read_streams_fast(const uint8_t* const* stream, const int64_t* nbits,
   br_init(&r0, stream[0], nbits[0], tail0);
   br_init(&r1, stream[K - 1], nbits[K - 1], tail1);
   int64_t h = K == 1 ? 0 : stream_start(n, 2, 1);
-  uint64_t p0 = (uint64_t)-1, p1 = (uint64_t)-1;
   if (kt->complete && n < ((int64_t)1 << 31)) {
-    KEY_STREAMS(0);
+    bad = key_streams(&r0, &r1, kt, K, n, h, un, keys, 0);
     for (int s = 0; s < K; s++) { /* each stream's last key */
       int64_t last = s + 1 < K ? h - 1 : n - 1;
       if (last >= 0) bad |= (uint64_t)((uint64_t)keys[last] >= un);
     }
   } else {
-    KEY_STREAMS(1);
+    bad = key_streams(&r0, &r1, kt, K, n, h, un, keys, 1);
   }
   if (K == 2 && h && h < n) bad |= (uint64_t)(keys[h] <= keys[h - 1]);
   int ok = !bad && br_consumed(&r0) == nbits[0] && (K == 1 || br_consumed(&r1) == nbits[1]);

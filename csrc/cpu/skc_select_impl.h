@@ -307,6 +307,28 @@ static int SEL(sign_splits)(KT* a, int64_t n, KT lo, KT hi, int64_t B, int64_t e
   return SC_OK;
 }
 
+/* The bucket tables of both signs, their bins' first key, width and table as arrays the
+ * sign indexes (0: negative, 1: the others), so a lookup picks its sign without a branch. */
+typedef struct {
+  KT lo[2];
+  int shift[2];
+  const uint16_t* tab[2];
+  const SEL(bucket_table)* t;
+} SEL(sign_tables);
+
+/* The mapped bucket of v[i]: its sign's table entry, searched on when a split lies inside
+ * its bin, then through that sign's map mp[sign]. Always inlined: quantify calls it four
+ * times an iteration, on independent values, for the lookups to overlap. */
+static inline __attribute__((always_inline)) uint32_t SEL(mapped_bucket)(const VT* v, int64_t i,
+                                                                         const SEL(sign_tables)* sb,
+                                                                         const uint32_t* const* mp) {
+  KT u = SEL(bits_of)(v, i), mag = u & ~SEL_SIGN;
+  int pos = (int)(((u >> (SEL_BITS - 1)) & (KT)(mag != 0)) ^ 1);
+  uint32_t c = sb->tab[pos][(mag - sb->lo[pos]) >> sb->shift[pos]];
+  if (__builtin_expect(c & BUCKET_SPLIT, 0)) c = SEL(bucket_search)(&sb->t[pos], mag, c);
+  return mp[pos][c];
+}
+
 /* Sign-split quantile buckets of v[0..n): qz (n, nb and the splits as doubles per sign) and
  * per entry out[i] = its bucket, or with a map, map[its bucket + B if non-negative] counted
  * in lists[(i & 3) * nl + (out[i] >> 12)]. scratch: n + 1 keys (out may be scratch itself:
@@ -362,18 +384,8 @@ static int SEL(quantify)(const VT* v, int64_t n, int64_t B, int64_t exact_max, i
     st = SEL(bucket_table_build)(&t[sg], sp, qz->nb[sg], qz->n[sg]);
     if (st) goto done;
   }
-  /* per sign: the bins' first key, width and table, and the map, as arrays the sign indexes */
-  KT blo[2] = {t[0].bn.lo, t[1].bn.lo};
-  int bsh[2] = {t[0].bn.shift, t[1].bn.shift};
-  const uint16_t* btab[2] = {t[0].tab, t[1].tab};
-#define SEL_LOOKUP(i, c)                                                             \
-  do {                                                                              \
-    KT u_ = SEL(bits_of)(v, (i)), mag_ = u_ & ~SEL_SIGN;                            \
-    int pos_ = (int)(((u_ >> (SEL_BITS - 1)) & (KT)(mag_ != 0)) ^ 1);               \
-    c = btab[pos_][(mag_ - blo[pos_]) >> bsh[pos_]];                                 \
-    if (__builtin_expect(c & BUCKET_SPLIT, 0)) c = SEL(bucket_search)(&t[pos_], mag_, c); \
-    c = mp[pos_][c];                                                                \
-  } while (0)
+  /* per sign: the bins' first key, width and table, as arrays the sign indexes */
+  SEL(sign_tables) sb = {{t[0].bn.lo, t[1].bn.lo}, {t[0].bn.shift, t[1].bn.shift}, {t[0].tab, t[1].tab}, t};
   if (!map) {
     for (int64_t i = 0; i < n; i++) {
       KT u = SEL(bits_of)(v, i), mag = u & ~SEL_SIGN;
@@ -385,11 +397,10 @@ static int SEL(quantify)(const VT* v, int64_t n, int64_t B, int64_t exact_max, i
     int64_t nl = map->nl, *c0 = map->counts, *c1 = c0 + nl, *c2 = c1 + nl, *c3 = c2 + nl;
     int64_t i = 0;
     for (; i + 4 <= n; i += 4) {
-      uint32_t x0, x1, x2, x3;
-      SEL_LOOKUP(i, x0);
-      SEL_LOOKUP(i + 1, x1);
-      SEL_LOOKUP(i + 2, x2);
-      SEL_LOOKUP(i + 3, x3);
+      uint32_t x0 = SEL(mapped_bucket)(v, i, &sb, mp);
+      uint32_t x1 = SEL(mapped_bucket)(v, i + 1, &sb, mp);
+      uint32_t x2 = SEL(mapped_bucket)(v, i + 2, &sb, mp);
+      uint32_t x3 = SEL(mapped_bucket)(v, i + 3, &sb, mp);
       out[i] = (int32_t)x0;
       out[i + 1] = (int32_t)x1;
       out[i + 2] = (int32_t)x2;
@@ -400,13 +411,11 @@ static int SEL(quantify)(const VT* v, int64_t n, int64_t B, int64_t exact_max, i
       c3[x3 >> 12]++;
     }
     for (; i < n; i++) {
-      uint32_t x;
-      SEL_LOOKUP(i, x);
+      uint32_t x = SEL(mapped_bucket)(v, i, &sb, mp);
       out[i] = (int32_t)x;
       c0[x >> 12]++;
     }
   }
-#undef SEL_LOOKUP
 done:
   if (!scratch) free(a);
   free(split);
