@@ -3,7 +3,8 @@
 // Bindings only: check the tensors a Python caller hands in (messages name the
 // op and the argument, say what was expected and what was given), allocate
 // outputs, call a C kernel and turn its status into an exception with
-// raise_status (call_kernel does both). Kernels validate the *data* (index
+// raise_status (call_kernel does both, with an op's own words for a failure
+// where it has them). Kernels validate the *data* (index
 // order and range, wire fields) themselves, so nothing is checked twice: the
 // Python face (sparsecomm/ops) does not re-check what is checked here. The
 // argument checks of the ops bound on both devices are in op_checks.h.
@@ -221,16 +222,37 @@ struct InputNames {
   }
 }
 
+// An op's own words for a failure that raise_status can only word generically
+// (a kernel's SC_ERR_ARG on an input whose rule the op can name, say):
+// `words(status, err)` raises for the failures it words and returns for the rest,
+// which raise_status raises.
+template <typename F>
+struct OwnWords {
+  F words;
+};
+template <typename F>
+OwnWords(F) -> OwnWords<F>;
+
 // Calls a kernel whose last parameter is its sc_error_info* (the arguments
-// before it are `args`) and raises the exception for a failed status with
-// raise_status: `inputs` names what err.input indexes, `limit` is the dense
-// length index ranges were checked against.
-template <typename... Params, typename... Args>
-inline void call_kernel(const char* op, InputNames inputs, int64_t limit,
+// before it are `args`) and raises the exception for a failed status: first
+// `own`'s words, then raise_status's. `inputs` names what err.input indexes,
+// `limit` is the dense length index ranges were checked against.
+template <typename F, typename... Params, typename... Args>
+inline void call_kernel(const char* op, InputNames inputs, int64_t limit, OwnWords<F> own,
                         int (*kernel)(Params...), Args&&... args) {
   sc_error_info e{0, 0, 0};
   int st = kernel(std::forward<Args>(args)..., &e);
-  if (st) raise_status(st, op, e, inputs, limit);
+  if (!st) return;
+  own.words(st, e);
+  raise_status(st, op, e, inputs, limit);
+}
+
+// The same with raise_status's words only: the call of almost every op.
+template <typename... Params, typename... Args>
+inline void call_kernel(const char* op, InputNames inputs, int64_t limit,
+                        int (*kernel)(Params...), Args&&... args) {
+  call_kernel(op, inputs, limit, OwnWords{[](int, const sc_error_info&) {}}, kernel,
+              std::forward<Args>(args)...);
 }
 
 // The same for a kernel that checks no index range.

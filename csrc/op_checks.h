@@ -248,12 +248,13 @@ inline void check_zen_bitmap(Device dev, const char* op, const Tensor& bitmap) {
   TORCH_CHECK_TYPE(bitmap.scalar_type() == at::kByte, op, ": bitmap must be uint8, got ", bitmap.scalar_type());
 }
 
-// The status of a bitmap encode: an index of another class is said in words (the generic
-// argument message cannot), the rest as every kernel's.
-inline void raise_zen_encode_status(int st, const char* op, const sc_error_info& e, int64_t owner, int64_t n) {
-  TORCH_CHECK_VALUE(!(st == SC_ERR_ARG && e.input == 0), op, ": idx must hold indices of owner ", owner,
-                    "'s hash class, but idx[", e.position, "] = ", e.value, " is not in it");
-  if (st) raise_status(st, op, e, InputNames{kZenBitmapNames, 6}, n);
+// call_kernel's words for a bitmap encode: an index of another class is said in words (the
+// generic argument message cannot), the rest as every kernel's.
+inline auto zen_encode_words(const char* op, int64_t owner) {
+  return OwnWords{[op, owner](int st, const sc_error_info& e) {
+    TORCH_CHECK_VALUE(!(st == SC_ERR_ARG && e.input == 0), op, ": idx must hold indices of owner ", owner,
+                      "'s hash class, but idx[", e.position, "] = ", e.value, " is not in it");
+  }};
 }
 
 }  // namespace sparsecomm

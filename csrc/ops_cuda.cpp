@@ -242,10 +242,9 @@ Tensor zen_bitmap_encode_cuda(const Tensor& idx, int64_t n, int64_t parts, int64
               stream());
   const int64_t nbytes = (size + 7) / 8;
   Tensor bitmap = at::empty({nbytes}, ic.options().dtype(at::kByte));
-  sc_error_info e{0, 0, 0};
-  int st = sc_cuda_zen_bitmap_encode(ic.data_ptr<int64_t>(), ic.numel(), n, parts, (uint64_t)seed, block, owner,
-                                     bitmap.data_ptr<uint8_t>(), nbytes, stream(), &e);
-  raise_zen_encode_status(st, op, e, owner, n);
+  call_kernel(op, {kZenBitmapNames, 6}, n, zen_encode_words(op, owner), sc_cuda_zen_bitmap_encode,
+              ic.data_ptr<int64_t>(), ic.numel(), n, parts, (uint64_t)seed, block, owner,
+              bitmap.data_ptr<uint8_t>(), nbytes, stream());
   return bitmap;
 }
 
