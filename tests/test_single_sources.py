@@ -80,7 +80,7 @@ def test_nonfinite_bits_written_once_in_python():
                 continue
             names = [t.id for target in node.targets
                      for t in (target.elts if isinstance(target, ast.Tuple) else [target]) if isinstance(t, ast.Name)]
-            if any(re.search(r"NAN|_INF", name.upper()) for name in names):
+            if any(re.fullmatch(r"_?(NONFINITE_)?(NAN|POS_INF|NEG_INF)", name.upper()) for name in names):
                 copies.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert len(copies) == 1 and copies[0].startswith("sparsecomm/ops/_coo.py:"), (
         f"non-finite bits are defined in {copies}: use sparsecomm.ops.NONFINITE_NAN / _POS_INF / _NEG_INF")

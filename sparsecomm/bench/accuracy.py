@@ -52,12 +52,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .. import algorithms
 from ..comm.topology import Topology
-from ..hook import DDPHookState, ddp_hook
+from ..hooks import DDPHookState, ddp_hook
 from ..launch import describe_link
-from ..density import DensitySchedule
+from ..reduce import DensitySchedule
 from ..testing import launched, run_ranks
 from . import baselines
-from .common import hierarchies_of
+from .common import HIERARCHY_CHOICES, hierarchies_of
 from .plots import pyplot
 from .tasks import TASKS, Task, make_task
 
@@ -65,7 +65,6 @@ __all__ = ["main", "run_rank", "time_to_target", "schedule_preset", "format_tabl
 
 #: density warm-ups by name, over ``steps`` updates (``NAME@preset``)
 SCHEDULE_PRESETS = ("gs", "dgc")
-HIERARCHY_CHOICES = ("flat", "node", "both")
 
 
 def schedule_preset(name: str, steps: int) -> DensitySchedule:

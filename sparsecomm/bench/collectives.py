@@ -23,7 +23,7 @@ itself on loopback with :func:`sparsecomm.testing.spawn`. On every rank it
 2. fits alpha and beta by a ping-pong between ranks 0 and 1 (1 KB .. ``--pingpong-max``,
    default 64 MB, half round trip, median of a few trips per size), ordinary least squares
    on ``t = alpha + beta * bytes``; if the intercept is negative, alpha is the smallest
-   message's time less its beta * bytes (see :func:`sparsecomm.costmodel.fit_alpha_beta`);
+   message's time less its beta * bytes (see :func:`sparsecomm.traffic.fit_alpha_beta`);
 
 3. times every algorithm (interleaved repeats after one warm-up call, ``auto`` after its trial
    calls too; ``--shuffle``: each repeat in its own order, the same on every rank; a barrier
@@ -78,7 +78,6 @@ import csv
 import json
 import math
 import random
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,15 +90,16 @@ import torch.distributed as dist
 from .. import algorithms
 from ..comm.topology import NodeComms, Topology
 from ..comm.torch_comm import TorchComm
-from ..costmodel import fit_alpha_beta
+from ..traffic import fit_alpha_beta
+from ..tune import VARIANT_CODECS, pingpong
 from ..launch import describe_link
-from ..reducer import SparseAllreduce, k_for
+from ..reduce import SparseAllreduce, k_for
 from ..testing import launched, run_ranks
 from . import baselines
 from . import tasks as task_defs
 from .balance import rank_gradients
 from .baselines import TorchHook, bucket_shapes, is_baseline, powersgd_counts
-from .common import bench_gradient, hierarchies_of
+from .common import HIERARCHY_CHOICES, bench_gradient, hierarchies_of
 from .links import LinkCounter, interface_tx_bytes
 from .plots import line_plot, pyplot
 
@@ -109,7 +109,6 @@ _FIELDS = ("wall_s", "comm_s", "bytes_sent", "rounds")
 #: per call and rank, with --hierarchy node: bytes to ranks of this node and of other nodes, and
 #: the node interface's transmitted bytes (local rank 0 only; NaN where there is no interface)
 _LINK_FIELDS = ("intra_bytes", "inter_bytes", "link_tx_bytes")
-HIERARCHY_CHOICES = ("flat", "node", "both")
 _CHECK_STEPS = 3
 #: what ``--gradients random`` times, as the report's ``gradients.model`` says it
 RANDOM_GRADIENTS = "standard normal entries, drawn per rank and step (bench_gradient)"
@@ -118,7 +117,6 @@ _WIDTH_TASKS, _HIDDEN_TASKS = ("vgg16", "resnet20"), ("mlp", "digits")
 
 
 # -- helpers shared by every rank -----------------------------------------------------------
-_CODEC_SUFFIXES = {"delta_binary": ("index_codec", "delta_binary"), "skcompress": ("value_codec", "skcompress")}
 
 
 def _variant(label: str) -> tuple[str, dict]:
@@ -139,9 +137,9 @@ def _variant(label: str) -> tuple[str, dict]:
             else:
                 options[key] = None if text == "None" else text
             continue
-        if suffix not in _CODEC_SUFFIXES:
-            raise ValueError(f"unknown codec {suffix!r} in {label!r}; use {', '.join(_CODEC_SUFFIXES)}")
-        key, value = _CODEC_SUFFIXES[suffix]
+        if suffix not in VARIANT_CODECS:
+            raise ValueError(f"unknown codec {suffix!r} in {label!r}; use {', '.join(VARIANT_CODECS)}")
+        key, value = VARIANT_CODECS[suffix]
         options[key] = value
     return name, options
 
@@ -281,30 +279,6 @@ class _BaselineRunner:
         return out
 
 
-def _pingpong(sizes: list[int], rank: int, peer: int = 1) -> list[float]:
-    """Half round-trip seconds per size between ranks 0 and ``peer`` (others just wait)."""
-    halves = []
-    for size in sizes:
-        buf = torch.zeros(size, dtype=torch.uint8)
-        trips = 2 if size >= 16 << 20 else (3 if size >= 1 << 20 else 10)
-        times = []
-        dist.barrier()
-        for trip in range(trips + 1):                 # the first trip warms the connection up
-            if rank == 0:
-                start = time.perf_counter()
-                dist.send(buf, peer)
-                dist.recv(buf, peer)
-                if trip:
-                    times.append((time.perf_counter() - start) / 2)
-            elif rank == peer:
-                dist.recv(buf, 0)
-                dist.send(buf, 0)
-        halves.append(statistics.median(times) if rank == 0 else 0.0)
-    t = torch.tensor(halves, dtype=torch.float64)
-    dist.broadcast(t, 0)
-    return t.tolist()
-
-
 def _timed_gradients(rank: int, size: int, cfg: dict, say) -> tuple[list[torch.Tensor], dict]:
     """This rank's two float32 gradients of the timing loop and, on every rank, the report's
     ``gradients`` entry (rank 0's is the one reported; ``per_rank`` is filled in later).
@@ -423,6 +397,11 @@ def _check_all(run: _Run) -> dict[str, dict]:
     return checks
 
 
+def _pingpong_trips(size: int) -> int:
+    """Timed round trips per ping-pong size: fewer for the large ones, which take long on slow links."""
+    return 2 if size >= 16 << 20 else (3 if size >= 1 << 20 else 10)
+
+
 def _alpha_beta(run: _Run) -> dict:
     """2. alpha-beta: the ping-pong's sizes and half round trips, the fit, the peer of rank 0."""
     sizes = []
@@ -433,7 +412,7 @@ def _alpha_beta(run: _Run) -> dict:
     # two-level: rank 0 and the first rank of node 1 (across the inter-node link), else 0 and 1
     peer = run.node_of.index(1) if run.two_level and run.nodes.topology.nodes > 1 else 1
     if run.size >= 2 and sizes:
-        halves = _pingpong(sizes, run.rank, peer)
+        halves = pingpong(run.comm, sizes, peer, trips=_pingpong_trips, before_size=dist.barrier)
         alpha, beta = fit_alpha_beta(sizes, halves)
     else:
         halves, alpha, beta = [], 0.0, 0.0
