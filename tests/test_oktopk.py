@@ -657,7 +657,7 @@ def test_hook_checkpoint_carries_the_algorithm_state():
     """A DDP run checkpointed (pickled hook state) after 5 steps and resumed in a fresh model
     reduces exactly the gradients of the uninterrupted run: thresholds, boundaries and steps
     travel in the hook's state_dict, one per bucket of the hook's recorded bucket layout
-    (sparsecomm/_bucket_layout.py)."""
+    (sparsecomm/hooks/bucket_layout.py)."""
     plain = spawn(_hook_worker, 2, -1, timeout=180)
     resumed = spawn(_hook_worker, 2, 5, timeout=180)
     for r in range(2):
