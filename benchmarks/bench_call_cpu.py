@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 import sparsecomm
 from sparsecomm import ops
-from sparsecomm.algorithms.auto import CODEC_VARIANTS, split_variant, variant_options
+from sparsecomm.tune import CODEC_VARIANTS, split_variant, variant_options
 
 # the ops whose CPU time is counted apart: the codec kernels, and the residual's gathers and
 # scatters (a lossy sender adds its error into the residual and journals what it changes)

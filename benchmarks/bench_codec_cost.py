@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from sparsecomm.algorithms.auto import CODEC_VARIANTS, variant_options
+from sparsecomm.tune import CODEC_VARIANTS, variant_options
 from sparsecomm.bench.kernels import median_time
 from sparsecomm.formats.codec import CooCodec
 from sparsecomm.formats.coo import coo_nbytes, decode_coo, encode_coo
