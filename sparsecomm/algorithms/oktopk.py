@@ -255,6 +255,21 @@ def _state_checksum(boundaries: list[int] | None, global_threshold: float | None
     return zlib.crc32(text)
 
 
+def _mean_boundaries(table: torch.Tensor, size: int, n: int) -> list[int]:
+    """The P + 1 region boundaries of a repartition (section 3.1.1) from the agreement table
+    (row q: step, checksum, rank q's count, its P-1 proposals, flag): the integer mean of the
+    proposals in rank order, the same on every rank; the ranks that selected nothing abstain,
+    and with nobody left the regions have equal lengths."""
+    voters = [q for q in range(size) if int(table[q, 2]) > 0]
+    bounds = [0]
+    for i in range(1, size):
+        if voters:
+            bounds.append(sum(int(table[q, 2 + i]) for q in voters) // len(voters))
+        else:
+            bounds.append(i * n // size)
+    return bounds + [n]
+
+
 @register
 class OkTopk(Algorithm):
     """Ok-Topk's sparse allreduce; see the module docstring. Options: ``tau`` (threshold
@@ -332,65 +347,96 @@ class OkTopk(Algorithm):
 
     # -- the call -------------------------------------------------------------------------
     def reduce(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
-        comm = self.comm
-        size, rank, n = comm.size, comm.rank, acc.numel()
+        """One call of Algorithm 1 (section 3.1), phases as in the module docstring; ``acc``
+        keeps the residuals (Algorithm 2's e_t, section 4)."""
+        size, n = self.comm.size, acc.numel()
         k = min(k, n)
         self._adopt(n, k, size)
         step = self.step
         events = {"local_exact": False, "global_exact": False, "repartition": False}
         itype = index_dtype_for(n)
-
-        # 1. local selection (acc is not changed before the ranks agreed on the step below)
         with self.timed("select"):
-            selected = None
-            if self.local_threshold is not None and step % self.tau != 0:
-                # the lowest rung of the reused threshold's ladder selecting between 2k/3 and
-                # k entries becomes the threshold; its entries are those of the top-(k+1) at
-                # or above it
-                picked = _local_rung(acc, k, self.local_threshold)
-                if picked is not None:
-                    selected, self.local_threshold = picked
-            if selected is None:                     # a recomputation step, or no rung in [2k/3, k]
-                values, selected = ops.topk(acc, k)
-                self.local_threshold = float(values.abs().min()) if values.numel() else 0.0
-                events["local_exact"] = True
-            sel_values = acc[selected]
+            selected, sel_values = self._select_local(acc, k, step, events)
+        cuts, counts, counts_table = self._agree_on_regions(step, selected, n, events)
+        # from here on every rank is at the same step with the same shared state
+        acc.index_fill_(0, selected, 0)
+        cand_idx, cand_val, split_err, split_sent = self._split_and_reduce(acc, selected, sel_values, cuts, counts,
+                                                                           counts_table, n, itype)
+        g_idx, g_val, g, total_m = self._select_global(cand_idx, cand_val, acc, k, step, n, events)
+        blk_idx, blk_val, block, balance_sent = self._balance(g_idx, g_val, g, acc, n, itype)
+        blocks = self._allgather(blk_idx, blk_val, block, acc, n)
+        with self.timed("merge"):
+            final_idx = self._write_result(blocks, block, acc, out, n)
+            self._put_back(acc, selected, sel_values, split_err, final_idx)
+        self.last_nnz = int(final_idx.numel())
+        gathered = _bruck_entries(block, self.comm.rank)
+        self.last_volume = {"split": split_sent, "balance": balance_sent, "allgather": gathered,
+                            "selected": int(selected.numel()), "global": sum(g), "candidates": total_m, "k": k,
+                            "bound": volume_bound(k, size), "paper_bound": paper_bound(k, size)}
+        self.last_volume["entries"] = split_sent + balance_sent + gathered
+        self.last_events = events
+        self.step = step + 1
 
-        # 2. repartition / 3. count table. The call's first all-gather carries (step, checksum of
-        # the shared state, payload, flag): the same length either way, so ranks at different
-        # steps meet in it and raise together (see _agree) before acc changes.
+    # -- the call's phases ----------------------------------------------------------------
+    def _select_local(self, acc: torch.Tensor, k: int, step: int,
+                      events: dict[str, bool]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Phase 1, local selection with threshold reuse (section 3.1.3): ``(selected,
+        their values)``, selected ascending. acc is not changed before the ranks agreed on the
+        step (:meth:`_agree_on_regions`)."""
+        selected = None
+        if self.local_threshold is not None and step % self.tau != 0:
+            # the lowest rung of the reused threshold's ladder selecting between 2k/3 and
+            # k entries becomes the threshold; its entries are those of the top-(k+1) at
+            # or above it
+            picked = _local_rung(acc, k, self.local_threshold)
+            if picked is not None:
+                selected, self.local_threshold = picked
+        if selected is None:                     # a recomputation step, or no rung in [2k/3, k]
+            values, selected = ops.topk(acc, k)
+            self.local_threshold = float(values.abs().min()) if values.numel() else 0.0
+            events["local_exact"] = True
+        return selected, acc[selected]
+
+    def _agree_on_regions(self, step: int, selected: torch.Tensor, n: int,
+                          events: dict[str, bool]) -> tuple[list[int], list[int], torch.Tensor]:
+        """Phase 2, the regions (section 3.1.1), and the count table of phase 3: ``(cuts,
+        counts, counts_table)``, ``selected[cuts[j]:cuts[j+1]]`` this rank's ``counts[j]``
+        entries of region j and ``counts_table[q, j]`` rank q's count of them. The call's first all-gather carries
+        (step, checksum of the shared state, payload, flag): the same length either way, so
+        ranks at different steps meet in it and raise together (see :meth:`_agree`) before acc
+        changes. On a repartition step the payload is this rank's count and boundary proposals
+        (the count table then takes one more all-gather), else the count table's row."""
+        size = self.comm.size
         repartition = self.boundaries is None or step % self.tau_prime == 0
         checksum = _state_checksum(self.boundaries, self.global_threshold)
         if repartition:
             c = selected.numel()
             proposals = [int(selected[(i * c) // size]) for i in range(1, size)] if c else [0] * (size - 1)
-            table = self._agree(step, checksum, [c, *proposals, 1], n)
-            voters = [q for q in range(size) if int(table[q, 2]) > 0]
-            bounds = [0]
-            for i in range(1, size):
-                if voters:  # integer mean in rank order: the same on every rank
-                    bounds.append(sum(int(table[q, 2 + i]) for q in voters) // len(voters))
-                else:
-                    bounds.append(i * n // size)
-            self.boundaries = bounds + [n]
+            self.boundaries = _mean_boundaries(self._agree(step, checksum, [c, *proposals, 1], n), size, n)
             events["repartition"] = True
         cuts = torch.searchsorted(selected, torch.tensor(self.boundaries, dtype=torch.int64,
                                                          device=selected.device)).tolist()
         counts = [cuts[j + 1] - cuts[j] for j in range(size)]
         if repartition:
-            counts_table = allgather_int64(comm, counts, n) if size > 1 else torch.tensor([counts], device="cpu")
+            counts_table = allgather_int64(self.comm, counts, n) if size > 1 else torch.tensor([counts], device="cpu")
         else:
             counts_table = self._agree(step, checksum, [*counts, 0], n)[:, 2:2 + size]
-        # from here on every rank is at the same step with the same shared state
-        acc.index_fill_(0, selected, 0)
+        return cuts, counts, counts_table
 
-        # 3. split and reduce, destination rotation
+    def _split_and_reduce(self, acc: torch.Tensor, selected: torch.Tensor, sel_values: torch.Tensor,
+                          cuts: list[int], counts: list[int], counts_table: torch.Tensor, n: int,
+                          itype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]:
+        """Phase 3, split and reduce with destination rotation (section 3.1.1): ``(cand_idx,
+        cand_val, split_err, split_sent)``, the sums of this rank's region in rank order, the
+        split messages' codec error per selected entry (None with a lossless codec) and the
+        entries sent."""
+        size, rank = self.comm.size, self.comm.rank
         own_idx = selected.to(itype)
         pieces_idx = [own_idx[cuts[j]:cuts[j + 1]] for j in range(size)]
         pieces_val = [sel_values[cuts[j]:cuts[j + 1]] for j in range(size)]
         received: dict[int, tuple[torch.Tensor, torch.Tensor]] = {rank: (pieces_idx[rank], pieces_val[rank])}
         # a lossy value codec's error of each selected entry (true - decoded; 0 in the own region,
-        # which is not sent): kept in acc only if the entry ends in the result (see the end)
+        # which is not sent): kept in acc only if the entry ends in the result (see _put_back)
         split_err = torch.zeros_like(sel_values) if not self.codec.lossless else None
         split_sent = 0
         for i in range(1, size):
@@ -418,11 +464,16 @@ class OkTopk(Algorithm):
             else:
                 cand_idx = torch.empty(0, dtype=itype, device=acc.device)
                 cand_val = torch.empty(0, dtype=acc.dtype, device=acc.device)
+        return cand_idx, cand_val, split_err, split_sent
 
-        # 4. global selection: at a reuse step every owner counts its reduced entries at or
-        # above each rung of the reused threshold's ladder; the counts are all-gathered before
-        # any entry moves, and the lowest rung selecting between 2k/3 and k in all is taken
-        # (everything when the candidates are at most k); otherwise the exact top-k
+    def _select_global(self, cand_idx: torch.Tensor, cand_val: torch.Tensor, acc: torch.Tensor, k: int, step: int,
+                       n: int, events: dict[str, bool]) -> tuple[torch.Tensor, torch.Tensor, list[int], int]:
+        """Phase 4, global selection with threshold reuse (section 3.1.2): ``(g_idx, g_val, g,
+        total_m)``, this rank's selected reduced entries, every rank's count of them and the
+        candidates of all ranks. At a reuse step every owner counts its reduced entries at or
+        above each rung of the reused threshold's ladder; the counts are all-gathered before
+        any entry moves, and the lowest rung selecting between 2k/3 and k in all is taken
+        (everything when the candidates are at most k); otherwise the exact top-k."""
         keys = _keys(cand_val)
         m = cand_idx.numel()
         reuse = self.global_threshold is not None and step % self.tau != 0
@@ -433,7 +484,7 @@ class OkTopk(Algorithm):
             at_or_above = torch.searchsorted(sorted_keys, torch.tensor(rung_keys, dtype=keys.dtype,
                                                                        device=keys.device))
             payload += (m - at_or_above).tolist()
-        mg = allgather_int64(comm, payload, n) if size > 1 else torch.tensor([payload], device="cpu")
+        mg = allgather_int64(self.comm, payload, n) if self.comm.size > 1 else torch.tensor([payload], device="cpu")
         total_m = int(mg[:, 0].sum())
         j = _pick_rung(mg[:, 1:].sum(dim=0).tolist(), k) if reuse else None
         if reuse and total_m <= k:                   # every candidate; the threshold stays
@@ -452,11 +503,16 @@ class OkTopk(Algorithm):
             else:
                 keep, g, t_key = self._radix_select(keys, k, n)
                 self.global_threshold = _key_value(t_key)
-        g_idx, g_val = cand_idx[keep], cand_val[keep]
+        return cand_idx[keep], cand_val[keep], g, total_m
 
-        # 5. balance and allgatherv
-        total_g = sum(g)
-        block = _balanced_blocks(total_g, size)
+    def _balance(self, g_idx: torch.Tensor, g_val: torch.Tensor, g: list[int], acc: torch.Tensor, n: int,
+                 itype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, list[int], int]:
+        """Phase 5, balance (section 3.1.2): the owners' lists, concatenated in rank order,
+        redistributed in one round into P blocks of equal size (sizes differ by at most one).
+        Returns ``(blk_idx, blk_val, block, balance_sent)``: this rank's block, every block's
+        size and the entries sent."""
+        size, rank = self.comm.size, self.comm.rank
+        block = _balanced_blocks(sum(g), size)
         block_start = [sum(block[:j]) for j in range(size)]
         list_start = [sum(g[:j]) for j in range(size)]
 
@@ -494,35 +550,44 @@ class OkTopk(Algorithm):
                 mine_val.append(v_)
         blk_idx = torch.cat(mine_idx) if mine_idx else torch.empty(0, dtype=itype, device=acc.device)
         blk_val = torch.cat(mine_val) if mine_val else torch.empty(0, dtype=acc.dtype, device=acc.device)
+        return blk_idx, blk_val, block, balance_sent
+
+    def _allgather(self, blk_idx: torch.Tensor, blk_val: torch.Tensor, block: list[int], acc: torch.Tensor,
+                   n: int) -> list[torch.Tensor]:
+        """Phase 5, allgatherv (section 3.1.2): every rank's block message, by the shared Bruck
+        all-gather (sizes known to all with the plain codec, carried in the messages
+        otherwise)."""
         message, _ = self._encode(blk_idx, blk_val, n, acc)
         if self.codec.plain:
-            blocks = bruck_allgather(comm, message, [self.codec.fixed_nbytes(b, n, acc.dtype) for b in block])
-        else:
-            blocks = bruck_allgather_var(comm, message)
-        with self.timed("merge"):
-            decoded = [self._decode(blocks[q], n, acc, q, block[q]) for q in range(size)]
-            final_idx = torch.cat([d[0] for d in decoded])
-            final_val = torch.cat([d[1] for d in decoded])
-            if final_idx.numel() > 1 and not bool((final_idx[1:] > final_idx[:-1]).all()):
-                raise WireFormatError(f"oktopk: rank {rank}: the gathered blocks are not in ascending index order")
-            ops.scatter_set_(out, final_idx, final_val, zero_rest=True)  # ascending: one write of out
-            # conservation: put back what this rank selected and the result does not hold; of
-            # what it holds, keep the split messages' codec error (the balance and all-gather
-            # errors are already in acc, at the rank that encoded them)
-            if selected.numel():
-                back = ~_member(final_idx.to(torch.int64), selected)
-                if split_err is not None:
-                    ops.scatter_add_(acc, selected, torch.where(back, sel_values, split_err))
-                elif bool(back.any()):
-                    ops.scatter_add_(acc, selected[back], sel_values[back])
-        self.last_nnz = int(final_idx.numel())
-        gathered = _bruck_entries(block, rank)
-        self.last_volume = {"split": split_sent, "balance": balance_sent, "allgather": gathered,
-                            "selected": int(selected.numel()), "global": total_g, "candidates": total_m, "k": k,
-                            "bound": volume_bound(k, size), "paper_bound": paper_bound(k, size)}
-        self.last_volume["entries"] = split_sent + balance_sent + gathered
-        self.last_events = events
-        self.step = step + 1
+            return bruck_allgather(self.comm, message, [self.codec.fixed_nbytes(b, n, acc.dtype) for b in block])
+        return bruck_allgather_var(self.comm, message)
+
+    def _write_result(self, blocks: list[torch.Tensor], block: list[int], acc: torch.Tensor, out: torch.Tensor,
+                      n: int) -> torch.Tensor:
+        """``out`` = the scatter of the gathered blocks, bit-identical on every rank; returns
+        their indices (ascending)."""
+        decoded = [self._decode(blocks[q], n, acc, q, block[q]) for q in range(self.comm.size)]
+        final_idx = torch.cat([d[0] for d in decoded])
+        final_val = torch.cat([d[1] for d in decoded])
+        if final_idx.numel() > 1 and not bool((final_idx[1:] > final_idx[:-1]).all()):
+            raise WireFormatError(f"oktopk: rank {self.comm.rank}: the gathered blocks are not in ascending "
+                                  "index order")
+        ops.scatter_set_(out, final_idx, final_val, zero_rest=True)  # ascending: one write of out
+        return final_idx
+
+    @staticmethod
+    def _put_back(acc: torch.Tensor, selected: torch.Tensor, sel_values: torch.Tensor,
+                  split_err: torch.Tensor | None, final_idx: torch.Tensor) -> None:
+        """The residual update (conservation, Algorithm 2's e_t, section 4): put back into acc
+        what this rank selected and the result does not hold; of what it holds, keep the split
+        messages' codec error (the balance and all-gather errors are already in acc, at the
+        rank that encoded them)."""
+        if selected.numel():
+            back = ~_member(final_idx.to(torch.int64), selected)
+            if split_err is not None:
+                ops.scatter_add_(acc, selected, torch.where(back, sel_values, split_err))
+            elif bool(back.any()):
+                ops.scatter_add_(acc, selected[back], sel_values[back])
 
     traffic_model = "estimated"
 
