@@ -33,6 +33,9 @@ ranks fail together: an error on one rank raises on every rank         test_fail
 naming it within 2 s; a killed peer is a CommError, a stopped one      argument error and reorder on gloo,
 a CommTimeoutError; own process group and per-call tags                mpirun and simulated; SIGKILL and SIGSTOP;
 (find_unused_parameters)                                               find_unused_parameters), test_comm_mpi.py
+close() of a Comm, a hook state, a reducer releases what it took       test_fault_suite.py (rebuild loops: TorchComm,
+                                                                       DDPHookState, two-level SparseAllreduce),
+                                                                       test_comm_mpi.py (MPIComm)
 a hook checkpoint resumes bit-identically in fresh processes           test_resume.py (every algorithm x 10 DDP
                                                                        configurations x P = 2, 3; warm-up;
                                                                        density schedule; auto's default trials),

@@ -107,6 +107,8 @@ class Placement:
 
     hierarchy = "flat"
     nodes: NodeComms | None = None
+    #: whether the two-level Comms were split for this placement (then :meth:`close` closes them)
+    owns_nodes = False
 
     def comms(self, world: Comm) -> list[Comm]:
         """Every Comm a call may use, to check and abort together."""
@@ -137,6 +139,15 @@ class Placement:
 
     def decided(self) -> bool:
         return True
+
+    def close(self) -> None:
+        """Close the two-level Comms this placement split (NodeComms passed in are the caller's)."""
+        split = self._split_nodes()
+        if self.owns_nodes and split is not None:
+            split.close()
+
+    def _split_nodes(self) -> NodeComms | None:
+        return self.nodes
 
     def run(self, algorithm, flat: torch.Tensor, acc: torch.Tensor, k: int, work_out: torch.Tensor,
             carry: torch.Tensor | None) -> float:
@@ -276,6 +287,9 @@ class AutoPlacement(Placement):
     def decided(self) -> bool:
         return self.choice is not None
 
+    def _split_nodes(self):
+        return self.candidates
+
     def comms(self, world):
         nodes = self.chosen.nodes if self.choice else self.candidates
         return [world] if nodes is None else nodes.comms
@@ -343,10 +357,13 @@ class AutoPlacement(Placement):
 def make_placement(hierarchy: str, comm: Comm, nodes: "Topology | NodeComms | None") -> Placement:
     """The placement of ``hierarchy`` over ``comm`` (collective when it splits the Comm)."""
     if hierarchy == "node":
-        return NodePlacement(node_comms(comm, nodes))
-    if hierarchy == "auto":
-        return AutoPlacement(candidate_node_comms(comm, nodes))
-    return FlatPlacement()
+        placement: Placement = NodePlacement(node_comms(comm, nodes))
+    elif hierarchy == "auto":
+        placement = AutoPlacement(candidate_node_comms(comm, nodes))
+    else:
+        return FlatPlacement()
+    placement.owns_nodes = not isinstance(nodes, NodeComms)
+    return placement
 
 
 def shard_ks(density: float, n: int, ranks_per_node: int) -> list[int]:

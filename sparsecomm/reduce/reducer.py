@@ -139,6 +139,9 @@ class SparseAllreduce:
         cls = algorithms.get(algorithm)
         if comm is None and isinstance(topology, NodeComms):
             comm = topology.world
+        #: close() closes the Comm only when the reducer built it
+        self._owns_comm = comm is None
+        self._closed = False
         if comm is None:
             from ..comm.torch_comm import TorchComm
             comm = TorchComm()
@@ -222,6 +225,26 @@ class SparseAllreduce:
             return self.density
         return self.density_schedule.density_at(step, self.density)
 
+    def close(self) -> None:
+        """Release what the reducer built: the two-level Comms it split (``hierarchy="node"`` or
+        ``"auto"`` with a Topology or torchrun's variables) and the TorchComm it made when no
+        ``comm`` was given -- their process groups, sockets and threads. A Comm or NodeComms
+        passed in is the caller's to close. Call it on every rank when done (or use the reducer
+        as a context manager: ``with SparseAllreduce(...) as reducer:``); later calls raise
+        ValueError, ``state_dict()`` still works. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.placement.close()
+        if self._owns_comm and hasattr(self.comm, "close"):
+            self.comm.close()
+
+    def __enter__(self) -> "SparseAllreduce":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
     def reset(self) -> None:
         """Forget the residual (e.g. before reusing the reducer for another tensor).
 
@@ -302,6 +325,9 @@ class SparseAllreduce:
     @torch.compiler.disable
     def __call__(self, grad: torch.Tensor, out: torch.Tensor | None = None, *, step: int | None = None) -> torch.Tensor:
         """Reduce ``grad``; ``step`` picks the density schedule's step (default: calls so far)."""
+        if self._closed:
+            raise ValueError(f"{self._label} was closed; build a new one on every rank (its state_dict() carries "
+                             "the residual)")
         for comm in self._comms():
             comm.check_usable()
         # The caller's arguments are checked before the call scope, so nothing of this call
