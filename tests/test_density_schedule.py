@@ -134,3 +134,35 @@ def test_hook_state_keeps_the_schedule_and_refuses_another():
     same.load_state_dict(saved)
     with pytest.raises(ValueError, match="density_schedule"):
         sc.DDPHookState("spardl", 0.001).load_state_dict(saved)
+
+
+@pytest.mark.parametrize("step, message", [(-1, "step must be an integer >= 0, got -1"),
+                                           ("a", r"step must be an integer >= 0, got 'a' \(str\)"),
+                                           (1.5, r"got 1.5 \(float\)"), (True, "got True")])
+def test_a_step_that_is_no_step_is_a_clear_value_error(step, message):
+    """The schedule, the hook and the reducer refuse a negative or non-integer step (a step of -1
+    once gave the final density silently, 'a' an internal TypeError); a peer of the rank that
+    passed it is aborted, naming it and the cause, instead of waiting."""
+    schedule = DensitySchedule.per_step([0.5, 0.1])
+    with pytest.raises(ValueError, match=message):
+        schedule.density_at(step, 0.01)
+    with pytest.raises(ValueError, match=message):
+        sc.DDPHookState("topka", 0.01, density_schedule=schedule).density_at(step)
+
+    def fn(comm):
+        reducer = sc.SparseAllreduce("topka", 0.01, comm=comm, density_schedule=schedule)
+        try:
+            reducer(torch.ones(100), step=step if comm.rank == 1 else 0)
+        except Exception as exc:   # each rank's own error, compared below
+            return type(exc).__name__, str(exc)
+        return None, ""
+    results = simulate(2, fn).results
+    assert results[1][0] == "ValueError" and "step must be an integer >= 0" in results[1][1], results[1]
+    assert "rank 1 failed: ValueError: step must be an integer >= 0" in results[0][1], results[0]
+
+
+def test_numpy_and_torch_integer_steps_are_steps():
+    import numpy as np
+
+    schedule = DensitySchedule.per_step([0.5, 0.1])
+    assert schedule.density_at(np.int64(1), 0.01) == schedule.density_at(torch.tensor(1), 0.01) == 0.1

@@ -78,6 +78,7 @@ from .. import algorithms
 from ..comm.base import Comm
 from ..comm.topology import NodeComms, Topology
 from ..reduce import CHECKPOINT_VERSION, DensitySchedule, SparseAllreduce, check_hierarchy, saved_text
+from ..reduce.density import check_step
 from ..reduce.checkpoint import fingerprint, gather_rank_parts, loaded_fingerprint, pack_rank_part
 from .bucket_layout import BucketLayout, LayoutBucket
 from .bucket_worker import BucketWorker
@@ -186,7 +187,7 @@ class DDPHookState(HookConfig):
 
     def density_at(self, step: int | None = None) -> float:
         """The density of hook step ``step`` (default: the next step); 1.0 during ``warmup_steps``."""
-        step = self.step if step is None else step
+        step = self.step if step is None else check_step(step)
         if step < self.warmup_steps:
             return 1.0
         return self.density if self.density_schedule is None else self.density_schedule.density_at(step, self.density)

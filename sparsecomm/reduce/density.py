@@ -27,10 +27,11 @@ gives the same k.
 from __future__ import annotations
 
 import math
+import operator
 from fractions import Fraction
 from typing import Any, Sequence
 
-__all__ = ["DensitySchedule", "as_schedule", "check_density", "k_for"]
+__all__ = ["DensitySchedule", "as_schedule", "check_density", "check_step", "k_for"]
 
 _KINDS = ("per_step", "exponential")
 
@@ -45,6 +46,19 @@ def k_for(density: float, n: int) -> int:
     if n == 0:
         return 0
     return min(n, max(1, math.ceil(Fraction(repr(float(density))) * n)))
+
+
+def check_step(step: Any) -> int:
+    """``step`` as an int; a ValueError unless it is an integer >= 0 (a step of training, 0-based)."""
+    if isinstance(step, bool):
+        raise ValueError(f"step must be an integer >= 0, got {step!r}")
+    try:
+        value = operator.index(step)
+    except TypeError:
+        raise ValueError(f"step must be an integer >= 0, got {step!r} ({type(step).__name__})") from None
+    if value < 0:
+        raise ValueError(f"step must be an integer >= 0, got {value}")
+    return value
 
 
 def check_density(value: Any, what: str = "density") -> float:
@@ -114,8 +128,10 @@ class DensitySchedule:
 
     # -- use -----------------------------------------------------------------------------------
     def density_at(self, step: int, final: float) -> float:
-        """The density of step ``step`` when the density after the warm-up is ``final``."""
-        if step >= self.warmup_steps or step < 0:
+        """The density of step ``step`` (an integer >= 0, else ValueError) when the density after
+        the warm-up is ``final``."""
+        step = check_step(step)
+        if step >= self.warmup_steps:
             return float(final)
         if self.kind == "per_step":
             return self.densities[step // self.stage_steps]

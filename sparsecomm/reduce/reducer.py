@@ -66,7 +66,7 @@ from ..errors import AgreedValueError
 from ..formats.header import AgreementKind
 from .agreement import Signature, agree, signature
 from .checkpoint import CHECKPOINT_VERSION, check_owner, check_version, fingerprint, loaded_fingerprint
-from .density import DensitySchedule, as_schedule, check_density, k_for
+from .density import DensitySchedule, as_schedule, check_density, check_step, k_for
 from .nonfinite import NONFINITE_POLICIES, check_nonfinite, nonfinite_error, nonfinite_flag
 from .placement import AutoPlacement, check_hierarchy, make_placement, shard_ks
 
@@ -337,6 +337,8 @@ class SparseAllreduce:
         # rank raises its own error (ValueError). On one rank nothing waits: no abort.
         try:
             self._check_arguments(grad, out)
+            if step is not None:
+                step = check_step(step)
         except (ValueError, TypeError) as exc:
             for comm in self._comms():
                 if comm.size > 1:
