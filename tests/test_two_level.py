@@ -608,3 +608,29 @@ def test_skcompress_keeps_its_own_topology_option_in_two_levels():
     results = simulate(4, rank).results
     assert {r[0] for r in results} == {"ps"}
 
+
+
+def _gloo_one_flat_rank(rank, world):
+    start = time.perf_counter()
+    try:
+        if rank == 0:
+            reducer = SparseAllreduce("topka", 0.1)
+        else:
+            reducer = SparseAllreduce("topka", 0.1, hierarchy="node", nodes=Topology(2, 2))
+        reducer(torch.randn(100))
+        return {"type": None, "msg": "", "s": time.perf_counter() - start}
+    except Exception as exc:   # each rank's own error, compared below
+        return {"type": type(exc).__name__, "msg": str(exc), "s": time.perf_counter() - start}
+
+
+@pytest.mark.distributed
+def test_a_flat_rank_among_two_level_ranks_is_told_the_hierarchy():
+    """One rank builds a flat reducer, its peers two-level ones: every rank raises within seconds,
+    and the error says the others are in the node split of hierarchy='node' or 'auto' (it said
+    "a call outside any reducer")."""
+    from sparsecomm.testing import spawn
+
+    outs = spawn(_gloo_one_flat_rank, 4, timeout=120)
+    for rank, out in enumerate(outs):
+        assert out["type"] is not None and out["s"] < 10, (rank, out)
+        assert "node split of a two-level reducer" in out["msg"] and "same hierarchy" in out["msg"], (rank, out)

@@ -214,6 +214,8 @@ class Comm(ABC):
         self._scopes = 0
         #: (scope, call number) this rank is in, or None outside any call scope
         self._current: tuple[CallScope, int] | None = None
+        #: what a wait outside any call scope is in, for reorder errors (:meth:`outside_calls`)
+        self._outside: str | None = None
         self.tag = BASE_TAG
         #: the abort message once the Comm is broken
         self._broken: str | None = None
@@ -231,9 +233,19 @@ class Comm(ABC):
     def waiting_in(self) -> str:
         """What this rank is in, for reorder errors: the scope's label and call number."""
         if self._current is None:
-            return "a call outside any reducer"
+            return self._outside or "a call outside any reducer"
         scope, call = self._current
         return f"{scope.label} call {call}"
+
+    @contextlib.contextmanager
+    def outside_calls(self, label: str) -> Iterator[None]:
+        """Name the collective steps inside (outside any call scope, on the Comm's own tag) for
+        reorder errors, so a rank that meets a peer in another step is told which."""
+        saved, self._outside = self._outside, label
+        try:
+            yield
+        finally:
+            self._outside = saved
 
     @contextlib.contextmanager
     def call_scope(self, scope: CallScope, max_message_bytes: int | None = None,

@@ -30,6 +30,11 @@ from .shared_memory import NodeSharedMemory
 
 __all__ = ["Topology", "NodeComms"]
 
+#: what a rank in :meth:`Topology.split` waits in, as a reorder error names it: a rank that builds
+#: a flat reducer meets it there when its peers build two-level ones
+SPLIT_LABEL = ("the node split of a two-level reducer or hook (hierarchy='node' or 'auto'; every rank must "
+               "use the same hierarchy)")
+
 
 def _env_int(env: Mapping[str, str], *names: str) -> tuple[int | None, str]:
     """The first of ``names`` that is set (non-empty), as an int, and its name."""
@@ -133,7 +138,8 @@ class Topology:
         ranks' topologies differ, when ``nodes * ranks_per_node`` is not ``comm.size``, or when
         two ranks claim the same place."""
         mine = torch.tensor([self.nodes, self.ranks_per_node, *self.place(comm.rank)], dtype=torch.int64)
-        every = comm.allgather_small(mine).tolist()
+        with comm.outside_calls(SPLIT_LABEL):
+            every = comm.allgather_small(mine).tolist()
         check_placements(every, comm.size)
         intra, inter = groups_of(every)
         node, local = self.place(comm.rank)
