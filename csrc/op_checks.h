@@ -211,6 +211,8 @@ inline Tensor sketch_indices(Device dev, const Tensor& idx, const Tensor& table,
 // What err.input of the ZEN kernels indexes.
 inline const std::string kZenPartitionNames[] = {"idx", "n", "parts", "block", "owner", "val"};
 inline const std::string kZenBitmapNames[] = {"idx", "n", "parts", "block", "owner", "bitmap"};
+// the decode's input 0 is the bitmap (a malformed one came from a peer)
+inline const std::string kZenDecodeNames[] = {"bitmap", "n", "parts", "block", "owner", "idx"};
 
 inline void check_zen_indices(Device dev, const char* op, const Tensor& idx) {
   Placement(dev, idx).check_vector(idx, op, "idx");

@@ -256,10 +256,10 @@ Tensor zen_bitmap_decode_cuda(const Tensor& bitmap, int64_t n, int64_t parts, in
   c10::cuda::CUDAGuard guard(bitmap.device());
   Tensor bc = bitmap.contiguous();
   int64_t count = 0;
-  call_kernel(op, {kZenBitmapNames, 6}, sc_cuda_zen_bitmap_decode, bc.data_ptr<uint8_t>(), bc.numel(), n, parts,
+  call_kernel(op, {kZenDecodeNames, 6}, sc_cuda_zen_bitmap_decode, bc.data_ptr<uint8_t>(), bc.numel(), n, parts,
               (uint64_t)seed, block, owner, nullptr, 0, &count, stream());
   Tensor out = at::empty({count}, bc.options().dtype(at::kLong));
-  call_kernel(op, {kZenBitmapNames, 6}, sc_cuda_zen_bitmap_decode, bc.data_ptr<uint8_t>(), bc.numel(), n, parts,
+  call_kernel(op, {kZenDecodeNames, 6}, sc_cuda_zen_bitmap_decode, bc.data_ptr<uint8_t>(), bc.numel(), n, parts,
               (uint64_t)seed, block, owner, out.data_ptr<int64_t>(), count, &count, stream());
   return out;
 }

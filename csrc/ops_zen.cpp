@@ -69,7 +69,7 @@ Tensor bitmap_decode_cpu(const Tensor& bitmap, int64_t n, int64_t parts, int64_t
   for (; j < nbytes; j++) bound += sc_zen_popcount64(bits[j]);
   Tensor out = empty_out(bound, bc.options().dtype(at::kLong));
   int64_t count = 0;
-  call_kernel(op, {kZenBitmapNames, 6}, sc_zen_bitmap_decode, bits, nbytes, n, parts, (uint64_t)seed, block, owner,
+  call_kernel(op, {kZenDecodeNames, 6}, sc_zen_bitmap_decode, bits, nbytes, n, parts, (uint64_t)seed, block, owner,
               out.data_ptr<int64_t>(), bound, &count);
   return count == bound ? out : out.narrow(0, 0, count).clone();
 }

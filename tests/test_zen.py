@@ -107,6 +107,22 @@ def test_bitmap_decode_rejects_malformed_bitmaps(torch_path):
             ops.zen_bitmap_encode(torch.tensor(ref_class(n, parts, SEED, block, 0)[:1]), n, parts, SEED, block, owner)
 
 
+@pytest.mark.parametrize("torch_path", [False, True], ids=["C", "torch"])
+@pytest.mark.parametrize("n", [1 << 31, (1 << 62) + 5, (1 << 63) - 1])
+def test_a_short_bitmap_is_refused_within_its_own_length(torch_path, n):
+    """A peer's bitmap far shorter than its class (claimed N of 2^31 .. 2^63 - 1) is refused as
+    malformed, naming the bitmap, after a walk of the blocks its own bits can cover: a walk over
+    all N / block blocks took 9 s at 2^31 and never ended at 2^63 - 1 (the bound below only tells a
+    walk of the bitmap's length from one of N's)."""
+    import time
+
+    for nbytes in (0, 1, 3):
+        start = time.perf_counter()
+        with _path(torch_path), pytest.raises(WireFormatError, match="bitmap is malformed"):
+            ops.zen_bitmap_decode(torch.zeros(nbytes, dtype=torch.uint8), n, 2, SEED, 1, 0)
+        assert time.perf_counter() - start < 2.0, (n, nbytes)
+
+
 # -- the algorithm ------------------------------------------------------------------------
 def _grads(P: int, n: int, step: int = 0) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(100 + step)

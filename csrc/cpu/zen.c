@@ -174,9 +174,17 @@ int sc_zen_bitmap_decode(const uint8_t* bitmap, int64_t nbytes, int64_t n, int64
                          int64_t block, int64_t owner, int64_t* out_idx, int64_t cap, int64_t* count,
                          sc_error_info* err) {
   if (!out_idx) {
-    int64_t cs = 0;
-    int st = class_size(n, parts, seed, block, owner, &cs, err);
+    /* the class measured only as far as the bitmap reaches: a bitmap too short for its class is
+     * found within its own length, not after a walk over all n / block blocks */
+    int st = check_args(n, parts, block, err);
     if (st) return st;
+    if (owner < 0 || owner >= parts) return sc_fail(err, SC_ERR_ARG, 4, 0, owner);
+    if (nbytes < 0 || nbytes > n / 8 + (n % 8 != 0)) return sc_fail(err, SC_ERR_MALFORMED, 0, -1, nbytes);
+    const int64_t nbits = nbytes * 8, nblocks = n ? ((n - 1) / block) + 1 : 0;
+    int64_t cs = 0;
+    for (int64_t b = 0; b < nblocks && cs <= nbits; b++)
+      if (sc_zen_block_owner(seed, b, (uint64_t)parts) == (uint64_t)owner)
+        cs += n - b * block < block ? n - b * block : block; /* the last block may be short */
     st = check_bitmap_tail(bitmap, nbytes, cs, err);
     if (st) return st;
     int64_t c = 0, j = 0;

@@ -57,15 +57,28 @@ def zen_partition(idx: torch.Tensor, val: torch.Tensor, n: int, parts: int, seed
     return idx[order], val[order], counts
 
 
-def _class_blocks(n: int, parts: int, seed: int, block: int, owner: int, device) -> tuple[torch.Tensor, int]:
-    """(owner's block numbers ascending, its class size)."""
+def _class_blocks(n: int, parts: int, seed: int, block: int, owner: int, device,
+                  limit: int | None = None) -> tuple[torch.Tensor, int]:
+    """(owner's block numbers ascending, its class size). With ``limit`` the blocks are walked
+    in chunks and the walk stops once the class holds more than ``limit`` indices: the size then
+    only says that it is larger (a peer's bitmap is checked within its own length, not n's)."""
     nblocks = -(-n // block)
-    b = torch.arange(nblocks, dtype=torch.int64, device=device)
-    mine = b[_block_owner(b, seed, parts) == owner]
-    size = mine.numel() * block
+    chunk = max(nblocks, 1) if limit is None else _LIMITED_CHUNK
+    found, size = [], 0
+    for start in range(0, nblocks, chunk):
+        b = torch.arange(start, min(start + chunk, nblocks), dtype=torch.int64, device=device)
+        found.append(b[_block_owner(b, seed, parts) == owner])
+        size += found[-1].numel() * block
+        if limit is not None and size > limit:
+            break
+    mine = torch.cat(found) if found else torch.empty(0, dtype=torch.int64, device=device)
     if nblocks and mine.numel() and int(mine[-1]) == nblocks - 1:
         size -= nblocks * block - n
     return mine, size
+
+
+#: blocks per chunk of a walk bounded by a bitmap's length
+_LIMITED_CHUNK = 1 << 20
 
 
 def _check_owner(op: str, parts: int, owner: int) -> None:
@@ -101,8 +114,8 @@ def zen_bitmap_decode(bitmap: torch.Tensor, n: int, parts: int, seed: int, block
         raise TypeError(f"{op}: bitmap must be uint8, got {bitmap.dtype}")
     _check_args(op, n, parts, block)
     _check_owner(op, parts, owner)
-    blocks, size = _class_blocks(n, parts, seed, block, owner, bitmap.device)
     nbytes = bitmap.numel()
+    blocks, size = _class_blocks(n, parts, seed, block, owner, bitmap.device, limit=8 * nbytes)
     if nbytes != (size + 7) // 8:
         raise ValueError(f"{WIRE_PREFIX}{op}: bitmap is malformed at position -1 (value {nbytes})")
     if size & 7:
