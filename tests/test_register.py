@@ -158,3 +158,40 @@ def test_the_gather_moves_bytes_rank0_never_decodes():
     assert {k: v for k, v in out[0].items() if k.startswith("rank")} == \
         {f"rank{r}": bytes([r]) * (10 + r) for r in range(3)}
     assert sorted(out[2]) == ["checkpoint_version", "fingerprint", "rank2", "sparsecomm", "world_size"]
+
+
+def _load_rank0_file(rank, world_size, path):
+    """Resume from the one file rank 0 wrote (Lightning's and Accelerate's way) with the state's
+    own Comm (built at its first bucket): (error type, message, seconds until it was raised)."""
+    import time
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(_net(), bucket_cap_mb=0.005)
+    state = sc.register(model, sc.DDPHookState("topka", 0.05))
+    start = time.perf_counter()
+    try:
+        state.load_state_dict(torch.load(path, weights_only=True)["hook"])
+        x, y = _batch(rank, 0)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        return None, "", time.perf_counter() - start
+    except Exception as exc:   # each rank's own error, compared below
+        return type(exc).__name__, str(exc), time.perf_counter() - start
+    finally:
+        state.close()
+
+
+@pytest.mark.distributed
+def test_a_world_size_change_on_resume_is_the_same_error_on_every_rank(tmp_path):
+    """Saved by 2 ranks into rank 0's one file, resumed by 3 (and saved by 3, resumed by 2): every
+    rank raises the ValueError that names the world-size change, within seconds. Before, the rank
+    added since found no part of its own and raised "save one file per rank" alone, and the
+    others waited for it in the Comm's construction for the process group's timeout (30 min)."""
+    for saved, resumed in ((2, 3), (3, 2)):
+        path = str(tmp_path / f"ckpt{saved}.pt")
+        spawn(_train, saved, path, False, timeout=180)
+        outs = spawn(_load_rank0_file, resumed, path, timeout=120)
+        for rank, (kind, msg, seconds) in enumerate(outs):
+            assert kind == "ValueError" and f"saved by a run of {saved} ranks; this run has {resumed}" in msg, \
+                (saved, resumed, rank, kind, msg)
+            assert seconds < 30, (saved, resumed, rank, seconds)

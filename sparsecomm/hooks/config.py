@@ -107,7 +107,7 @@ class HookConfig:
         its checkpoint version, every key, and the configuration it was saved with. A
         ValueError saying what to do otherwise."""
         if isinstance(state, dict) and state.get("sparsecomm") == self.KIND:
-            state = unpack_rank_part(self.KIND, state, self._rank_and_size()[0])
+            state = unpack_rank_part(self.KIND, state, *self._rank_and_size())
         check_version(state, self.KIND)
         # every state of this checkpoint version has every key; one without them is no state_dict()
         missing = [key for key in self.STATE_KEYS if key not in state]

@@ -411,6 +411,29 @@ class DDPHookState(HookConfig):
         density, options or schedule, another checkpoint version. Ranks that load different
         saves (or some none) raise together at their first sparse bucket (the reducers'
         handshake compares the save's fingerprint)."""
+        try:
+            state, raw, mark = self._refuse_or_take(state)
+        except (ValueError, TypeError) as exc:
+            # any refusal, on this rank only or on every rank: the peers that loaded their state
+            # are about to build the Comm at their first bucket (a collective: without this rank
+            # it waits for the process group's timeout) and wait for this rank's messages; join
+            # that construction and abort the Comm, so they raise naming this rank at once
+            size = self._rank_and_size()[1]
+            if size is not None and size > 1 and not self._closed:
+                self.comm.abort(f"{type(exc).__name__}: {exc} (loading the hook's state, before it sent anything)")
+            raise
+        self._drain()
+        self._checkpoint_id = mark
+        self.step = int(state["step"])
+        self.warmup_steps = int(state["warmup_steps"])
+        self._reducers.clear()
+        self._layout.load_state(state)
+        self._loose_residuals = {int(k): v for k, v in state["residuals"].items()}
+        self._loose_algorithm_states = {int(j): dict(s) for j, s in raw.items()}
+
+    def _refuse_or_take(self, state: Any) -> tuple[dict[str, Any], dict, int]:
+        """The checks of :meth:`load_state_dict`: this rank's part, its version, keys,
+        configuration, hierarchy and owner. Returns (state, algorithm states, fingerprint)."""
         state = self._checked_load(state)
         mine = saved_text(self.hierarchy, self.topology)
         if state.get("hierarchy", "flat") != mine:
@@ -422,26 +445,8 @@ class DDPHookState(HookConfig):
             raise ValueError("state_dict's algorithm_states must map bucket numbers to dicts (each an algorithm's "
                              f"state_dict()); got {raw!r}"[:300])
         mark = loaded_fingerprint(state)
-        per_rank = bool(state.get("residuals")) or bool(raw)
-        size = self._rank_and_size()[1]
-        try:
-            self._check_owner(state, per_rank)
-        except ValueError as exc:
-            # the peers that loaded their own state are about to build the Comm at their first
-            # bucket (a collective: without this rank it waits for the process group's timeout)
-            # and wait for this rank's messages: join that construction and abort the Comm, so
-            # they raise naming this rank at once
-            if size is not None and size > 1 and not self._closed:
-                self.comm.abort(f"ValueError: {exc} (loading the hook's state, before it sent anything)")
-            raise
-        self._drain()
-        self._checkpoint_id = mark
-        self.step = int(state["step"])
-        self.warmup_steps = int(state["warmup_steps"])
-        self._reducers.clear()
-        self._layout.load_state(state)
-        self._loose_residuals = {int(k): v for k, v in state["residuals"].items()}
-        self._loose_algorithm_states = {int(j): dict(s) for j, s in raw.items()}
+        self._check_owner(state, bool(state.get("residuals")) or bool(raw))
+        return state, raw, mark
 
     def __getstate__(self) -> dict[str, Any]:
         # process groups, communicators and the worker thread cannot be pickled;

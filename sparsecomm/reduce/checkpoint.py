@@ -72,15 +72,20 @@ def loaded_fingerprint(state: dict[str, Any]) -> int:
     return mark
 
 
-def check_owner(what: str, saved_rank: Any, saved_size: Any, rank: int | None, size: int | None,
-                per_rank: bool) -> None:
-    """Refuse a state saved by another rank (when it holds per-rank data) or with another
-    number of ranks. ``rank``/``size`` None: not known here yet (checked again when they are)."""
+def check_world_size(what: str, saved_size: Any, size: int | None) -> None:
+    """Refuse a state saved with another number of ranks (``size`` None: not known yet)."""
     if saved_size is not None and size is not None and int(saved_size) != size:
         raise ValueError(f"this {what} state_dict was saved by a run of {saved_size} ranks; this run has {size}. "
                          "A world-size change on resume is not supported: the residuals are per rank and cannot "
                          f"be re-split. Resume with {saved_size} ranks, or build the {what} fresh without loading "
                          "its state (the residuals, what the ranks had not sent yet, are dropped)")
+
+
+def check_owner(what: str, saved_rank: Any, saved_size: Any, rank: int | None, size: int | None,
+                per_rank: bool) -> None:
+    """Refuse a state saved by another rank (when it holds per-rank data) or with another
+    number of ranks. ``rank``/``size`` None: not known here yet (checked again when they are)."""
+    check_world_size(what, saved_size, size)
     if per_rank and saved_rank is not None and rank is not None and int(saved_rank) != rank:
         raise ValueError(f"this {what} state_dict holds the state of rank {saved_rank} (of {saved_size}); this is "
                          f"rank {rank}. Loading it here would silently drift from the uninterrupted run: "
@@ -99,10 +104,12 @@ def pack_rank_part(what: str, local: dict[str, Any]) -> dict[str, Any]:
             "world_size": local["world_size"], "fingerprint": local["fingerprint"], key: buffer.getvalue()}
 
 
-def unpack_rank_part(what: str, packed: dict[str, Any], rank: int | None) -> dict[str, Any]:
+def unpack_rank_part(what: str, packed: dict[str, Any], rank: int | None, size: int | None = None) -> dict[str, Any]:
     """Rank ``rank``'s local state out of :func:`pack_rank_part`'s dict (the only part, when
-    there is one: its owner is checked by the caller), or the error naming whose it is."""
+    there is one: its owner is checked by the caller), or the error naming whose it is. A save of
+    another world size than ``size`` is refused first, as such (a rank added since has no part)."""
     check_version(packed, what)
+    check_world_size(what, packed.get("world_size"), size)
     parts = {key: value for key, value in packed.items() if key.startswith("rank")}
     key = f"rank{rank}" if f"rank{rank}" in parts else ("rank?" if "rank?" in parts else None)
     if key is None and len(parts) == 1:
