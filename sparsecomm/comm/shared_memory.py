@@ -12,7 +12,9 @@ node, on a CPU node.
 The segment (``/dev/shm``) holds two buffers of L slots of the largest bucket seen, used on
 alternate calls: a rank writes a buffer only after every rank passed the previous call's
 barriers, so no slot is written while a peer still reads it. It is unlinked once every rank
-has mapped it (nothing is left behind, even when a process dies later). The barriers are one
+has mapped it, and on every error of its setup (a peer that fails or dies before then makes the
+creator's barrier raise); a file whose creator died before it could unlink it (its name carries
+the creator's pid) is removed by the next setup on the host (:func:`remove_stale_segments`). The barriers are one
 round of one-byte messages on the node's Comm: they have its deadline and its abort, so a
 rank that fails between them makes its peers raise. Summation is in the message path's order
 (the peers' slices in rank order, then the rank's own) (:func:`~sparsecomm.comm.collectives.direct_reduce_scatter_into_`), so both give
@@ -22,6 +24,7 @@ the same bits.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import tempfile
 
@@ -30,12 +33,50 @@ import torch
 from .base import Comm
 from .collectives import block_bounds
 
-__all__ = ["NodeSharedMemory"]
+__all__ = ["NodeSharedMemory", "remove_stale_segments"]
 
 #: where the segments live (a tmpfs on Linux)
 SHM_DIR = "/dev/shm"
+#: a segment's (or probe's) name: the creator's pid first, so a dead creator's file is found
+_FILE = re.compile(r"sparsecomm-(\d+)-")
 #: bytes of the probe file's name sent to the peers
 _NAME = 48
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # another user's live process
+        return True
+    return True
+
+
+def remove_stale_segments(directory: str = SHM_DIR) -> list[str]:
+    """Unlink the segments and probes whose creator no longer runs (it died between making the
+    file and unlinking it); the files of live processes stay. Returns the names removed."""
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        found = _FILE.match(name)
+        if found and not _alive(int(found.group(1))):
+            try:
+                os.unlink(os.path.join(directory, name))
+                removed.append(name)
+            except OSError:
+                pass
+    return removed
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 class NodeSharedMemory:
@@ -58,29 +99,29 @@ class NodeSharedMemory:
         if comm.size < 2 or os.environ.get("SPARSECOMM_NODE_SHM", "1") == "0" or not os.path.isdir(SHM_DIR):
             return None
         token = torch.zeros(_NAME + 16, dtype=torch.uint8)
-        path = None
+        made = None
         if comm.rank == 0:
-            fd, path = tempfile.mkstemp(prefix="sparsecomm-", dir=SHM_DIR)
+            remove_stale_segments()
+            fd, made = tempfile.mkstemp(prefix=f"sparsecomm-{os.getpid()}-", dir=SHM_DIR)
             secret = secrets.token_bytes(16)
             os.write(fd, secret)
             os.close(fd)
-            name = os.path.basename(path).encode().ljust(_NAME, b"\0")
+            name = os.path.basename(made).encode().ljust(_NAME, b"\0")
             token = torch.frombuffer(bytearray(name + secret), dtype=torch.uint8)
-        token = comm.allgather_small(token)[0]
-        name = bytes(token[:_NAME].tolist()).rstrip(b"\0").decode(errors="replace")
-        secret = bytes(token[_NAME:].tolist())
-        path = os.path.join(SHM_DIR, name)
         try:
-            with open(path, "rb") as f:
-                same = f.read(16) == secret
-        except OSError:
-            same = False
-        every = comm.allgather_small(torch.tensor([int(same)], dtype=torch.uint8))
-        if comm.rank == 0:
+            token = comm.allgather_small(token)[0]
+            name = bytes(token[:_NAME].tolist()).rstrip(b"\0").decode(errors="replace")
+            secret = bytes(token[_NAME:].tolist())
+            path = os.path.join(SHM_DIR, name)
             try:
-                os.unlink(path)
+                with open(path, "rb") as f:
+                    same = f.read(16) == secret
             except OSError:
-                pass
+                same = False
+            every = comm.allgather_small(torch.tensor([int(same)], dtype=torch.uint8))
+        finally:
+            if made is not None:   # the probe goes whether its round succeeded or not
+                _unlink(made)
         if not bool(every.all()):
             return None
         return cls(comm, path)
@@ -103,17 +144,20 @@ class NodeSharedMemory:
             self._generation += 1
             path = f"{self._base}-{self._generation}"
             nbytes = 2 * size * capacity
-            if self.comm.rank == 0:
+            creator = self.comm.rank == 0
+            if creator:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
                 try:
                     os.ftruncate(fd, nbytes)
                 finally:
                     os.close(fd)
-            self._barrier()     # made before anyone maps it
-            storage = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
-            self._barrier()     # mapped everywhere: the name can go
-            if self.comm.rank == 0:
-                os.unlink(path)
+            try:
+                self._barrier()     # made before anyone maps it
+                storage = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+                self._barrier()     # mapped everywhere: the name can go
+            finally:
+                if creator:   # also when a peer failed or died before mapping it
+                    _unlink(path)
             self._storage, self._capacity = storage, capacity
         which = self._calls % 2
         slot = self._capacity
