@@ -52,7 +52,7 @@ import torch
 from .collectives import bruck_allgather
 
 __all__ = ["Comm", "CommStats", "check_groups", "CommTimeoutError", "CommError", "CommAbortedError", "CommPeerTimeoutError", "CallScope",
-           "ring_allreduce_cost", "DEFAULT_TIMEOUT"]
+           "ring_allreduce_cost", "DEFAULT_TIMEOUT", "abort_together"]
 
 #: Default seconds a round may wait for its peers (every backend): long enough for a slow
 #: step of a large model, short enough that a stuck job fails within minutes, not hours.
@@ -115,6 +115,31 @@ def scope_tag(scope_id: int, call: int) -> int:
     """The point-to-point tag of call ``call`` of scope ``scope_id``: 31 bits (gloo and MPI
     take non-negative int32 tags), distinct for 16384 scopes x 65536 consecutive calls."""
     return 0x40000000 | ((scope_id & 0x3FFF) << 16) | (call & 0xFFFF)
+
+
+def abort_together(comms: Sequence["Comm | None"], cause: str) -> None:
+    """Abort several Comms of one call as one (a two-level call's world, intra- and inter-node
+    Comms): each is marked broken and publishes ``cause`` first -- every peer waiting on any of
+    them is released at once -- and only then does each wait for its readers, against one shared
+    bound, so a store host pays that wait once, not once per Comm. A Comm already broken keeps
+    its first cause; None entries are skipped."""
+    published = []
+    since = time.monotonic()
+    for comm in comms:
+        if comm is None or comm._broken is not None:
+            continue
+        comm._broken = format_abort(comm.root_rank(comm.rank), cause)
+        if comm.size > 1:
+            try:
+                comm._publish_abort(comm._broken)
+                published.append(comm)
+            except Exception:  # noqa: BLE001 - best effort: the side channel may be gone too
+                pass
+    for comm in published:
+        try:
+            comm._settle_abort(since)
+        except Exception:  # noqa: BLE001 - best effort, as the publishing
+            pass
 
 
 def format_abort(rank: int, cause: str) -> str:
@@ -287,17 +312,15 @@ class Comm(ABC):
         """Mark this Comm broken and tell every peer that this rank failed with ``cause``;
         their pending and later operations raise :class:`CommAbortedError` naming it.
         Idempotent: only the first cause is kept."""
-        if self._broken is not None:
-            return
-        self._broken = format_abort(self.root_rank(self.rank), cause)
-        if self.size > 1:
-            try:
-                self._publish_abort(self._broken)
-            except Exception:  # noqa: BLE001 - best effort: the side channel may be gone too
-                pass
+        abort_together([self], cause)
 
     def _publish_abort(self, message: str) -> None:
         """Backend hook: make ``message`` visible to every peer and release their waits."""
+
+    def _settle_abort(self, since: float) -> None:
+        """Backend hook, after :meth:`_publish_abort`: wait for what must happen before this
+        rank goes on (a store host: its peers reading the abort), at most until the backend's
+        bound counted from ``since``, when the publishing began. Nothing by default."""
 
     def _aborted_by_peer(self, message: str) -> CommAbortedError:
         """Record a peer's abort (or a detected reorder) and build the error to raise."""

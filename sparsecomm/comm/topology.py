@@ -24,7 +24,7 @@ from typing import Mapping
 
 import torch
 
-from .base import Comm
+from .base import Comm, abort_together
 from .collectives import direct_allgather_slices_, direct_reduce_scatter_into_
 from .shared_memory import NodeSharedMemory
 
@@ -228,9 +228,9 @@ class NodeComms:
         return [c for c in (self.world, self.intra, self.inter) if c is not None]
 
     def abort(self, cause: str) -> None:
-        """Abort every Comm: peers waiting on any of them raise at once, naming this rank."""
-        for c in self.comms:
-            c.abort(cause)
+        """Abort every Comm as one: peers waiting on any of them raise at once, naming this rank
+        (a store host waits for their readers once, :func:`~sparsecomm.comm.base.abort_together`)."""
+        abort_together(self.comms, cause)
 
     def check_usable(self) -> None:
         for c in self.comms:

@@ -295,8 +295,10 @@ class TorchComm(Comm):
             silent = self._chan.silent_for() >= min(STORE_ANSWER_S, self.timeout)
             self._chan.request(publish, 0.0 if silent else min(_PUBLISH_WAIT_S, self.timeout), self._watcher())
         self._interrupt()
+
+    def _settle_abort(self, since: float) -> None:
         if self._chan is not None:
-            self._wait_for_readers(time.monotonic() + _HOST_ACK_S)
+            self._wait_for_readers(since + _HOST_ACK_S)
 
     def _wait_for_readers(self, deadline: float | None = None) -> None:
         """On the rank that hosts the store, with this Comm broken: wait (at most

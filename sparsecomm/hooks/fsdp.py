@@ -79,7 +79,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..comm.base import Comm
+from ..comm.base import Comm, abort_together
 from ..comm.topology import NodeComms, Topology, check_placements, groups_of
 from ..errors import AgreedValueError
 from ..reduce import CHECKPOINT_VERSION, DensitySchedule, SparseAllreduce, nonfinite_error, nonfinite_flag
@@ -216,12 +216,10 @@ class FSDPHookState(HookConfig):
         self._pending = {}
 
     def _abort(self, cause: str) -> None:
-        """Abort every Comm of the state, the inter-node one first: the ranks of this shard wait
-        in it right now; each abort may wait a moment for its store."""
+        """Abort every Comm of the state as one, the inter-node one first: the ranks of this
+        shard wait in it right now (a store host waits for the readers once for all three)."""
         if self._nodes is not None:
-            for comm in (self._nodes.inter, self._nodes.intra, self._nodes.world):
-                if comm is not None:
-                    comm.abort(cause)
+            abort_together([self._nodes.inter, self._nodes.intra, self._nodes.world], cause)
 
     # -- registration -------------------------------------------------------------------
     def _attach(self, module) -> None:

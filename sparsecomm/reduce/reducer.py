@@ -60,7 +60,7 @@ from typing import Any
 import torch
 
 from .. import algorithms, ops
-from ..comm.base import Comm
+from ..comm.base import Comm, abort_together
 from ..comm.topology import NodeComms, Topology
 from ..errors import AgreedValueError
 from ..formats.header import AgreementKind
@@ -340,9 +340,8 @@ class SparseAllreduce:
             if step is not None:
                 step = check_step(step)
         except (ValueError, TypeError) as exc:
-            for comm in self._comms():
-                if comm.size > 1:
-                    comm.abort(f"{type(exc).__name__}: {exc} (in {self._scope.label}, before it sent anything)")
+            abort_together(self._comms(), f"{type(exc).__name__}: {exc} (in {self._scope.label}, before it sent "
+                                          "anything)")
             raise
         # The call's messages carry its own tag; an exception raised inside on this rank is
         # published to every peer, which then raises too, naming this rank (Comm.call_scope),
@@ -352,21 +351,28 @@ class SparseAllreduce:
         # No variable-size message of a call is larger than 16 bytes per element + headers.
         limit = 16 * grad.numel() + 65536
         agreed = lambda exc: isinstance(exc, AgreedValueError)  # noqa: E731
+        def abort_levels(exc: BaseException) -> None:
+            # Two levels: all three Comms at once, before the call scopes unwind one by one (each
+            # would make a store host wait for its readers in turn, about 1 s per Comm, while the
+            # peers waiting on the others are not yet released). A peer's abort reaches this rank
+            # on one Comm, which a call scope does not publish again; ranks that share only another
+            # of its Comms with this rank wait there: it is relayed (a Comm keeps its first cause).
+            # hierarchy="auto" before it decides: the candidate Comms.
+            if self._level_scopes and not agreed(exc):
+                abort_together(self.placement.comms(self.comm), f"{type(exc).__name__}: {exc}")
+
         try:
             with contextlib.ExitStack() as scopes:
                 scopes.enter_context(self.comm.call_scope(self._scope, max_message_bytes=limit, agreed=agreed))
                 for comm, scope in self._level_scopes:
                     scopes.enter_context(comm.call_scope(scope, max_message_bytes=limit, agreed=agreed))
-                result = self._call(grad, out, self.calls if step is None else step)
-        except BaseException as exc:
-            if self._level_scopes and not agreed(exc):
-                # a peer's abort reaches this rank on one Comm, which a call scope does not publish
-                # again; ranks that share only another of its Comms with this rank wait there:
-                # relay it (abort() keeps a Comm's first cause); hierarchy="auto" before it decides:
-                # the candidate Comms
-                for comm in self.placement.comms(self.comm):
-                    if comm.size > 1:
-                        comm.abort(f"{type(exc).__name__}: {exc}")
+                try:
+                    result = self._call(grad, out, self.calls if step is None else step)
+                except BaseException as exc:
+                    abort_levels(exc)
+                    raise
+        except BaseException as exc:   # entering a scope failed (a Comm broken by a peer's abort)
+            abort_levels(exc)
             raise
         self.calls += 1
         return result
