@@ -313,3 +313,14 @@ def test_set_checkpoint_fingerprint_refuses_what_no_save_has(mark):
     reducer = sc.SparseAllreduce("topka", 0.2, comm=simulate(1, lambda c: c).results[0])
     with pytest.raises(ValueError, match="fingerprint must be an int in"):
         reducer.set_checkpoint_fingerprint(mark)
+
+
+def test_a_bad_argument_on_one_rank_leaves_its_comm_usable():
+    """With no peer waiting, an argument error aborts nothing: the rank raises its ValueError and
+    its next call, with a good gradient, reduces (the sum of one rank is its own top-k)."""
+    def fn(comm):
+        reducer = sc.SparseAllreduce("topka", 0.5, comm=comm)
+        with pytest.raises(ValueError, match="floating-point"):
+            reducer(torch.ones(4, dtype=torch.int64))
+        return reducer(torch.tensor([1.0, -4.0, 3.0, 0.5]))
+    assert simulate(1, fn).results[0].tolist() == [0.0, -4.0, 3.0, 0.0]

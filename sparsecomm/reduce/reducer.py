@@ -340,7 +340,7 @@ class SparseAllreduce:
             if step is not None:
                 step = check_step(step)
         except (ValueError, TypeError) as exc:
-            abort_together(self._comms(), f"{type(exc).__name__}: {exc} (in {self._scope.label}, before it sent "
+            abort_together(self._waited_on(), f"{type(exc).__name__}: {exc} (in {self._scope.label}, before it sent "
                                           "anything)")
             raise
         # The call's messages carry its own tag; an exception raised inside on this rank is
@@ -359,7 +359,7 @@ class SparseAllreduce:
             # of its Comms with this rank wait there: it is relayed (a Comm keeps its first cause).
             # hierarchy="auto" before it decides: the candidate Comms.
             if self._level_scopes and not agreed(exc):
-                abort_together(self.placement.comms(self.comm), f"{type(exc).__name__}: {exc}")
+                abort_together(self._waited_on(), f"{type(exc).__name__}: {exc}")
 
         try:
             with contextlib.ExitStack() as scopes:
@@ -379,6 +379,10 @@ class SparseAllreduce:
 
     def _comms(self) -> list[Comm]:
         return self.placement.comms(self.comm)
+
+    def _waited_on(self) -> list[Comm]:
+        """The Comms on which a peer may wait for this rank (one of a single rank stays usable)."""
+        return [comm for comm in self._comms() if comm.size > 1]
 
     def _choose_hierarchy(self, n: int, dtype: torch.dtype, work_dtype: torch.dtype, step: int) -> None:
         """hierarchy="auto", before the first call's residual exists: flat or two-level, the
