@@ -306,8 +306,6 @@ class DDPHookState(HookConfig):
                     self.comm.abort(f"{type(exc).__name__}: {exc} (restoring bucket {j}'s saved state, "
                                     "before it sent anything)")
                 raise
-        # compared by its first handshake, also when nothing was loaded for this bucket
-        reducer.set_checkpoint_fingerprint(self._checkpoint_id)
         self._reducers[j] = reducer
         return reducer
 

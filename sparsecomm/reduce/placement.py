@@ -85,6 +85,14 @@ def candidate_node_comms(comm: Comm, topology: "Topology | NodeComms | None") ->
     return node_comms(comm, topology)
 
 
+def _levels(nodes: NodeComms | None) -> list[tuple[Comm, str]]:
+    """The intra- and inter-node Comms of ``nodes`` (those that exist) with their names."""
+    if nodes is None:
+        return []
+    return [(c, level) for c, level in ((nodes.intra, "inside the node"), (nodes.inter, "between nodes"))
+            if c is not None]
+
+
 def _fuses(algorithm, source: torch.Tensor, acc: torch.Tensor) -> bool:
     """Whether the algorithm adds ``source`` into ``acc`` in its first selection pass (one pass
     over them less): where it can, on CPU, in the working dtype, with elements to select."""
@@ -116,10 +124,7 @@ class Placement:
 
     def levels(self) -> list[tuple[Comm, str]]:
         """The Comms of the two levels with their names, each needing a call scope of its own."""
-        if self.nodes is None:
-            return []
-        return [(c, level) for c, level in ((self.nodes.intra, "inside the node"), (self.nodes.inter, "between nodes"))
-                if c is not None]
+        return _levels(self.nodes)
 
     def shard_bounds(self, n: int) -> tuple[int, int]:
         """[lo, hi) of the slice of an N-element gradient this rank's algorithm owns."""
@@ -295,8 +300,7 @@ class AutoPlacement(Placement):
         return [world] if nodes is None else nodes.comms
 
     def levels(self):
-        return Placement.levels(NodePlacement(self.candidates)) if self.candidates is not None and \
-            self.choice != "flat" else []
+        return [] if self.choice == "flat" else _levels(self.candidates)
 
     def shard_bounds(self, n):
         return self.chosen.shard_bounds(n)
