@@ -70,7 +70,7 @@ def test_two_gloo_processes_measure_the_link_inside_their_node():
                 p.kill()
             raise
     assert [p.returncode for p in procs] == [0, 0], outs
-    assert "links: 1 nodes x 2 ranks, backend gloo" in outs[0], outs[0]
+    assert "links: 1 node x 2 ranks, backend gloo" in outs[0], outs[0]
     assert "between nodes: one node, nothing to measure" in outs[0]
     links = _links(outs[0])
     assert list(links) == ["inside a node"], outs[0]
@@ -94,3 +94,36 @@ def test_the_shaped_link_between_nodes_is_near_its_rate_and_slower_than_loopback
     # tbf lets a burst of 256 KB through faster than the rate: the 1 MB fit comes out above it
     assert 100e6 < between < 400e6, proc.stdout
     assert inside > 4 * between, proc.stdout
+
+
+def test_the_shape_is_in_words_and_nodes_of_one_host_are_named_as_such():
+    from sparsecomm import Topology
+    from sparsecomm.bench.linkcheck import link_lines
+    from sparsecomm.traffic import Links
+
+    links = Links(alpha=1e-4, beta=8e-9, intra_alpha=1e-5, intra_beta=1e-10)
+    lines = link_lines(Topology(2, 1), links, "gloo", one_host=False, env={})
+    assert lines[0] == "links: 2 nodes x 1 rank, backend gloo"
+    assert lines[1].startswith("between nodes (local rank 0 of node 0 <-> local rank 0 of node 1): alpha 100.0 us")
+    assert link_lines(Topology(1, 2), links, "gloo", env={})[0] == "links: 1 node x 2 ranks, backend gloo"
+    # torchrun --nnodes 2 on one machine: every node reports the same host name
+    assert link_lines(Topology(2, 2), links, "gloo", one_host=True, env={})[1] == (
+        "the nodes share one host (every node reported the same host name; no launcher across hosts): the link "
+        "between nodes is this host's loopback, not a network")
+    assert link_lines(Topology(2, 2), links, "gloo", one_host=True, env={"SPARSECOMM_BANDWIDTH": "200mbit"})[1] == (
+        "the nodes share one host: emulated by sparsecomm.launch (a network namespace each, linked at 200mbit)")
+    # one node: nothing between nodes, so nothing to say about hosts
+    assert link_lines(Topology(1, 2), links, "gloo", one_host=True, env={})[1] == \
+        "between nodes: one node, nothing to measure"
+
+
+@pytest.mark.skipif(not CAN_SHAPE, reason="the launcher's nodes need root and iproute2 (ip, tc)")
+def test_the_launchers_loopback_nodes_are_said_to_share_one_host():
+    cmd = [sys.executable, "-m", "sparsecomm.launch", "--nproc", "2", "--bandwidth", "none", "--",
+           sys.executable, "-m", "sparsecomm.bench", "links", "--timeout", "60"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=180,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[rank 0] links: 2 nodes x 1 rank, backend gloo\n" in proc.stdout, proc.stdout
+    assert ("[rank 0] the nodes share one host: sparsecomm.launch on plain loopback (--bandwidth none), so the "
+            "link between nodes is this host's loopback, not a network\n") in proc.stdout, proc.stdout

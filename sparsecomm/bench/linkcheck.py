@@ -20,6 +20,12 @@ at once; between nodes: local rank 0 of node 0 and of node 1 alone (the other ra
 the NIC carries that ping-pong only). Rank 0 prints both links' latency (alpha) and bandwidth
 (1 / beta) as rank 0's fits, which every rank's reducer would use.
 
+The first line names the shape (``links: 2 nodes x 1 rank, backend gloo``). When the nodes are
+not different hosts, the next line says so: ranks of ``sparsecomm.launch`` are network namespaces of
+one host (behind links shaped to its ``--bandwidth``, or plain loopback with ``--bandwidth
+none``), and nodes that all report the same host name (torchrun ``--nnodes 2`` on one machine)
+talk over that host's loopback, so the link "between nodes" is not the network training will use.
+
 One node, or one rank per node, has one link: its Comm stands for the missing level too (one
 ping-pong, whose fit measure_links keeps per Comm) and only that link is printed. One process has
 nothing to measure and says so. Every wait ends within ``--timeout`` seconds (the process
@@ -29,7 +35,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
+import zlib
 from datetime import timedelta
+from typing import Mapping
 
 import torch
 import torch.distributed as dist
@@ -39,7 +48,7 @@ from ..comm.topology import Topology
 from ..comm.torch_comm import TorchComm
 from ..traffic import Links
 
-__all__ = ["main", "link_lines"]
+__all__ = ["main", "link_lines", "shape_text"]
 
 
 def _link_text(alpha: float, beta: float) -> str:
@@ -48,10 +57,42 @@ def _link_text(alpha: float, beta: float) -> str:
     return f"alpha {alpha * 1e6:.1f} us, bandwidth {rate} (beta {beta * 1e9:.3g} ns/byte)"
 
 
-def link_lines(topology: Topology, links: Links, backend: str) -> list[str]:
-    """What rank 0 prints for ``links`` measured on ``topology``."""
-    lines = [f"links: {topology}, backend {backend}"]
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def shape_text(topology: Topology) -> str:
+    """``2 nodes x 1 rank``: the cluster's shape, in words."""
+    return f"{_plural(topology.nodes, 'node')} x {_plural(topology.ranks_per_node, 'rank')}"
+
+
+def same_host_note(env: Mapping[str, str], one_host: bool) -> str | None:
+    """Why the link "between nodes" is not a network, when it is not: the nodes are ranks of
+    ``sparsecomm.launch`` on this host (namespaces behind shaped links, or plain loopback), or
+    (``one_host``: every node reported the same host name) processes of one host. None when the
+    nodes are on different hosts."""
+    rate = env.get("SPARSECOMM_BANDWIDTH")
+    if rate:
+        return (f"the nodes share one host: emulated by sparsecomm.launch (a network namespace each, "
+                f"linked at {rate})")
+    if rate is not None:
+        return ("the nodes share one host: sparsecomm.launch on plain loopback (--bandwidth none), so the link "
+                "between nodes is this host's loopback, not a network")
+    if one_host:
+        return ("the nodes share one host (every node reported the same host name; no launcher across hosts): "
+                "the link between nodes is this host's loopback, not a network")
+    return None
+
+
+def link_lines(topology: Topology, links: Links, backend: str, one_host: bool = False,
+               env: Mapping[str, str] | None = None) -> list[str]:
+    """What rank 0 prints for ``links`` measured on ``topology``; ``one_host``: every node is on
+    the same host (``env``, default ``os.environ``, says whether sparsecomm.launch emulates them)."""
+    lines = [f"links: {shape_text(topology)}, backend {backend}"]
     if topology.nodes > 1:
+        note = same_host_note(os.environ if env is None else env, one_host)
+        if note:
+            lines.append(note)
         lines.append(f"between nodes (local rank 0 of node 0 <-> local rank 0 of node 1): "
                      f"{_link_text(links.alpha, links.beta)}")
     else:
@@ -61,6 +102,16 @@ def link_lines(topology: Topology, links: Links, backend: str) -> list[str]:
     else:
         lines.append("inside a node: one rank per node, nothing to measure")
     return lines
+
+
+def _one_host(backend: str) -> bool:
+    """Whether every rank runs on the same host (the same host name), from a checksum of each
+    rank's host name all-gathered as one int64 (collective: every rank calls it)."""
+    device = f"cuda:{torch.cuda.current_device()}" if backend == "nccl" else "cpu"
+    mine = torch.tensor([zlib.crc32(socket.gethostname().encode())], dtype=torch.int64, device=device)
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return len({int(t.item()) for t in every}) == 1
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -110,8 +161,9 @@ def main(argv=None) -> int:
                 nodes.close()
         finally:
             world.close()
+        one_host = _one_host(args.backend)
         if dist.get_rank() == 0:
-            print("\n".join(link_lines(nodes.topology, links, args.backend)), flush=True)
+            print("\n".join(link_lines(nodes.topology, links, args.backend, one_host)), flush=True)
     finally:
         dist.destroy_process_group()
     return 0
