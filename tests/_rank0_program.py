@@ -11,10 +11,11 @@ store). The ranks talk to the test through files in ``--dir`` only (the store ma
             and their thread count before the Comm and after ``close()``), then SIGCONTs rank 0;
             rank 0 reports too, and every rank goes on to the next algorithm after a barrier of the
             default group.
-``fail``  -- rank 0 raises a ValueError inside call 2 of the reducer and lets it propagate
+``fail``  -- rank ``--failing`` (default 0) raises a ValueError inside call 2 of the reducer.
+            Rank 0 lets its error (its own, or the failing peer's CommAbortedError) propagate
             (``--exit raise``: the interpreter exits with it) or ends the process at once
-            (``--exit now``: ``os._exit(1)``, no atexit); the store goes with it under env://. The
-            survivors report what they raised.
+            (``--exit now``: ``os._exit(1)``, no atexit; ``--exit kill``: SIGKILL to itself); the
+            store goes with it under env://. The other ranks report what they raised.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -49,12 +51,14 @@ def _outcome(exc: BaseException | None) -> dict:
             "aborted": isinstance(exc, CommAbortedError)}
 
 
-def _loop(reducer, grad, hang_s: float):
+def _loop(reducer, grad, hang_s: float, reraise: bool = False):
     start = time.monotonic()
     try:
         while time.monotonic() - start < hang_s:
             reducer(grad)
     except Exception as exc:  # noqa: BLE001 - reported to the test
+        if reraise:
+            raise
         return exc
     return None
 
@@ -92,16 +96,18 @@ def fail(args, rank: int, world: int) -> None:
     grad = torch.randn(N, generator=torch.Generator().manual_seed(rank))
     reducer(grad)
     reducer.comm.barrier()
-    if rank == 0:
+    if rank == args.failing:
         def broken(*a, **k):
-            raise ValueError("injected failure on the store's host")
+            raise ValueError("injected failure on the store's host" if rank == 0 else
+                             f"injected failure on rank {rank}")
         reducer.algorithm.reduce = broken
+    if rank == 0:
         if args.exit == "raise":
-            reducer(grad)  # raises: the process exits with the ValueError (exit code 1)
-        try:
-            reducer(grad)
-        except ValueError:
-            os._exit(1)  # the process ends at once (no atexit), and the store with it
+            _loop(reducer, grad, args.hang, reraise=True)  # the process exits with the error (exit code 1)
+        _loop(reducer, grad, args.hang)
+        if args.exit == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(1)  # the process ends at once (no atexit), and the store with it
     exc = _loop(reducer, grad, args.hang)
     _write(os.path.join(args.dir, f"{alg}.r{rank}.json"), _outcome(exc))
 
@@ -113,7 +119,8 @@ def main() -> None:
     parser.add_argument("--algorithms", required=True)
     parser.add_argument("--timeout", type=float, default=2.0)
     parser.add_argument("--hang", type=float, default=60.0)
-    parser.add_argument("--exit", choices=["raise", "now"], default="raise")
+    parser.add_argument("--exit", choices=["raise", "now", "kill"], default="raise")
+    parser.add_argument("--failing", type=int, default=0)
     args = parser.parse_args()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)

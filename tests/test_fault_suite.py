@@ -205,6 +205,31 @@ def test_store_host_failing_and_exiting_is_named_by_every_survivor(tmp_path, alg
                 (alg, run, rank, got)
 
 
+@pytest.mark.distributed
+@pytest.mark.parametrize("alg,exit", [("topka", "now"), ("topka", "kill"), ("spardl", "kill"), ("dense", "now")])
+def test_a_peer_failure_survives_the_store_host_ending_abruptly(tmp_path, alg, exit):
+    """env:// rendezvous, P = 3: rank 2 raises a ValueError inside a call; rank 0, the store's
+    host, raises the CommAbortedError that names it and its process ends at once (``os._exit``,
+    or SIGKILL: no exit handler runs), taking the store with it. Rank 1 still names rank 2 and
+    its cause (before: a bare "Connection closed by peer" in 17 of 17 runs): the host waits,
+    bounded, for every rank to have read the abort before it raises."""
+    for run in range(RUNS):
+        tmp = tmp_path / str(run)
+        tmp.mkdir()
+        procs = _start("env", "fail", [alg], tmp, "--exit", exit, "--failing", "2")
+        try:
+            outs = {r: _wait_file(os.path.join(tmp, f"{alg}.r{r}.json"), procs[r:r + 1], 120.0) for r in (1, 2)}
+            procs[0].wait(60)
+        finally:
+            _kill(procs)
+        for rank, got in outs.items():
+            assert got is not None, (alg, rank, _stderr(tmp))
+        assert "injected failure on rank 2" in outs[2]["msg"], (alg, run, outs[2])
+        got = outs[1]
+        assert got["aborted"] and "rank 2 failed: ValueError: injected failure on rank 2" in got["msg"], \
+            (alg, exit, run, got)
+
+
 # -- in spawn() (the store in the test process) ----------------------------------------------------
 def _stale_wait(rank, world_size, timeout):
     """Rank 1 leaves a published wait that names another call (as a rank stopped right after

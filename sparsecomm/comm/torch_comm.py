@@ -72,8 +72,8 @@ _PUBLISH_WAIT_S = 0.5
 #: seconds the rank that hosts the store waits, at close() or exit, for every peer to have
 #: read the abort of a broken Comm (its exit takes the store, and the cause, with it)
 _EXIT_ACK_S = 3.0
-#: the same wait, when the host publishes its own abort, before it raises (a process may
-#: end at once after an error: os._exit, a launcher tearing the job down)
+#: the same wait, when the host publishes its own abort or raises a peer's, before it raises
+#: (a process may end at once after an error: os._exit, a signal, a launcher tearing the job down)
 _HOST_ACK_S = 1.0
 
 
@@ -254,8 +254,15 @@ class TorchComm(Comm):
             self._chan.request(lambda store: store.add("seen", 1), None, self._watcher())
 
     def _aborted_by_peer(self, message: str):
+        first = self._broken is None
         self._ack()
-        return super()._aborted_by_peer(message)
+        error = super()._aborted_by_peer(message)
+        if first:
+            # The store's host raises a peer's abort only once every rank has read it (or the
+            # bound passed): its process may end right after the error (os._exit, a signal, a
+            # launcher tearing the job down), and the store and the cause would go with it.
+            self._wait_for_readers(time.monotonic() + _HOST_ACK_S)
+        return error
 
     def _await_abort(self, grace_s: float) -> str | None:
         """On the error path only: a peer's published abort, if the store has one within
