@@ -131,6 +131,31 @@ def test_two_processes_reduce_every_optimizer_step_and_resume_bit_identically(ac
         assert resumed[rank][1] == first[rank][1][SAVE_AT:]   # the step count went on from the save
 
 
+def _resume_with_another_world_size(rank, world_size, checkpoint_dir):
+    import time
+
+    start = time.monotonic()
+    try:
+        _train(rank, world_size, checkpoint_dir, True)
+    except ValueError as exc:
+        return "ValueError", str(exc), time.monotonic() - start
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        return type(exc).__name__, str(exc), time.monotonic() - start
+    return None, "", time.monotonic() - start
+
+
+def test_a_world_size_change_at_load_state_is_the_same_error_on_every_rank(accelerate, tmp_path):
+    """Saved by 2 processes, resumed by 3 with ``load_state``: every process raises the
+    ValueError that names the world-size change, within seconds (before: the added rank raised
+    alone and the others waited in the Comm's construction for the process group's timeout)."""
+    checkpoint_dir = str(tmp_path / "checkpoint")
+    spawn(_train, 2, checkpoint_dir, False, timeout=240)
+    outs = spawn(_resume_with_another_world_size, 3, checkpoint_dir, timeout=240)
+    for rank, (kind, msg, seconds) in enumerate(outs):
+        assert kind == "ValueError" and "saved by a run of 2 ranks; this run has 3" in msg, (rank, kind, msg)
+        assert seconds < 60, (rank, seconds)
+
+
 def test_a_one_process_run_trains_the_bare_module_says_so_once_and_checkpoints(
         accelerate, fresh_accelerate_state, monkeypatch, tmp_path):
     from accelerate import Accelerator

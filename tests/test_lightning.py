@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAM = os.path.join(ROOT, "tests", "_lightning_program.py")
 
 
-def _run(out, *args, ranks=2):
+def _run(out, *args, ranks=2, check=True):
     os.makedirs(out, exist_ok=True)
     port = free_port()
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -40,6 +40,8 @@ def _run(out, *args, ranks=2):
     finally:
         for p in procs:
             p.kill()
+    if not check:
+        return [p.returncode for p in procs], logs
     assert all(p.returncode == 0 for p in procs), "\n".join(logs)[-4000:]
     return [torch.load(os.path.join(out, f"rank{r}.pt")) for r in range(ranks)], logs
 
@@ -67,6 +69,20 @@ def test_the_checkpoint_holds_every_ranks_part_and_resumes_bit_identically(unint
     for rank in range(2):
         assert second[rank]["step"] == 6 and second[rank]["reduced"] == [1, 1, 1]
         assert torch.equal(first[rank]["params"], second[rank]["params"]), f"rank {rank} drifted after resume"
+
+
+def test_a_world_size_change_on_resume_is_the_same_error_on_every_rank(uninterrupted):
+    """Saved by 2 processes, resumed by 3 (``trainer.fit(ckpt_path=...)``): every process ends
+    with the ValueError that names the world-size change, within seconds (before: the added rank
+    raised alone and the others waited in the Comm's construction for the group's timeout)."""
+    import time
+
+    tmp, _ = uninterrupted
+    start = time.monotonic()
+    codes, logs = _run(tmp / "c", "--resume", str(tmp / "ckpt" / "epoch=0.ckpt"), ranks=3, check=False)
+    assert time.monotonic() - start < 200
+    for rank, (code, log) in enumerate(zip(codes, logs)):
+        assert code != 0 and "saved by a run of 2 ranks; this run has 3" in log, (rank, code, log[-3000:])
 
 
 def test_a_one_process_run_trains_through_the_hook(tmp_path):
