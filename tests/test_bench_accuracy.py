@@ -4,6 +4,7 @@ time to target from a curve, the table, presets, the tasks' data, one small run 
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
@@ -92,3 +93,125 @@ def test_accuracy_cli_end_to_end(tmp_path, capsys):
     assert by["spardl@gs"]["density_schedule"] == "per_step(densities=[0.25, 0.0725, 0.015], every=1)"
     assert by["dense"]["bytes"] > by["topka"]["bytes"] > 0
     assert (tmp_path / "accuracy_digits_P2.png").exists() or "matplotlib is not installed" in out
+
+
+# -- a metric where lower is better: the language model's perplexity ----------------------------
+PPL_CURVE = [{"updates": 0, "time_s": 0.0, "perplexity": 14000.0}, {"updates": 4, "time_s": 1.5, "perplexity": 300.0},
+             {"updates": 8, "time_s": 3.0, "perplexity": 200.0}, {"updates": 12, "time_s": 4.5, "perplexity": 210.0}]
+
+
+def test_tasks_declare_their_metric_and_which_way_is_better():
+    for name in bench_tasks.TASKS:
+        assert bench_tasks.metric_of(name) is (bench_tasks.PERPLEXITY if name == "wikitext2" else bench_tasks.ACCURACY)
+    assert bench_tasks.ACCURACY.higher_is_better and not bench_tasks.PERPLEXITY.higher_is_better
+    assert bench_tasks.PERPLEXITY.of(0.3, 2.0) == pytest.approx(7.38905609893065)   # e^2
+    assert bench_tasks.ACCURACY.of(0.3, 2.0) == 0.3
+
+
+@pytest.mark.parametrize("margin, target, expected", [(0.02, 204.0, (3.0, 8)), (0.5, 300.0, (1.5, 4)),
+                                                      (0.0, 200.0, (3.0, 8))])
+def test_perplexity_target_is_within_a_margin_of_dense_best_and_reached_at_or_below_it(margin, target, expected):
+    best = bench_tasks.PERPLEXITY.best([p["perplexity"] for p in PPL_CURVE])
+    assert best == 200.0                                  # the lowest, not the highest
+    assert bench_tasks.PERPLEXITY.target(best, 0.99, margin) == pytest.approx(target)
+    assert bench_accuracy.time_to_target(PPL_CURVE, target, bench_tasks.PERPLEXITY) == expected
+    assert bench_accuracy.time_to_target(PPL_CURVE, 199.0, bench_tasks.PERPLEXITY) == (None, None)
+    # accuracy keeps its rule: a fraction of the best, reached at or above it
+    assert bench_tasks.ACCURACY.target(0.9, 0.99, margin) == pytest.approx(0.891)
+
+
+def test_table_names_the_metric():
+    method = {"method": "dense", "label": "dense", "time_to_target_s": 3.0, "updates_to_target": 8, "updates": 12,
+              "final_accuracy": 0.21, "final_perplexity": 210.04, "step_s": 0.25, "bytes": 2_000_000}
+    table = bench_accuracy.format_table({"metric": "perplexity", "methods": [method]})
+    assert "| final perplexity |" in table and "| dense | 3.0 | 1.00x | 8 | 210.0 | 250 | 2.000 |" in table
+    assert "| final accuracy |" in bench_accuracy.format_table({"methods": [method]})
+
+
+def _config(*argv):
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    bench_accuracy.add_arguments(ap)
+    return bench_accuracy.config(ap.parse_args(list(argv)), ap)
+
+
+def test_cli_checks_the_target_against_the_tasks_metric(tmp_path, capsys):
+    assert _config("--task", "wikitext2", "--target", "150")["target"] == 150.0          # a perplexity
+    assert _config("--task", "wikitext2", "--target-margin", "0.05")["target_margin"] == 0.05
+    assert _config("--task", "digits")["target_margin"] == 0.02 and _config()["target_fraction"] == 0.99
+    for argv, message in [(["--task", "wikitext2", "--target", "0"], "must be > 0"),
+                          (["--task", "digits", "--target", "150"], "must be in (0, 1]"),
+                          (["--task", "wikitext2", "--target-margin", "-0.1"], "--target-margin must be >= 0"),
+                          (["--task", "wikitext2", "--data-dir", str(tmp_path)], "holds no WikiText-2 test.txt")]:
+        with pytest.raises(SystemExit):
+            _config(*argv)
+        assert message in capsys.readouterr().err, argv
+
+
+def _tiny_corpus(folder, words: int = 3000, vocab: int = 40, seed: int = 0) -> None:
+    """A small corpus in WikiText-2's layout: word w is followed by w + 1 or w + 2 (a rule an LSTM
+    picks up in a few updates), lines of 20 words."""
+    gen = torch.Generator().manual_seed(seed)
+    for name in ("test.txt", "valid.txt"):
+        w, line, out = 0, [], []
+        for _ in range(words):
+            w = (w + 1 + int(torch.randint(0, 2, (1,), generator=gen))) % vocab
+            line.append(f"w{w}")
+            if len(line) == 20:
+                out.append(" " + " ".join(line) + " \n")
+                line = []
+        (folder / name).write_text("".join(out))
+
+
+def test_accuracy_cli_on_a_language_model_reports_perplexity(tmp_path, capsys):
+    _tiny_corpus(tmp_path)
+    out = tmp_path / "out"
+    rc = bench_main(["accuracy", "--task", "wikitext2", "--data-dir", str(tmp_path), "--hidden", "16", "--nproc", "2",
+                     "--algorithms", "dense", "topka", "--steps", "8", "--eval-every", "4", "--out", str(out),
+                     "--quiet"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert f"DATA: REAL: WikiText-2 (Merity et al. 2016, CC BY-SA 3.0) from {tmp_path}" in printed
+    assert "| final perplexity |" in printed and "held-out perplexity (within 2% of dense's best" in printed
+    report = json.loads((out / "accuracy_wikitext2_P2.json").read_text())
+    assert report["metric"] == "perplexity" and report["higher_is_better"] is False
+    by = {m["method"]: m for m in report["methods"]}
+    for m in by.values():
+        assert [p["updates"] for p in m["curve"]] == [0, 4, 8]
+        for p in m["curve"]:
+            assert p["perplexity"] == pytest.approx(math.exp(p["test_loss"]))
+        assert m["best_perplexity"] == min(p["perplexity"] for p in m["curve"])
+        assert m["final_perplexity"] == m["curve"][-1]["perplexity"]
+        assert (m["time_to_target_s"], m["updates_to_target"]) == bench_accuracy.time_to_target(
+            m["curve"], report["target"], bench_tasks.PERPLEXITY)
+    assert report["target"] == pytest.approx(1.02 * by["dense"]["best_perplexity"])
+    assert by["dense"]["final_perplexity"] < by["dense"]["curve"][0]["perplexity"]   # it learns (Adam, 8 updates)
+    assert by["dense"]["curve"][0] == by["topka"]["curve"][0]   # the same start
+    assert by["dense"]["bytes"] > by["topka"]["bytes"] > 0
+
+
+# -- digits_cnn: a small ResNet on the digits task's own split -----------------------------------
+def test_digits_cnn_is_the_digits_split_as_images_and_a_residual_net():
+    pytest.importorskip("sklearn")
+    mlp, cnn = bench_tasks.make_task("digits"), bench_tasks.make_task("digits_cnn")
+    assert not cnn.generated and cnn.metric is bench_tasks.ACCURACY and cnn.train_x.shape[1:] == (1, 8, 8)
+    for a, b in ((mlp.train_x, cnn.train_x), (mlp.test_x, cnn.test_x)):
+        assert torch.equal(a, b.reshape(len(b), 64))
+    assert torch.equal(mlp.train_y, cnn.train_y) and torch.equal(mlp.test_y, cnn.test_y)
+    torch.manual_seed(0)
+    model = cnn.build()
+    blocks = [m for m in model.modules() if type(m).__name__ == "_BasicBlock"]
+    assert len(blocks) == 3 and model.conv.in_channels == 1
+    assert sum(p.numel() for p in model.parameters()) == 75_002
+    optimizer = cnn.optimizer(list(model.parameters()))
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(60):
+        idx = torch.randint(0, len(cnn.train_x), (cnn.batch,), generator=gen)
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(cnn.train_x[idx]), cnn.train_y[idx]).backward()
+        optimizer.step()
+    model.eval()
+    with torch.no_grad():
+        accuracy = (model(cnn.test_x).argmax(1) == cnn.test_y).float().mean().item()
+    assert accuracy > 0.85, accuracy

@@ -11,6 +11,16 @@ slowest rank's), time per update (median), bytes sent per rank per update (media
 time and updates to the target accuracy -- by default 99% of the best accuracy dense reaches
 in the same run (``--target-fraction``), or ``--target`` (absolute).
 
+A task declares its metric (:class:`sparsecomm.bench.tasks.Metric`): test accuracy, higher is
+better, for every task but ``wikitext2``, whose metric is the perplexity of its language model on
+the held-out text, lower is better (its next-word accuracy is recorded too). There the default
+target is within 2% of the best (lowest) perplexity dense reaches in the same run
+(``--target-margin``), and a method reaches it at its first evaluation at or below it. The
+table, the JSON (``metric``, ``higher_is_better``; each curve point and ``best_`` / ``final_``
+per method under the metric's name) and the plots name the metric. A sequential task (the
+language model) trains by truncated backpropagation through time: every method carries its own
+LSTM state from one update to the next, and the held-out text is read as streams the same way.
+
 ``NAME@SCHEDULE`` runs an algorithm with a density warm-up (:class:`sparsecomm.DensitySchedule`)
 over the first ``--schedule-steps`` updates (default a fifth of the budget): ``@gs`` gs-SGD's
 25% -> 7.25% -> 1.5% in three equal stages, ``@dgc`` DGC's exponential decay from 25% in four
@@ -59,7 +69,8 @@ from ..testing import launched, run_ranks
 from . import baselines
 from .common import HIERARCHY_CHOICES, hierarchies_of
 from .plots import pyplot
-from .tasks import TASKS, Task, make_task
+from .tasks import (ACCURACY, METRICS, TASKS, Metric, Task, detach_state, evaluation_sums, loss_of, make_task,
+                    metric_of, stream_order, wikitext2_dir)
 
 __all__ = ["main", "run_rank", "time_to_target", "schedule_preset", "format_table"]
 
@@ -77,10 +88,11 @@ def schedule_preset(name: str, steps: int) -> DensitySchedule:
     raise ValueError(f"unknown density schedule {name!r}; choose from {', '.join(SCHEDULE_PRESETS)}")
 
 
-def time_to_target(curve: list[dict], target: float) -> tuple[float | None, int | None]:
-    """(training seconds, updates) at the first evaluation whose accuracy is >= ``target``."""
+def time_to_target(curve: list[dict], target: float, metric: Metric = ACCURACY) -> tuple[float | None, int | None]:
+    """(training seconds, updates) at the first evaluation whose ``metric`` reaches ``target``:
+    accuracy >= it, perplexity <= it."""
     for point in curve:
-        if point["accuracy"] >= target:
+        if metric.reached(point[metric.name], target):
             return point["time_s"], point["updates"]
     return None, None
 
@@ -101,23 +113,21 @@ def _build(method: str, task: Task, density: float, schedule_steps: int, topolog
     return ddp, state, task.optimizer(list(ddp.parameters()))
 
 
-@torch.no_grad()
-def _evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int) -> tuple[float, float]:
-    """(accuracy, mean loss) over every rank's share of the test set."""
-    model.eval()
-    correct, loss = 0.0, 0.0
-    for i in range(0, len(x), batch):
-        logits = model(x[i:i + batch])
-        correct += float((logits.argmax(1) == y[i:i + batch]).sum())
-        loss += float(nn.functional.cross_entropy(logits, y[i:i + batch], reduction="sum"))
-    model.train()
-    totals = torch.tensor([correct, loss, float(len(x))], dtype=torch.float64)
+def _evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int,
+              sequential: bool = False) -> tuple[float, float]:
+    """(accuracy, mean loss) over every rank's share of the test set, per predicted position
+    (:func:`sparsecomm.bench.tasks.evaluation_sums`: every token of a language model's text)."""
+    totals = torch.tensor(evaluation_sums(model, x, y, batch, sequential), dtype=torch.float64)
     dist.all_reduce(totals)
     return (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()
 
 
-def _order(n: int, batch: int, steps: int, seed: int) -> list[torch.Tensor]:
-    """Index batches of one rank: a fresh permutation per pass; the same for every method."""
+def _order(n: int, batch: int, steps: int, seed: int, sequential: bool = False) -> list[torch.Tensor]:
+    """Index batches of one rank: a fresh permutation per pass; the same for every method.
+    ``sequential``: the streams of truncated backpropagation through time
+    (:func:`sparsecomm.bench.tasks.stream_order`) instead."""
+    if sequential:
+        return stream_order(n, batch, steps)
     gen = torch.Generator().manual_seed(seed)
     out: list[torch.Tensor] = []
     while len(out) < steps:
@@ -139,7 +149,9 @@ def run_rank(rank: int, world: int, cfg: dict) -> dict | None:
         raise ValueError(f"{cfg['task']}: {per} training samples per rank, fewer than a batch of {task.batch}")
     tper = len(task.test_x) // world
     test_x, test_y = task.test_x[rank * tper:(rank + 1) * tper], task.test_y[rank * tper:(rank + 1) * tper]
-    order = _order(per, task.batch, steps, cfg["seed"] + rank)
+    order = _order(per, task.batch, steps, cfg["seed"] + rank, task.sequential)
+    stream_len = per // task.batch   # sequential: the LSTM state starts from zeros every pass of the streams
+    metric = task.metric
     hierarchies = cfg.get("hierarchies") or ["flat"]
     topology = None
     if "node" in hierarchies:   # the launcher's nodes, or the --nproc-per-node given without one
@@ -152,10 +164,10 @@ def run_rank(rank: int, world: int, cfg: dict) -> dict | None:
             torch.manual_seed(cfg["seed"])
             ddp, state, optimizer = _build(method, task, cfg["density"], schedule_steps,
                                            topology if hierarchy == "node" else None)
-            acc, loss = _evaluate(ddp.module, test_x, test_y, task.eval_batch)
+            acc, loss = _evaluate(ddp.module, test_x, test_y, task.eval_batch, task.sequential)
             runs.append({"method": method, "hierarchy": hierarchy, "ddp": ddp, "state": state,
                          "optimizer": optimizer, "times": [], "bytes": [], "inter_bytes": [], "train_loss": [],
-                         "evals": [(0, acc, loss)], "done": False})
+                         "evals": [(0, acc, loss)], "done": False, "carry": None})
     target = cfg.get("target")
     start = time.perf_counter()
     for turn_start in range(0, steps, eval_every):
@@ -163,23 +175,32 @@ def run_rank(rank: int, world: int, cfg: dict) -> dict | None:
             if run["done"]:
                 continue
             ddp, state, optimizer = run["ddp"], run["state"], run["optimizer"]
-            for idx in order[turn_start:turn_start + eval_every]:
+            for step, idx in enumerate(order[turn_start:turn_start + eval_every], turn_start):
                 t0 = time.perf_counter()
                 optimizer.zero_grad()
-                loss = nn.functional.cross_entropy(ddp(x[idx]), y[idx])
+                if task.sequential:
+                    logits, carry = ddp(x[idx], None if step % stream_len == 0 else run["carry"])
+                    run["carry"] = detach_state(carry)
+                else:
+                    logits = ddp(x[idx])
+                loss = loss_of(logits, y[idx])
                 loss.backward()
+                if task.clip:
+                    nn.utils.clip_grad_norm_(ddp.parameters(), task.clip)
                 optimizer.step()
                 run["times"].append(time.perf_counter() - t0)
                 run["bytes"].append(sum(s.get("bytes_sent", 0) for s in state.last_stats.values()))
                 run["inter_bytes"].append(sum(s.get("inter_bytes_sent", 0) for s in state.last_stats.values()))
                 run["train_loss"].append(loss.item())
-            acc, test_loss = _evaluate(ddp.module, test_x, test_y, task.eval_batch)
+            acc, test_loss = _evaluate(ddp.module, test_x, test_y, task.eval_batch, task.sequential)
             run["evals"].append((len(run["times"]), acc, test_loss))
-            if target is not None and cfg.get("stop_at_target") and acc >= target:
+            if target is not None and cfg.get("stop_at_target") and metric.reached(metric.of(acc, test_loss), target):
                 run["done"] = True
         if rank == 0 and not cfg.get("quiet"):
             done = min(turn_start + eval_every, steps)
-            line = ", ".join(f"{_label(r['method'], r['hierarchy'])} {100 * r['evals'][-1][1]:.1f}%" for r in runs)
+            named = "" if metric is ACCURACY else f"{metric.name} "
+            line = ", ".join(f"{_label(r['method'], r['hierarchy'])} "
+                             f"{named}{metric.show(metric.of(*r['evals'][-1][1:]))}" for r in runs)
             print(f"[{time.perf_counter() - start:.0f} s] {done}/{steps} updates: {line}", flush=True)
     methods = []
     for run in runs:
@@ -187,7 +208,8 @@ def run_rank(rank: int, world: int, cfg: dict) -> dict | None:
         times = torch.tensor(run["times"], dtype=torch.float64)
         dist.all_reduce(times, op=dist.ReduceOp.MAX)
         cumulative = [0.0] + torch.cumsum(times, 0).tolist()
-        curve = [{"updates": u, "time_s": cumulative[u], "accuracy": a, "test_loss": l} for u, a, l in run["evals"]]
+        curve = [{"updates": u, "time_s": cumulative[u], "accuracy": a, "test_loss": l,
+                  **({} if metric is ACCURACY else {metric.name: metric.of(a, l)})} for u, a, l in run["evals"]]
         state = run["state"]
         two_level = run["hierarchy"] == "node"
         methods.append({
@@ -203,6 +225,8 @@ def run_rank(rank: int, world: int, cfg: dict) -> dict | None:
             "bytes_total": float(sum(run["bytes"])),
             "updates": len(run["times"]), "final_accuracy": curve[-1]["accuracy"],
             "best_accuracy": max(p["accuracy"] for p in curve), "final_test_loss": curve[-1]["test_loss"],
+            **({} if metric is ACCURACY else {f"final_{metric.name}": curve[-1][metric.name],
+                                              f"best_{metric.name}": metric.best([p[metric.name] for p in curve])}),
             "train_loss": run["train_loss"], "curve": curve})
         if hasattr(state, "close"):
             state.close()
@@ -212,16 +236,22 @@ def run_rank(rank: int, world: int, cfg: dict) -> dict | None:
     if target is None:
         if dense is None:
             raise ValueError("no --target given and dense is not among the methods: nothing to take the target from")
-        target = cfg["target_fraction"] * dense["best_accuracy"]
-        how = f"{100 * cfg['target_fraction']:g}% of dense's best accuracy in this run ({100 * dense['best_accuracy']:.2f}%)"
+        best = dense[f"best_{metric.name}"]
+        target = metric.target(best, cfg["target_fraction"], cfg.get("target_margin", 0.02))
+        if metric.higher_is_better:
+            how = f"{100 * cfg['target_fraction']:g}% of dense's best {metric.name} in this run ({100 * best:.2f}%)"
+        else:
+            how = (f"within {100 * cfg.get('target_margin', 0.02):g}% of dense's best {metric.name} in this run "
+                   f"({best:.2f})")
     else:
         how = "given (--target)"
     for m in methods:
-        m["time_to_target_s"], m["updates_to_target"] = time_to_target(m["curve"], target)
+        m["time_to_target_s"], m["updates_to_target"] = time_to_target(m["curve"], target, metric)
     params = sum(p.numel() for p in task.build().parameters())
     where = cfg.get("where") or describe_link()[0]
     report = {"task": task.name, "data": task.data, "generated": task.generated, "model": task.model,
               "params": params, "P": world, "where": where, "batch": task.batch, "steps": steps,
+              "metric": metric.name, "higher_is_better": metric.higher_is_better,
               "eval_every": eval_every, "density": cfg["density"], "schedule_steps": schedule_steps,
               "target": target, "target_how": how, "interleaved": True, "methods": methods}
     if topology is not None:
@@ -239,7 +269,8 @@ def format_table(report: dict) -> str:
                  None)
     base = dense["time_to_target_s"] if dense else None
     between = any("inter_bytes" in m for m in report["methods"])   # --hierarchy node: bytes between nodes
-    lines = ["| method | time to target (s) | speedup vs dense | updates to target | final accuracy | "
+    metric = METRICS[report.get("metric", "accuracy")]
+    lines = [f"| method | time to target (s) | speedup vs dense | updates to target | final {metric.name} | "
              "per-update (ms) | MB sent / rank / update |" + (" MB between nodes / rank / update |" if between else ""),
              "|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if between else "")]
     for m in report["methods"]:
@@ -249,19 +280,23 @@ def format_table(report: dict) -> str:
         shown_t = f"{t:.1f}" if reached else "not reached"
         shown_u = str(m["updates_to_target"]) if reached else f">{m['updates']}"
         lines.append(f"| {m['label']} | {shown_t} | {speed} | {shown_u} | "
-                     f"{100 * m['final_accuracy']:.1f}% | {1000 * m['step_s']:.0f} | {m['bytes'] / 1e6:.3f} |"
+                     f"{metric.show(m[f'final_{metric.name}'])} | {1000 * m['step_s']:.0f} | "
+                     f"{m['bytes'] / 1e6:.3f} |"
                      + (f" {m['inter_bytes'] / 1e6:.3f} |" if m.get("inter_bytes") is not None
                         else " - |" if between else ""))
     return "\n".join(lines)
 
 
 def plot(report: dict, path: Path) -> Path | None:
-    """Accuracy against training wall time and against updates, one line per method
-    (PyTorch's hooks dashed, the target dotted), in the style of the collectives' plots."""
+    """The task's metric (accuracy; perplexity, on a log scale) against training wall time and
+    against updates, one line per method (PyTorch's hooks dashed, the target dotted), in the
+    style of the collectives' plots."""
     plt = pyplot()
     if plt is None:
         print("matplotlib is not installed: no plot (pip install matplotlib)")
         return None
+    metric = METRICS[report.get("metric", "accuracy")]
+    scale = 100 if metric is ACCURACY else 1
     fig, axes = plt.subplots(1, 2, figsize=(15, 5.2))
     colors = plt.get_cmap("tab20").colors
     for i, m in enumerate(report["methods"]):
@@ -269,17 +304,19 @@ def plot(report: dict, path: Path) -> Path | None:
                      linestyle="--" if baselines.is_baseline(m["method"]) else ":" if "@" in m["method"] else "-",
                      label=m["label"], linewidth=2.2 if m["method"] == "dense" else 1.3)
         curve = m["curve"]
-        axes[0].plot([p["time_s"] for p in curve], [100 * p["accuracy"] for p in curve], **style)
-        axes[1].plot([p["updates"] for p in curve], [100 * p["accuracy"] for p in curve], **style)
+        axes[0].plot([p["time_s"] for p in curve], [scale * p[metric.name] for p in curve], **style)
+        axes[1].plot([p["updates"] for p in curve], [scale * p[metric.name] for p in curve], **style)
     for ax, xlabel in zip(axes, ("training wall time (s, slowest rank; evaluation excluded)", "updates")):
-        ax.axhline(100 * report["target"], color="black", linestyle=":", linewidth=1, label="target")
+        ax.axhline(scale * report["target"], color="black", linestyle=":", linewidth=1, label="target")
         ax.set_xlabel(xlabel)
-        ax.set_ylabel("test accuracy (%)")
+        ax.set_ylabel("test accuracy (%)" if metric is ACCURACY else f"held-out {metric.name} (lower is better)")
+        if not metric.higher_is_better:
+            ax.set_yscale("log")
         ax.grid(alpha=0.3)
     axes[0].set_xscale("log")
     axes[1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     tag = "GENERATED data" if report["generated"] else "real data"
-    fig.suptitle(f"time to accuracy: {report['task']} ({report['model']}, {tag}), P = {report['P']}, "
+    fig.suptitle(f"time to {metric.name}: {report['task']} ({report['model']}, {tag}), P = {report['P']}, "
                  f"{report['where']}, density {report['density']:g}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -305,10 +342,14 @@ def print_report(report: dict) -> None:
     banner = f"DATA: {report['data']}"
     line = "=" * min(110, max(60, len(banner) + 4))
     print(f"\n{line}\n  {banner}\n{line}")
-    print(f"time to accuracy: task {report['task']}, {report['model']} ({report['params'] / 1e6:.2f} M parameters), "
+    metric = METRICS[report.get("metric", "accuracy")]
+    print(f"time to {metric.name}: task {report['task']}, {report['model']} "
+          f"({report['params'] / 1e6:.2f} M parameters), "
           f"P = {report['P']}, {report['where']}, batch {report['batch']} per rank, budget {report['steps']} updates, "
           f"evaluated every {report['eval_every']}, density {report['density']:g}")
-    print(f"target: {100 * report['target']:.2f}% test accuracy ({report['target_how']}); every method from the same "
+    shown = f"{100 * report['target']:.2f}% test accuracy" if metric is ACCURACY else \
+        f"{report['target']:.2f} held-out {metric.name}"
+    print(f"target: {shown} ({report['target_how']}); every method from the same "
           "initial weights and data order, interleaved; time = training wall time of the slowest rank, evaluation "
           "excluded; per-update and bytes: medians")
     print(format_table(report))
@@ -347,17 +388,25 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--density", type=float, default=0.01)
     ap.add_argument("--steps", type=int, default=None, help="step budget (default: the task's)")
     ap.add_argument("--eval-every", type=int, default=None, help="updates between evaluations (default: the task's)")
-    ap.add_argument("--target", type=float, default=None, help="absolute target test accuracy in (0, 1]")
+    ap.add_argument("--target", type=float, default=None,
+                    help="absolute target: test accuracy in (0, 1], or held-out perplexity (> 0) for wikitext2")
     ap.add_argument("--target-fraction", type=float, default=0.99,
-                    help="without --target: this fraction of dense's best accuracy in the same run")
+                    help="without --target, for an accuracy task: this fraction of dense's best accuracy in the "
+                         "same run")
+    ap.add_argument("--target-margin", type=float, default=0.02,
+                    help="without --target, for wikitext2 (perplexity, lower is better): within this fraction of "
+                         "dense's best perplexity in the same run (0.02: at most 1.02 times it)")
     ap.add_argument("--stop-at-target", action="store_true",
                     help="with --target: a method stops once it reaches it (saves time; its final accuracy is then "
                          "the accuracy at the target)")
     ap.add_argument("--schedule-steps", type=int, default=None,
                     help="updates of a NAME@SCHEDULE warm-up (default: a fifth of the budget)")
-    ap.add_argument("--data-dir", default=None, help="CIFAR-10 batches (vgg16, resnet20) or aclImdb (lstm)")
-    ap.add_argument("--hidden", type=int, default=None, help="mlp / digits: hidden width")
-    ap.add_argument("--width", type=float, default=None, help="vgg16 / resnet20: channel width multiplier")
+    ap.add_argument("--data-dir", default=None, help="CIFAR-10 batches (vgg16, resnet20), aclImdb (lstm), or a "
+                    "folder with WikiText-2's test.txt and valid.txt (wikitext2; default: the copy shipped)")
+    ap.add_argument("--hidden", type=int, default=None,
+                    help="mlp / digits: hidden width; wikitext2: embedding and LSTM width")
+    ap.add_argument("--width", type=float, default=None,
+                    help="vgg16 / resnet20 / digits_cnn: channel width multiplier")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--nproc", type=int, default=4, help="ranks to start when not under a launcher")
     ap.add_argument("--hierarchy", nargs="+", choices=HIERARCHY_CHOICES, default=["flat"],
@@ -380,10 +429,20 @@ def config(args: argparse.Namespace, ap: argparse.ArgumentParser) -> dict[str, A
         ap.error(str(exc))
     if not 0 < args.density <= 1:
         ap.error(f"--density must be in (0, 1], got {args.density}")
-    if args.target is not None and not 0 < args.target <= 1:
+    metric = metric_of(args.task)
+    if args.target is not None and metric.higher_is_better and not 0 < args.target <= 1:
         ap.error(f"--target must be in (0, 1], got {args.target}")
+    if args.target is not None and not metric.higher_is_better and not args.target > 0:
+        ap.error(f"--target ({args.task}: a {metric.name}) must be > 0, got {args.target}")
     if not 0 < args.target_fraction <= 1:
         ap.error(f"--target-fraction must be in (0, 1], got {args.target_fraction}")
+    if not args.target_margin >= 0:
+        ap.error(f"--target-margin must be >= 0, got {args.target_margin}")
+    if args.task == "wikitext2" and args.data_dir is not None:
+        try:
+            wikitext2_dir(args.data_dir)
+        except ValueError as exc:
+            ap.error(str(exc))
     if args.target is None and "dense" not in methods:
         ap.error("without --target, dense must be among --algorithms (the target is a fraction of its accuracy)")
     for name in ("steps", "eval_every", "schedule_steps"):
@@ -397,6 +456,7 @@ def config(args: argparse.Namespace, ap: argparse.ArgumentParser) -> dict[str, A
     return {"hierarchies": hierarchies, "per_node": args.nproc_per_node,
             "task": args.task, "methods": methods, "density": args.density, "steps": args.steps,
             "eval_every": args.eval_every, "target": args.target, "target_fraction": args.target_fraction,
+            "target_margin": args.target_margin,
             "stop_at_target": args.stop_at_target, "schedule_steps": args.schedule_steps, "data_dir": args.data_dir,
             "hidden": args.hidden, "width": args.width, "seed": args.seed, "threads": args.threads,
             "quiet": args.quiet}

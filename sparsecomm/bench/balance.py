@@ -146,7 +146,7 @@ def rank_gradients(task: str, size: int, warmup: int = 20, seed: int = 0, random
 
     def gradient(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         opt.zero_grad(set_to_none=False)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
+        task_defs.loss_of(model(x), y).backward()   # a language model's logits: every position
         return torch.cat([p.grad.reshape(-1) for p in params]).clone()
 
     n = len(t.train_x)

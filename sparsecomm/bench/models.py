@@ -6,8 +6,12 @@ time-to-accuracy benchmark train them).
 - :func:`resnet20`: He et al.'s CIFAR ResNet-20 (a 3x3 stem of 16 channels, 3 stages x 3
   basic blocks of 16/32/64 channels, option-A shortcuts: strided identity padded with
   zeros, global average pooling, a linear head).
+  ``in_channels`` and ``blocks_per_stage`` make the small ResNet of the ``digits_cnn`` task
+  (one block per stage on 1-channel 8x8 digits).
 - :class:`LSTMClassifier`: embedding, 2-layer LSTM, linear head on the last hidden state
   (the SparDL paper's IMDB sentiment task).
+- :class:`LSTMLanguageModel`: word-level language model, embedding, 2-layer LSTM, a softmax
+  over the vocabulary at every position (the ``wikitext2`` task and ``examples/train_lstm.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["VGG", "vgg16", "vgg19", "ResNetCifar", "resnet20", "LSTMClassifier", "MLP", "build"]
+__all__ = ["VGG", "vgg16", "vgg19", "ResNetCifar", "resnet20", "LSTMClassifier", "LSTMLanguageModel", "MLP",
+           "build"]
 
 _VGG_CFG = {
     16: [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"],
@@ -79,12 +84,13 @@ class _BasicBlock(nn.Module):
 
 
 class ResNetCifar(nn.Module):
-    """He et al.'s CIFAR ResNet; ``width`` scales the 16/32/64 channels of the three stages."""
+    """He et al.'s CIFAR ResNet; ``width`` scales the 16/32/64 channels of the three stages;
+    ``in_channels``: of the input images (3: RGB)."""
 
-    def __init__(self, blocks_per_stage: int = 3, num_classes: int = 10, width: float = 1.0):
+    def __init__(self, blocks_per_stage: int = 3, num_classes: int = 10, width: float = 1.0, in_channels: int = 3):
         super().__init__()
         c1, c2, c3 = (max(1, round(c * width)) for c in (16, 32, 64))
-        self.conv = nn.Conv2d(3, c1, 3, padding=1, bias=False)
+        self.conv = nn.Conv2d(in_channels, c1, 3, padding=1, bias=False)
         self.bn = nn.BatchNorm2d(c1)
         stages, in_planes = [], c1
         for planes, stride in ((c1, 1), (c2, 2), (c3, 2)):
@@ -117,6 +123,38 @@ class LSTMClassifier(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         _, (h, _) = self.lstm(self.embedding(tokens))
         return self.head(h[-1])
+
+
+LSTMState = tuple[torch.Tensor, torch.Tensor]
+
+
+class LSTMLanguageModel(nn.Module):
+    """Word-level language model: embedding ``embed_dim``, ``layers`` LSTM layers of ``hidden``,
+    a linear softmax layer over the vocabulary at every position (dropout after the embedding
+    and after the LSTM when ``dropout`` > 0). The embedding and the softmax are separate
+    matrices (not tied), so the embedding's gradient is exactly zero in the rows of the words a
+    batch does not hold.
+
+    ``forward(tokens, state)``: ``tokens`` (batch, time) -> (logits (batch, time, vocabulary),
+    the LSTM's state after the last position); ``state`` None starts from zeros. Truncated
+    backpropagation through time passes the returned state, detached, to the next segment.
+    """
+
+    def __init__(self, vocab_size: int, embed_dim: int = 400, hidden: int = 400, layers: int = 2,
+                 dropout: float = 0.0):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, embed_dim)
+        self.lstm = nn.LSTM(embed_dim, hidden, num_layers=layers, batch_first=True,
+                            dropout=dropout if layers > 1 else 0.0)
+        self.drop = nn.Dropout(dropout)
+        self.decoder = nn.Linear(hidden, vocab_size)
+        nn.init.uniform_(self.embedding.weight, -0.1, 0.1)
+        nn.init.uniform_(self.decoder.weight, -0.1, 0.1)
+        nn.init.zeros_(self.decoder.bias)
+
+    def forward(self, tokens: torch.Tensor, state: LSTMState | None = None) -> tuple[torch.Tensor, LSTMState]:
+        out, state = self.lstm(self.drop(self.embedding(tokens)), state)
+        return self.decoder(self.drop(out)), state
 
 
 class MLP(nn.Module):
