@@ -24,18 +24,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 from models import MLP  # noqa: E402
 
+from sparsecomm.bench.tasks import load_digits_split  # noqa: E402
+
 TEST = 360
 
 
 def load(split_seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
-    y = torch.tensor(digits.target, dtype=torch.long)
-    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(split_seed))
-    x, y = x[perm], y[perm]
-    return x[TEST:], y[TEST:], x[:TEST], y[:TEST]
+    """(train x, train y, test x, test y): the time-to-accuracy benchmark's digits split."""
+    return load_digits_split(split_seed, TEST)
 
 
 def run_rank(rank: int, world: int, args: argparse.Namespace) -> list[dict]:

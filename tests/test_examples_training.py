@@ -79,13 +79,36 @@ def test_image_compares_algorithms_and_pytorch_hooks_in_one_run():
         assert low - 0.005 <= speedup <= high + 0.005, (name, dense_ms, ms, speedup)
 
 
-def test_lstm_on_generated_data():
+_LM_ROW = re.compile(r"^\| (\w+) \| ([\d.]+) \| (\d+) \| ([\d.]+) \| ([\d.]+) MB \| (\S+) \| ([\d.]+) \| "
+                     r"([\d.]+)% \|$", re.MULTILINE)
+
+
+def test_lstm_language_model_on_the_shipped_wikitext2():
     proc = _run("train_lstm.py", "--algorithm", "topka", "--density", "0.01", "--steps", "3", "--batch", "4",
-                "--train-size", "32", "--test-size", "16", "--vocab", "300", "--seq-len", "12")
-    assert "GENERATED DATA" in proc.stdout
-    rows = _rows(proc.stdout)
+                "--bptt", "10", "--hidden", "16", "--eval-tokens", "2000")
+    assert "REAL: WikiText-2" in proc.stdout and "GENERATED" not in proc.stdout, proc.stdout
+    rows = {m.group(1): m for m in _LM_ROW.finditer(proc.stdout)}
     assert list(rows) == ["topka"], proc.stdout
-    assert math.isfinite(float(rows["topka"].group(6))) and "loss finite: True" in proc.stdout
+    assert int(rows["topka"].group(3)) == 3 and float(rows["topka"].group(5)) > 0
+    perplexity = float(rows["topka"].group(7))
+    assert 1 < perplexity < 2 * 14_143, proc.stdout   # at most about a uniform guess over the vocabulary
+    # the first 2000 held-out tokens, each rank its half: 2 ranks x 10 streams x 10 segments of 10 tokens
+    assert f"held-out perplexity: {perplexity:.2f} on 2,000 tokens of valid.txt" in proc.stdout, proc.stdout
+    assert "loss finite: True" in proc.stdout
+
+
+@pytest.mark.parametrize("files", [[], ["test.txt"], ["train.txt", "valid.txt"]])
+def test_lstm_refuses_a_data_dir_without_wikitext2(tmp_path, files):
+    for name in files:
+        (tmp_path / name).write_text("a b c\n")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_lstm.py"), "--data-dir", str(tmp_path),
+                           "--steps", "1", "--bandwidth", "none", "--no-progress"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    missing = [name for name in ("test.txt", "valid.txt") if name not in files]
+    assert f"holds no WikiText-2 {' and '.join(missing)}" in proc.stderr, proc.stderr
+    assert "test.txt (trains) and valid.txt (held out)" in proc.stderr, proc.stderr
+    assert "GENERATED" not in proc.stdout and "updates" not in proc.stdout
 
 
 def test_image_reads_cifar_binary_batches(tmp_path):
