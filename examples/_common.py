@@ -26,15 +26,38 @@ from sparsecomm.launch import EmulatedNetwork, NetworkSetupError, describe_link,
 from sparsecomm.testing import launched
 
 
-def add_common_args(parser: argparse.ArgumentParser, *, steps: int | None, epochs: int, batch: int, lr: float,
-                    bandwidth: str = "none") -> None:
-    parser.add_argument("--algorithm", default="spardl", help=f"from: {', '.join(algorithm_names())}")
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (a run of 0 updates or epochs has nothing to report)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def add_common_args(parser: argparse.ArgumentParser, *, steps: int | None, epochs: int | None, batch: int | None,
+                    lr: float | None, bandwidth: str = "none",
+                    data_dir: str | None = "where the real data set lies (see the module doc)",
+                    algorithm: bool = True) -> None:
+    """The options every example takes. An example offers only those it uses, so that none is
+    accepted and ignored: ``data_dir`` is ``--data-dir``'s help, None for an example that reads no
+    data set; ``epochs``, ``batch``, ``lr`` None leave out ``--epochs`` (``--steps`` alone sets the
+    run's length), ``--batch``, ``--lr``; ``algorithm`` False leaves out ``--algorithm``."""
+    if algorithm:
+        parser.add_argument("--algorithm", default="spardl", help=f"from: {', '.join(algorithm_names())}")
     parser.add_argument("--density", type=float, default=0.01, help="ignored (1.0) for dense")
-    parser.add_argument("--data-dir", default=None, help="where the real data set lies (see the module doc)")
-    parser.add_argument("--epochs", type=int, default=epochs)
-    parser.add_argument("--steps", type=int, default=steps, help="stop after this many updates (overrides epochs)")
-    parser.add_argument("--batch", type=int, default=batch, help="per-rank batch size")
-    parser.add_argument("--lr", type=float, default=lr)
+    if data_dir is not None:
+        parser.add_argument("--data-dir", default=None, help=data_dir)
+    if epochs is not None:
+        parser.add_argument("--epochs", type=positive_int, default=epochs,
+                            help="passes over each rank's shard, when --steps is not given")
+        parser.add_argument("--steps", type=positive_int, default=steps,
+                            help="stop after this many updates, however many epochs that takes (overrides --epochs)")
+    else:
+        parser.add_argument("--steps", type=positive_int, default=steps, help="updates to train")
+    if batch is not None:
+        parser.add_argument("--batch", type=positive_int, default=batch, help="per-rank batch size")
+    if lr is not None:
+        parser.add_argument("--lr", type=float, default=lr)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--nproc", type=int, default=2, help="ranks to start when not under a launcher")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
@@ -48,6 +71,8 @@ class HookState(Protocol):
 
     density: float
     last_stats: dict[int, dict[str, Any]]
+
+    def summary(self) -> str: ...
 
 
 # COO codecs an algorithm name may carry after "+" (docs/skcompress.md)
@@ -187,7 +212,7 @@ def train(ddp: nn.Module, state: HookState, optimizer: torch.optim.Optimizer, x:
             bar.set_postfix(loss=f"{losses[-1]:.3f}", ms=f"{1000 * times[-1]:.0f}", refresh=False)
         elif plain_every and len(times) % plain_every == 0:
             print(f"{desc}: {len(times)}/{len(order)} updates, loss {losses[-1]:.3f}, "
-                  f"{1000 * times[-1]:.0f} ms", flush=True)
+                  f"{1000 * times[-1]:.0f} ms; {state.summary()}", flush=True)
     if bar is not None:
         bar.close()
     return {"losses": losses, "times": times, "bytes": sent}
@@ -248,5 +273,6 @@ def report(ddp: nn.Module, state: HookState, run: dict, test_x: torch.Tensor, te
         print("per-update time: median over updates 4..N, max over ranks; bytes: sent per rank per update")
         print_table([row])
         print(f"loss finite: {row['finite']}, first {run['losses'][0]:.4f} -> last {run['losses'][-1]:.4f}")
+        print(f"last update, rank 0: {state.summary()}")
         sys.stdout.flush()
     return row

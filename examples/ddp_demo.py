@@ -58,6 +58,9 @@ from sparsecomm.bench.tasks import prototype_data  # noqa: E402
 from sparsecomm.launch import describe_link  # noqa: E402
 
 INPUTS, CLASSES = 784, 10
+# the mlp task's batch per rank and SGD step size (sparsecomm.bench.tasks): the runs train with
+# these, so the compute-only timing uses them too (the demo takes no --batch or --lr to ignore)
+BATCH, LR = 32, 0.05
 
 
 def make_data(stream: int, samples: int, seed: int = 0, separation: float = 0.2
@@ -70,17 +73,17 @@ def make_data(stream: int, samples: int, seed: int = 0, separation: float = 0.2
 def compute_only_step_s(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, steps: int = 6) -> float:
     """Median forward + backward + step time of the bare model (no DDP), slowest rank.
 
-    Uses the first ``min(steps, args.steps)`` batches of ``x`` (which holds ``args.steps``
-    of them), so no step runs on an empty batch.
+    Uses the first ``min(steps, args.steps)`` batches of ``BATCH`` of ``x`` (which holds six),
+    so no step runs on an empty batch.
     """
     steps = min(steps, args.steps)
     torch.manual_seed(args.seed)
     model = MLP(INPUTS, args.hidden, CLASSES)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     times = []
     dist.barrier()  # every rank computes at once, sharing the cores as in the runs
     for step in range(steps):
-        batch = slice(step * args.batch, (step + 1) * args.batch)
+        batch = slice(step * BATCH, (step + 1) * BATCH)
         start = time.perf_counter()
         optimizer.zero_grad()
         nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
@@ -93,7 +96,7 @@ def compute_only_step_s(args: argparse.Namespace, x: torch.Tensor, y: torch.Tens
 
 def run_rank(rank: int, world: int, args: argparse.Namespace) -> dict | None:
     torch.set_num_threads(max(1, args.threads))
-    x, y = make_data(rank, args.batch * 6)
+    x, y = make_data(rank, BATCH * 6)
     compute_s = compute_only_step_s(args, x, y)
     cfg = {"task": "mlp", "methods": args.algorithms, "density": args.density, "steps": args.steps,
            "eval_every": args.eval_every, "target": args.target, "target_fraction": 0.99, "stop_at_target": False,
@@ -131,6 +134,8 @@ def _ratio_advice(ratio: float, rate: str | None) -> str:
 
 def _report(report: dict, compute_s: float, world: int, args: argparse.Namespace) -> None:
     rate = describe_link()[1]
+    if report["batch"] != BATCH:   # the task changed its batch: the compute-only timing no longer matches
+        print(f"note: the runs used batch {report['batch']}, the compute-only timing batch {BATCH}")
     print(f"\nsparsecomm demo: {world} ranks on {report['where']}; MLP {INPUTS}-{args.hidden}-{args.hidden}-{CLASSES} "
           f"({report['params'] / 1e6:.1f} M parameters, {4 * report['params'] / 1e6:.0f} MB gradient), "
           f"{report['steps']} updates of batch {report['batch']} per rank, density {args.density:g}; "
@@ -161,7 +166,8 @@ def _spawned(rank: int, world: int, args: argparse.Namespace) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _common.add_common_args(parser, steps=80, epochs=1, batch=32, lr=0.05, bandwidth="1gbit")
+    _common.add_common_args(parser, steps=80, epochs=None, batch=None, lr=None, bandwidth="1gbit", data_dir=None,
+                            algorithm=False)
     parser.set_defaults(nproc=4)
     parser.add_argument("--algorithms", nargs="+", default=["all"],
                         help=f"'all' (dense, every algorithm, the PyTorch hooks) or names from: "

@@ -7,8 +7,9 @@
     accelerate launch --cpu --num_processes 2 examples/train_accelerate.py --steps 20
     python -m sparsecomm.launch --nproc 2 --bandwidth 1gbit -- python examples/train_accelerate.py --steps 20
 
-The training of ``train_image.py`` (its models and data: CIFAR batches from ``--data-dir``, else
-GENERATED CIFAR-shaped data, announced at start) written the Accelerate way:
+The training of ``train_image.py`` (its models and data: CIFAR batches from ``--data-dir``, an
+error if the folder does not hold them; without ``--data-dir`` GENERATED CIFAR-shaped data, announced
+at start) written the Accelerate way:
 ``accelerator.prepare(model, optimizer)``, then
 ``sparsecomm.integrations.accelerate.register(accelerator, model, state)``, the loop under
 ``accelerator.accumulate(model)`` with ``accelerator.backward(loss)``, ``save_state`` /
@@ -20,9 +21,9 @@ run, and ``--nproc P`` starts P processes through ``torch.distributed.run`` (thr
 ``sparsecomm.launch`` on links shaped to ``--bandwidth`` where that is possible: root and
 iproute2). Without GPUs the Accelerator runs on the CPU (``cpu=True``, gloo).
 
-Rank 0 prints, per optimizer step, its loss and what the hook reduced on its way
-(``state.last_stats``: bytes this rank sent and nonzeros of the reduced gradient, summed over
-the buckets), and per epoch the totals. ``--accumulate A`` accumulates A micro-batches per
+Rank 0 prints, per optimizer step, what the hook reduced on its way (``state.summary()``: bytes
+this rank sent, their ratio to a dense allreduce's, algorithm, density) and the loss, and per
+epoch the totals. ``--accumulate A`` accumulates A micro-batches per
 optimizer step: DDP's no_sync skips the hook on the others. ``--save-state DIR`` writes
 ``DIR/step<N>`` every ``--save-every`` steps and at the end; ``--resume DIR/step<N>`` continues
 from one, with the same data order (each rank's batches are a fixed sequence of
@@ -50,14 +51,12 @@ import sparsecomm as sc  # noqa: E402
 from sparsecomm.testing import launched  # noqa: E402
 
 
-def reduced(state: sc.DDPHookState) -> str:
-    """What the hook did on the last optimizer step, from ``state.last_stats`` (one entry per bucket)."""
-    stats = list(state.last_stats.values())
-    if not stats:
-        return "not reduced (1 process: no hook)"
-    sent = sum(s["bytes_sent"] for s in stats)
-    nnz, n = sum(s["nnz_out"] for s in stats), sum(s["n"] for s in stats)
-    return f"hook step {state.step}: sent {sent} B in {len(stats)} buckets, nnz {nnz} of {n}"
+def reduced(state: sc.DDPHookState, step: int) -> str:
+    """What the hook did on optimizer step ``step``: ``state.summary()`` (bytes this rank sent,
+    their ratio to a dense allreduce's, algorithm, density, buckets)."""
+    if not state.last_stats and state.step == 0:
+        return f"step {step}: not reduced (1 process: no hook)"
+    return state.summary()
 
 
 def run(args: argparse.Namespace) -> None:
@@ -74,6 +73,8 @@ def run(args: argparse.Namespace) -> None:
         if accelerator.is_main_process:
             print(text, flush=True)
     found = find_cifar(args.data_dir)
+    if args.data_dir and not found:   # every process: main() checked, but the folder may have changed since
+        raise ValueError(train_image.data_dir_error(args.data_dir))
     if accelerator.is_main_process:
         _common.banner(train_image.describe_data(args))
     train_x, train_y, test_x, test_y = load_cifar(found) if found else \
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> None:
         if accelerator.sync_gradients:
             step = (micro + 1) // args.accumulate
             epoch_bytes += sum(s["bytes_sent"] for s in state.last_stats.values())
-            say(f"step {step}/{total_steps}: loss {loss.item():.6f}, {reduced(state)}")
+            say(f"{reduced(state, step)}; loss {loss.item():.6f}")
             if args.save_state and (step % args.save_every == 0 or step == total_steps):
                 accelerator.save_state(os.path.join(args.save_state, f"step{step}"))
                 say(f"saved {os.path.join(args.save_state, f'step{step}')}")
@@ -167,6 +168,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.steps is not None and args.steps < 1 or args.accumulate < 1 or args.save_every < 1:
         parser.error("--steps, --accumulate and --save-every must be at least 1")
+    error = train_image.data_dir_error(args.data_dir)
+    if error:
+        parser.error(error)
     if importlib.util.find_spec("accelerate") is None:
         parser.error("this example needs Hugging Face Accelerate: pip install sparsecomm[accelerate]")
     if args.algorithm not in sc.algorithms.names():

@@ -71,7 +71,7 @@ def _spawned(rank: int, world: int, args: argparse.Namespace) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _common.add_common_args(parser, steps=None, epochs=40, batch=32, lr=0.05)
+    _common.add_common_args(parser, steps=None, epochs=40, batch=32, lr=0.05, data_dir=None)
     parser.add_argument("--algorithms", nargs="+", default=None,
                         help="algorithms to compare in turn (default: dense and --algorithm)")
     parser.add_argument("--hidden", type=int, default=256)

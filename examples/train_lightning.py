@@ -10,8 +10,11 @@ The whole integration is one line: ``Trainer(strategy=SparseDDPStrategy(sc.DDPHo
 (sparsecomm.integrations.lightning; docs/integrations.md). Lightning starts the ``--nproc``
 processes itself (or joins torchrun's); the hook runs on CPU too, and every checkpoint carries
 every rank's hook state, so ``--resume`` continues exactly. Data as in train_image.py: CIFAR from
-``--data-dir``, else generated CIFAR-shaped images (announced). Rank 0 prints, every
-``--log-every`` steps, what the hook reduced: bytes this rank sent and nonzeros per step.
+``--data-dir`` (an error naming the expected files if the folder does not hold them); without
+``--data-dir``, generated CIFAR-shaped images (announced). ``--steps N`` trains N optimizer steps
+whatever ``--epochs`` says (as many epochs as that takes); without it, ``--epochs`` epochs. Rank 0
+prints, every ``--log-every`` steps, the hook's ``state.summary()`` (bytes this rank sent, their
+ratio to a dense allreduce's, algorithm, density) and the training loss.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
-from train_image import describe_data, generated  # noqa: E402
+from train_image import DATA_DIR_HELP, data_dir_error, describe_data, generated  # noqa: E402
 
 import sparsecomm as sc  # noqa: E402
 from sparsecomm.bench.tasks import find_cifar, load_cifar  # noqa: E402
@@ -38,17 +41,24 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--density", type=float, default=0.01)
     p.add_argument("--nproc", type=int, default=2, help="processes (Lightning's devices) per node")
     p.add_argument("--accelerator", default="cpu", help="Lightning's accelerator: cpu, gpu, auto")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--steps", type=int, default=-1, help="stop after this many updates (overrides --epochs)")
+    p.add_argument("--epochs", type=int, default=1, help="epochs to train when --steps is not given")
+    p.add_argument("--steps", type=int, default=None,
+                   help="stop after this many updates, however many epochs that takes (overrides --epochs)")
     p.add_argument("--batch", type=int, default=32, help="per-process batch size")
     p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--data-dir", default=None)
+    p.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     p.add_argument("--train-size", type=int, default=2000, help="generated data only")
     p.add_argument("--test-size", type=int, default=500, help="generated data only")
     p.add_argument("--save-dir", default=None, help="write a checkpoint after every epoch here")
     p.add_argument("--resume", default=None, help="a checkpoint to continue from")
-    p.add_argument("--log-every", type=int, default=5)
-    return p.parse_args(argv)
+    p.add_argument("--log-every", type=int, default=5, help="steps between rank 0's lines (and step 1)")
+    args = p.parse_args(argv)
+    if args.steps is not None and args.steps < 1 or args.epochs < 1 or args.log_every < 1:
+        p.error("--steps, --epochs and --log-every must be at least 1")
+    error = data_dir_error(args.data_dir)
+    if error:
+        p.error(error)
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -86,15 +96,12 @@ def main(argv: list[str] | None = None) -> None:
     state = sc.DDPHookState(args.algorithm, 1.0 if args.algorithm == "dense" else args.density)
 
     class HookReport(Callback):
-        """What the hook reduced, from rank 0: this rank's bytes sent and the nonzeros per step."""
+        """From rank 0: what the hook reduced (state.summary()) and the training loss."""
 
-        def on_train_batch_end(self, trainer, *_):
+        def on_train_batch_end(self, trainer, pl_module, outputs, *_):
             step = trainer.global_step
             if trainer.is_global_zero and (step % args.log_every == 0 or step == 1):
-                stats = state.last_stats.values()
-                print(f"step {step}: hook reduced {len(state.last_stats)} buckets, sent "
-                      f"{sum(s.get('bytes_sent', 0) for s in stats) / 1e3:.1f} kB, "
-                      f"{sum(s.get('nnz_out', 0) for s in stats)} nonzeros", flush=True)
+                print(f"{state.summary()}; loss {float(outputs['loss']):.4f}", flush=True)
 
     def loader(x, y, shuffle):
         return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=args.batch,
@@ -104,7 +111,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.save_dir:
         callbacks.append(ModelCheckpoint(dirpath=args.save_dir, every_n_epochs=1, save_top_k=-1, filename="{epoch}"))
     trainer = L.Trainer(strategy=SparseDDPStrategy(state), accelerator=args.accelerator, devices=args.nproc,
-                        max_epochs=args.epochs, max_steps=args.steps, callbacks=callbacks, logger=False,
+                        # --steps alone decides the length: no epoch limit then (-1: none)
+                        max_epochs=-1 if args.steps else args.epochs, max_steps=args.steps or -1,
+                        callbacks=callbacks, logger=False,
                         enable_checkpointing=bool(args.save_dir), enable_model_summary=False,
                         enable_progress_bar=False)
     if trainer.is_global_zero:

@@ -58,7 +58,7 @@ def _flat_worker(rank, world, name, n, steps):
         out = hook.allreduce(grad.clone(), shapes).clone()
         res = hook.residual()
         rows.append((grad.numpy(), acc.numpy(), out.numpy(),
-                     None if res is None else res.clone().numpy(), dict(hook.last_stats[0])))
+                     None if res is None else res.clone().numpy(), dict(hook.last_stats[0]), hook.summary()))
     return rows
 
 
@@ -74,6 +74,8 @@ def test_fp16_hook_on_a_flat_tensor_is_the_mean_in_half_precision(world):
         assert np.abs(outs[0] - mean).max() <= 4 * 2.0 ** -10 * np.abs(mean).max()
         stats = results[0][step][4]
         assert (stats["bytes_sent"], stats["rounds"]) == ring_allreduce_cost(2 * n, world)
+    if world == 2:   # 1573 float64 sent as float16: 2 (P - 1) ceil(2 n / P) = 3146 B of dense's 12584 B
+        assert results[0][0][5] == "torch_fp16: sent 3.15 kB = 0.25x dense's 12.6 kB, 1 bucket"
 
 
 @pytest.mark.parametrize("world", [2, 3])

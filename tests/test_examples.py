@@ -25,7 +25,7 @@ _ROW = re.compile(r"^(?:\[rank 0\] )?\| ([\w ()]+?) \| ([\d.]+|not reached) \| (
 @pytest.mark.parametrize("algorithms", [["dense", "topka", "spardl"], ["dense", "gtopk", "torch_fp16", "torch_powersgd"]])
 def test_ddp_demo_prints_a_row_per_algorithm_and_writes_json_and_plot(algorithms, tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "ddp_demo.py"), "--nproc", "2",
-                           "--steps", "8", "--hidden", "64", "--batch", "16", "--bandwidth", "none",
+                           "--steps", "8", "--hidden", "64", "--bandwidth", "none",
                            "--algorithms", *algorithms, "--out", str(tmp_path), "--no-progress"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -74,7 +74,7 @@ def test_ddp_demo_rejects_unknown_algorithm():
                     reason="emulating links needs root and iproute2 (ip, tc)")
 def test_ddp_demo_runs_on_the_emulated_network(tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "ddp_demo.py"), "--nproc", "2",
-                           "--steps", "5", "--hidden", "64", "--batch", "16", "--algorithms", "dense", "topka",
+                           "--steps", "5", "--hidden", "64", "--algorithms", "dense", "topka",
                            "--out", str(tmp_path), "--no-progress"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

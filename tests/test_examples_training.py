@@ -124,8 +124,9 @@ def test_image_reads_cifar_binary_batches(tmp_path):
     assert "loss finite: True" in proc.stdout
 
 
-_STEP = re.compile(r"^step (\d+)/(\d+): loss ([\d.]+), hook step (\d+): sent (\d+) B in (\d+) buckets, nnz (\d+) of "
-                   r"(\d+)$", re.MULTILINE)
+# state.summary() of the hook step, then the loss
+_STEP = re.compile(r"^step (\d+): topka, density 0\.01: sent ([\d.]+ k?B) = ([\d.]+)x dense's ([\d.]+ [kM]B), (\d+) "
+                   r"buckets?(?: \(\+\d+ B setup\))?; loss ([\d.]+)$", re.MULTILINE)
 
 
 def test_accelerate_two_processes_save_and_resume_print_the_same_steps(tmp_path):
@@ -134,13 +135,13 @@ def test_accelerate_two_processes_save_and_resume_print_the_same_steps(tmp_path)
     small = ["--algorithm", "topka", "--steps", "4", "--batch", "4", "--train-size", "32", "--test-size", "16"]
     first = _run("train_accelerate.py", *small, "--save-state", str(tmp_path), "--save-every", "2").stdout
     steps = _STEP.findall(first)
-    assert [(int(s[0]), int(s[3])) for s in steps] == [(i, i) for i in range(1, 5)], first   # a hook step each
-    assert all(int(s[4]) > 0 and 0 < int(s[6]) < int(s[7]) for s in steps), first           # sparse, sent
+    assert [int(s[0]) for s in steps] == list(range(1, 5)), first   # a hook step per optimizer step
+    assert all(0 < float(s[2]) < 1 for s in steps), first           # sent, far fewer bytes than dense
     assert "GENERATED DATA" in first and "MULTI_CPU" in first
     resumed = _run("train_accelerate.py", *small, "--resume", str(tmp_path / "step2")).stdout
     assert f"resumed from {tmp_path / 'step2'} after step 2" in resumed, resumed
-    assert _STEP.findall(resumed) == steps[2:], resumed   # the same losses, bytes and nonzeros
+    assert _STEP.findall(resumed) == steps[2:], resumed   # the same losses and bytes
     alone = _run("train_accelerate.py", *small[:2], "--steps", "1", "--batch", "4", "--train-size", "8",
                  "--test-size", "8", "--nproc", "1")
-    assert "step 1/1: loss" in alone.stdout and "not reduced (1 process: no hook)" in alone.stdout, alone.stdout
+    assert "step 1: not reduced (1 process: no hook); loss" in alone.stdout, alone.stdout
     assert alone.stderr.count("1-process run: there is nothing to reduce") == 1, alone.stderr

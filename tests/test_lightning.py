@@ -104,9 +104,12 @@ def test_the_lightning_example_prints_what_the_hook_reduced(nproc, tmp_path):
                            "--test-size", "64"], capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
                           env={**os.environ, "GLOO_SOCKET_IFNAME": "lo"})
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    steps = re.findall(r"^step (\d+): hook reduced (\d+) buckets, sent ([\d.]+) kB, (\d+) nonzeros$", proc.stdout, re.M)
+    steps = re.findall(r"^step (\d+): topka, density 0\.01: sent ([\d.]+) k?B(?: = ([\d.]+)x dense's [\d.]+ [kM]B| "
+                       r"\(1 rank: nothing to send\)), (\d+) buckets?(?: \(\+\d+ B setup\))?; loss ([\d.]+)$",
+                       proc.stdout, re.M)
     assert [s[0] for s in steps] == ["1", "2", "4"], proc.stdout
-    assert all(int(s[1]) >= 1 and int(s[3]) > 0 for s in steps)
-    assert all((float(s[2]) > 0) == (nproc > 1) for s in steps)   # one process sends nothing
+    assert all(int(s[3]) >= 1 and float(s[4]) > 0 for s in steps)   # buckets, and the training loss
+    assert all((float(s[1]) > 0) == (nproc > 1) for s in steps)   # one process sends nothing
+    assert all(0 < float(s[2]) < 1 for s in steps if nproc > 1)     # far fewer bytes than dense
     assert re.search(rf"^done: {nproc} processes, topka at density 0.01, hook step 4, test accuracy [\d.]+$",
                      proc.stdout, re.M), proc.stdout

@@ -203,6 +203,18 @@ class TorchHook:
 
     def _record(self, index: int, shapes: Sequence[Sequence[int]], element_size: int) -> None:
         self.last_stats[index] = self.wire_stats(shapes, element_size)
+        dense = element_size * sum(math.prod(s) for s in shapes)
+        self.last_stats[index]["dense_bytes_sent"] = ring_allreduce_cost(dense, self._world())[0]
+
+    def summary(self) -> str:
+        """One line on the last reduction, as :meth:`sparsecomm.DDPHookState.summary` words it:
+        the bytes sent per rank and their ratio to the dense ring allreduce's."""
+        stats = list(self.last_stats.values())
+        if not stats:
+            return f"{self.label}: nothing reduced yet"
+        sent, dense = sum(s["bytes_sent"] for s in stats), sum(s["dense_bytes_sent"] for s in stats)
+        ratio = f" = {sent / dense:.3g}x dense's {dense / 1e3:.3g} kB" if dense else " (1 rank: nothing to send)"
+        return f"{self.label}: sent {sent / 1e3:.3g} kB{ratio}, {len(stats)} bucket{'s' if len(stats) != 1 else ''}"
 
     def _serialize_buckets(self) -> bool:
         """Whether bucket reductions must run one after another (PowerSGD off NCCL).
