@@ -185,6 +185,12 @@ class NodeSharedMemory:
             acc.add_(tensor[lo:hi])
         self._count(n - (hi - lo), tensor.dtype)
 
+    def fence(self) -> None:
+        """Wait until every rank of the node has read the slots of the last reduce-scatter: a
+        reduce-scatter writes the slots its peers read, so two in a row need this between them
+        (an all-gather after one writes only the parts no peer reads there)."""
+        self._barrier()
+
     def allgather_(self, tensor: torch.Tensor) -> None:
         """Every rank's slice of ``tensor`` to every rank, in place (the owners' bytes)."""
         comm = self.comm

@@ -213,6 +213,13 @@ class NodeComms:
         else:
             direct_reduce_scatter_into_(self.intra, tensor, n, acc, own)
 
+    def reduce_scatter_fence(self, tensor: torch.Tensor) -> None:
+        """Between two :meth:`reduce_scatter_into_` calls in a row: the shared segment's slots
+        are reused, so the node waits until every rank has read the first's (nothing to wait
+        for with messages: each round has its own)."""
+        if self.intra is not None and self.shared is not None and tensor.device.type == "cpu":
+            self.shared.fence()
+
     def allgather_(self, tensor: torch.Tensor, n: int) -> None:
         """Every node rank's slice of ``tensor`` to all of them, in place."""
         if self.intra is None:

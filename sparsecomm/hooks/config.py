@@ -18,6 +18,7 @@ from ..comm.base import Comm
 from ..comm.topology import NodeComms
 from ..reduce import SparseAllreduce, as_schedule, check_density, check_nonfinite
 from ..reduce.checkpoint import check_owner, check_version, unpack_rank_part
+from ..reduce.local_update import LocalUpdate
 
 __all__ = ["HookConfig", "reduce_average", "group_size"]
 
@@ -61,10 +62,11 @@ class HookConfig:
     process_group: Any = None
 
     def _configure(self, algorithm: str, density: float, nonfinite: str, density_schedule: Any,
-                   options: dict[str, Any], comm: Comm | None) -> None:
+                   options: dict[str, Any], comm: Comm | None, local_update: LocalUpdate = LocalUpdate()) -> None:
         """Check and keep the algorithm, density, policy, schedule and options (the options
         now, by a comm-less instance: checks only; those that depend on the number of ranks
-        later, by :meth:`_options_checked`'s ``check_size``), and the Comm given, if any."""
+        later, by :meth:`_options_checked`'s ``check_size``), the local update (momentum
+        correction, clipping: :mod:`sparsecomm.reduce.local_update`) and the Comm given, if any."""
         check_density(density)
         check_nonfinite(nonfinite)
         schedule = as_schedule(density_schedule)
@@ -74,6 +76,7 @@ class HookConfig:
         self.options = dict(options)
         self.nonfinite = nonfinite
         self.density_schedule = schedule
+        self.local_update = local_update
         self._comm = comm
         self._owns_comm = comm is None  # a Comm this state builds is closed by close()
         self._nodes: NodeComms | None = None
@@ -90,9 +93,15 @@ class HookConfig:
         """A reducer of this configuration on ``comm`` (``placement``: hierarchy and nodes),
         continuing from the loaded save (its first handshake compares the fingerprint)."""
         reducer = SparseAllreduce(self.algorithm, self.density, comm=comm, nonfinite=self.nonfinite,
-                                  density_schedule=self.density_schedule, **placement, **self.options)
+                                  density_schedule=self.density_schedule, **placement,
+                                  **self.local_update.to_state(), **self.options)
         reducer.set_checkpoint_fingerprint(self._checkpoint_id)
         return reducer
+
+    def _local_update_state(self) -> dict[str, Any]:
+        """The local update's entry of a state_dict: none when it is off (such a state keeps the
+        keys and fingerprint it always had)."""
+        return {"local_update": self.local_update.to_state()} if self.local_update.active else {}
 
     def _rank_and_size(self) -> tuple[int | None, int | None]:
         """This state's rank and world size: its world Comm's, else the process group's, else unknown."""
@@ -118,6 +127,11 @@ class HookConfig:
             if state[key] != getattr(self, key):
                 raise ValueError(f"state_dict has {key}={state[key]!r}, this {self.KIND} has "
                                  f"{getattr(self, key)!r}: build the state with the checkpoint's configuration")
+        saved_update = LocalUpdate.from_state(state.get("local_update"))
+        if saved_update != self.local_update:
+            raise ValueError(f"state_dict has local update {saved_update.options() or 'none'}, this {self.KIND} has "
+                             f"{self.local_update.options() or 'none'} (momentum, nesterov, momentum_masking, "
+                             "clip_norm): build the state with the checkpoint's configuration")
         saved_schedule = as_schedule(state["density_schedule"])
         if saved_schedule != self.density_schedule:
             raise ValueError(f"state_dict has density_schedule={saved_schedule!r}, this {self.KIND} has "

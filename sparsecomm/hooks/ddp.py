@@ -79,6 +79,7 @@ from ..comm.base import Comm, ring_allreduce_cost
 from ..comm.topology import NodeComms, Topology
 from ..reduce import CHECKPOINT_VERSION, DensitySchedule, SparseAllreduce, check_hierarchy, saved_text
 from ..reduce.density import check_step
+from ..reduce.local_update import LocalUpdate
 from ..reduce.checkpoint import fingerprint, gather_rank_parts, loaded_fingerprint, pack_rank_part
 from .bucket_layout import BucketLayout, LayoutBucket
 from .bucket_worker import BucketWorker
@@ -118,6 +119,12 @@ class DDPHookState(HookConfig):
         nodes: the cluster's shape for ``hierarchy="node"`` / ``"auto"``: a
             :class:`~sparsecomm.Topology`; default: torchrun's variables (:meth:`Topology.from_env`),
             read here. (Not ``topology``: that is skcompress's option.)
+        momentum, nesterov, momentum_masking, clip_norm: momentum correction, momentum factor
+            masking and local gradient clipping (Deep Gradient Compression, sections 3.2-3.3;
+            :class:`~sparsecomm.SparseAllreduce`): with ``momentum=0.9`` each rank accumulates a
+            velocity instead of the gradient, and the optimizer must run *without* momentum
+            (``torch.optim.SGD(params, lr, momentum=0)``). Not with ``warmup_steps`` (use a
+            ``density_schedule`` for a warm-up). Off by default.
         **options: options of the algorithm, validated here.
     """
 
@@ -131,8 +138,10 @@ class DDPHookState(HookConfig):
     def __init__(self, algorithm: str, density: float, process_group: Any = None, warmup_steps: int = 0,
                  comm: Comm | None = None, async_comm: bool = True, nonfinite: str = "propagate",
                  density_schedule: DensitySchedule | None = None, hierarchy: str = "flat",
-                 nodes: Topology | None = None, **options: Any):
+                 nodes: Topology | None = None, momentum: float = 0.0, nesterov: bool = False,
+                 momentum_masking: bool = False, clip_norm: float | None = None, **options: Any):
         check_hierarchy(hierarchy, nodes)
+        local_update = LocalUpdate(momentum, nesterov, momentum_masking, clip_norm)
         if isinstance(nodes, NodeComms):
             raise ValueError("DDPHookState takes a Topology as nodes (it splits its own Comm), not NodeComms")
         topology = nodes
@@ -145,11 +154,15 @@ class DDPHookState(HookConfig):
             self.topology = topology if hierarchy == "auto" else None
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
+        if warmup_steps and local_update.momentum > 0.0:
+            raise ValueError("warmup_steps (dense steps outside the reducers) cannot keep momentum correction's "
+                             "velocity; for a warm-up with momentum use density_schedule="
+                             "DensitySchedule(...) (denser first steps through the reducers)")
         if not isinstance(async_comm, bool):
             raise ValueError(f"async_comm must be True or False, got {async_comm!r}")
         # validates the options now, not at the first bucket; those that depend on the number
         # of ranks (spardl's teams) too when it is known already, else in `comm` below
-        self._configure(algorithm, density, nonfinite, density_schedule, options, comm)
+        self._configure(algorithm, density, nonfinite, density_schedule, options, comm, local_update)
         size = comm.size if comm is not None else group_size(process_group)
         if self.hierarchy == "node":   # two levels: the algorithm runs among one rank per node
             size = self.topology.nodes
@@ -167,6 +180,7 @@ class DDPHookState(HookConfig):
         self._layout = BucketLayout()
         self._reducers: dict[int, SparseAllreduce] = {}
         self._loose_residuals: dict[int, torch.Tensor] = {}  # ordinal -> loaded residual waiting for its reducer
+        self._loose_velocities: dict[int, torch.Tensor] = {}  # the same for momentum correction's velocities
         self._loose_algorithm_states: dict[int, dict[str, Any]] = {}  # layout bucket -> loaded algorithm state
         self.last_stats: dict[int, dict[str, Any]] = {}
         # layout bucket -> (hook step, bytes of its dense allreduce) of its last_stats, for summary()
@@ -273,14 +287,18 @@ class DDPHookState(HookConfig):
                 return job()
         return run
 
-    def _residual_pieces(self) -> dict[int, torch.Tensor]:
-        """Every reducer's residual cut into per-parameter copies, keyed by ordinal."""
+    def _pieces(self, what: str, reducers: dict[int, SparseAllreduce] | None = None,
+                buckets: list[LayoutBucket] | None = None) -> dict[int, torch.Tensor]:
+        """Every reducer's ``what`` (``"residual"`` or ``"velocity"``) cut into per-parameter
+        copies, keyed by ordinal (``buckets``: the layout the reducers were built for)."""
         pieces = {}
-        for j, reducer in self._reducers.items():
-            if reducer.residual is None:
+        buckets = self._layout.buckets if buckets is None else buckets
+        for j, reducer in (self._reducers if reducers is None else reducers).items():
+            whole = getattr(reducer, what)
+            if whole is None:
                 continue
-            flat = reducer.residual.detach().reshape(-1)
-            for ordinal, offset, numel, _ in self._layout.buckets[j].entries:
+            flat = whole.detach().reshape(-1)
+            for ordinal, offset, numel, _ in buckets[j].entries:
                 pieces[ordinal] = flat[offset:offset + numel].clone()
         return pieces
 
@@ -302,11 +320,9 @@ class DDPHookState(HookConfig):
                       **{j: reducer.algorithm.state_dict() for j, reducer in self._reducers.items()}}
         carried = algorithms.get(self.algorithm).carried_state(old_states.get(0, {}))
         keep = self._layout.adopt(buckets)
-        for j, reducer in self._reducers.items():
-            if j not in keep and reducer.residual is not None:
-                flat = reducer.residual.detach().reshape(-1)
-                for ordinal, offset, numel, _ in old[j].entries:
-                    self._loose_residuals[ordinal] = flat[offset:offset + numel].clone()
+        leaving = {j: reducer for j, reducer in self._reducers.items() if j not in keep}
+        self._loose_residuals.update(self._pieces("residual", leaving, old))
+        self._loose_velocities.update(self._pieces("velocity", leaving, old))
         self._reducers = {j: reducer for j, reducer in self._reducers.items() if j in keep}
         states = {j: state for j, state in self._loose_algorithm_states.items() if j in keep}
         if carried:
@@ -323,18 +339,24 @@ class DDPHookState(HookConfig):
         reducer = self._new_reducer(comm, hierarchy=self.hierarchy, nodes=self._nodes)
         algorithm_state = self._loose_algorithm_states.pop(j, {})
         pieces = [(entry, self._loose_residuals.pop(entry[0], None)) for entry in bucket.entries]
-        if algorithm_state or any(piece is not None for _, piece in pieces):
+        velocities = [(entry, self._loose_velocities.pop(entry[0], None)) for entry in bucket.entries]
+        if algorithm_state or any(piece is not None for _, piece in pieces + velocities):
             work_dtype = torch.float32 if bucket.dtype in (torch.float16, torch.bfloat16) else bucket.dtype
-            residual = torch.zeros(bucket.numel, dtype=work_dtype)
-            missing = []
-            for (ordinal, offset, numel, _), piece in pieces:
-                if piece is not None and piece.numel() == numel and piece.dtype == work_dtype:
-                    residual[offset:offset + numel].copy_(piece.reshape(-1))
-                elif piece is not None:
-                    missing.append(ordinal)
-            if missing:
-                warnings.warn(f"sparsecomm: bucket {j}: residuals of parameters {missing} no longer fit "
-                              "(shape or dtype changed); they restart from zero", RuntimeWarning, stacklevel=4)
+
+            def assembled(parts, what):
+                whole = torch.zeros(bucket.numel, dtype=work_dtype)
+                missing = []
+                for (ordinal, offset, numel, _), piece in parts:
+                    if piece is not None and piece.numel() == numel and piece.dtype == work_dtype:
+                        whole[offset:offset + numel].copy_(piece.reshape(-1))
+                    elif piece is not None:
+                        missing.append(ordinal)
+                if missing:
+                    warnings.warn(f"sparsecomm: bucket {j}: {what} of parameters {missing} no longer fit "
+                                  "(shape or dtype changed); they restart from zero", RuntimeWarning, stacklevel=5)
+                return whole
+            residual = assembled(pieces, "residuals")
+            velocity = assembled(velocities, "velocities") if self.local_update.momentum > 0.0 else None
             try:
                 reducer.load_state_dict({"checkpoint_version": CHECKPOINT_VERSION, "algorithm": self.algorithm,
                                          "density": self.density, "rank": self.comm.rank,
@@ -342,7 +364,8 @@ class DDPHookState(HookConfig):
                                          # auto without a topology runs flat, as its reducers say
                                          **({} if self.hierarchy == "flat" or self.topology is None
                                             else {"hierarchy": saved_text(self.hierarchy, self.topology)}),
-                                         "residual": residual, "algorithm_state": algorithm_state})
+                                         "residual": residual, "algorithm_state": algorithm_state,
+                                         **({} if velocity is None else {"velocity": velocity})})
             except (ValueError, TypeError) as exc:
                 # a state only this rank loaded: its peers are about to wait for this bucket's
                 # messages, so they are told (CommAbortedError naming this rank) instead of
@@ -399,14 +422,15 @@ class DDPHookState(HookConfig):
         save: configuration, world size, step and layout; :mod:`sparsecomm.reduce.checkpoint`).
         :meth:`state_dict` is this dict packed for saving; :meth:`load_state_dict` takes either."""
         self._drain()
-        residuals = {**self._loose_residuals, **self._residual_pieces()}
+        residuals = {**self._loose_residuals, **self._pieces("residual")}
+        velocities = {**self._loose_velocities, **self._pieces("velocity")}
         algorithm_states = {**self._loose_algorithm_states,
                             **{j: reducer.algorithm.state_dict() for j, reducer in self._reducers.items()}}
         rank, size = self._rank_and_size()
         state = {"checkpoint_version": CHECKPOINT_VERSION, "algorithm": self.algorithm, "density": self.density,
                  "options": dict(self.options), "nonfinite": self.nonfinite, "warmup_steps": self.warmup_steps,
                  "density_schedule": None if self.density_schedule is None else self.density_schedule.to_state(),
-                 "step": self.step, **self._layout.state()}   # key names: see STATE_KEYS
+                 "step": self.step, **self._layout.state(), **self._local_update_state()}   # see STATE_KEYS
         if self.hierarchy != "flat":   # a flat state keeps the keys (and fingerprint) it always had
             state["hierarchy"] = saved_text(self.hierarchy, self.topology)
         state["rank"], state["world_size"] = rank, size
@@ -417,6 +441,8 @@ class DDPHookState(HookConfig):
             fingerprint("DDPHookState", {key: state[key] for key in sorted(state) if key != "rank"})
         state["residuals"] = residuals
         state["algorithm_states"] = algorithm_states
+        if self.local_update.momentum > 0.0:
+            state["velocities"] = velocities
         return state
 
     def state_dict(self) -> dict[str, Any]:
@@ -473,6 +499,7 @@ class DDPHookState(HookConfig):
         self._reducers.clear()
         self._layout.load_state(state)
         self._loose_residuals = {int(k): v for k, v in state["residuals"].items()}
+        self._loose_velocities = {int(k): v for k, v in state.get("velocities", {}).items()}
         self._loose_algorithm_states = {int(j): dict(s) for j, s in raw.items()}
 
     def _refuse_or_take(self, state: Any) -> tuple[dict[str, Any], dict, int]:
@@ -489,7 +516,7 @@ class DDPHookState(HookConfig):
             raise ValueError("state_dict's algorithm_states must map bucket numbers to dicts (each an algorithm's "
                              f"state_dict()); got {raw!r}"[:300])
         mark = loaded_fingerprint(state)
-        self._check_owner(state, bool(state.get("residuals")) or bool(raw))
+        self._check_owner(state, bool(state.get("residuals")) or bool(state.get("velocities")) or bool(raw))
         return state, raw, mark
 
     def __getstate__(self) -> dict[str, Any]:
@@ -503,7 +530,7 @@ class DDPHookState(HookConfig):
         self.__init__(state["algorithm"], state["density"], process_group=None,
                       warmup_steps=state["warmup_steps"], async_comm=state["async_comm"],
                       nonfinite=state["nonfinite"], density_schedule=state["density_schedule"],
-                      hierarchy=hierarchy, nodes=nodes, **state["options"])
+                      hierarchy=hierarchy, nodes=nodes, **state.get("local_update", {}), **state["options"])
         self.load_state_dict(state)
 
     def close(self) -> None:

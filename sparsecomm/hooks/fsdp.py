@@ -82,6 +82,7 @@ import torch.distributed as dist
 from ..comm.base import Comm, abort_together
 from ..comm.topology import NodeComms, Topology, check_placements, groups_of
 from ..errors import AgreedValueError
+from ..reduce.local_update import LocalUpdate
 from ..reduce import CHECKPOINT_VERSION, DensitySchedule, SparseAllreduce, nonfinite_error, nonfinite_flag
 from ..reduce.checkpoint import fingerprint, loaded_fingerprint, pack_rank_part
 from .config import HookConfig, reduce_average
@@ -156,6 +157,10 @@ class FSDPHookState(HookConfig):
             group); default: a TorchComm over the default process group, built by register_hook.
         density_schedule: a :class:`~sparsecomm.DensitySchedule`, counted in each module's
             reductions (optimizer steps that synced gradients).
+        momentum, nesterov, momentum_masking, clip_norm: momentum correction, momentum factor
+            masking and local gradient clipping on each shard (Deep Gradient Compression, sections
+            3.2-3.3; :class:`~sparsecomm.SparseAllreduce`): with ``momentum=0.9`` the optimizer must
+            run *without* momentum. Off by default.
         **options: options of the algorithm, validated here.
     """
 
@@ -166,10 +171,12 @@ class FSDPHookState(HookConfig):
 
     def __init__(self, algorithm: str, density: float, nodes: Topology | NodeComms | None = None,
                  nonfinite: str = "propagate", comm: Comm | None = None,
-                 density_schedule: DensitySchedule | None = None, **options: Any):
+                 density_schedule: DensitySchedule | None = None, momentum: float = 0.0, nesterov: bool = False,
+                 momentum_masking: bool = False, clip_norm: float | None = None, **options: Any):
+        local_update = LocalUpdate(momentum, nesterov, momentum_masking, clip_norm)
         if nodes is not None and not isinstance(nodes, (Topology, NodeComms)):
             raise ValueError(f"nodes must be a sparsecomm.Topology or NodeComms, got {type(nodes).__name__}")
-        self._configure(algorithm, density, nonfinite, density_schedule, options, comm)
+        self._configure(algorithm, density, nonfinite, density_schedule, options, comm, local_update)
         self.topology = nodes
         self._owns_nodes = not isinstance(nodes, NodeComms)
         self._scope = None                       # the world Comm's scope of the hook's agreements
@@ -368,7 +375,7 @@ class FSDPHookState(HookConfig):
         state = {"checkpoint_version": CHECKPOINT_VERSION, "algorithm": self.algorithm, "density": self.density,
                  "options": dict(self.options), "nonfinite": self.nonfinite,
                  "density_schedule": None if self.density_schedule is None else self.density_schedule.to_state(),
-                 "topology": shape, "rank": rank, "world_size": size}
+                 "topology": shape, "rank": rank, "world_size": size, **self._local_update_state()}
         calls = {name: int(s.get("calls", 0)) for name, s in sorted(reducers.items())}
         pristine = not any(calls.values()) and not any(s.get("residual") is not None for s in reducers.values())
         # equal on every rank: the calls are, the residuals' sizes are not (shards differ by local rank)

@@ -28,6 +28,7 @@ from ..comm.collectives import block_bounds
 from ..comm.topology import NodeComms, Topology
 from ..tune import LAYOUTS, choose_layout, measure_links
 from .density import k_for
+from .local_update import LocalUpdateState
 
 __all__ = ["HIERARCHIES", "Placement", "FlatPlacement", "NodePlacement", "AutoPlacement", "check_hierarchy",
            "node_text", "saved_text", "node_comms", "candidate_node_comms", "make_placement"]
@@ -155,10 +156,11 @@ class Placement:
         return self.nodes
 
     def run(self, algorithm, flat: torch.Tensor, acc: torch.Tensor, k: int, work_out: torch.Tensor,
-            carry: torch.Tensor | None) -> float:
+            carry: torch.Tensor | None, local: LocalUpdateState | None = None, scale: float = 1.0) -> float:
         """One call: ``acc`` (the residual) takes the gradient ``flat``, the algorithm writes the
         reduced sum into ``work_out`` and leaves what it held back in ``acc``. Returns the
-        seconds of the add (the "add" phase)."""
+        seconds of the add (the "add" phase). ``local``: momentum correction and masking
+        (:mod:`sparsecomm.reduce.local_update`), with the gradient scaled by ``scale`` (clipping)."""
         raise NotImplementedError
 
     def snapshot(self) -> list:
@@ -173,14 +175,20 @@ class Placement:
 class FlatPlacement(Placement):
     """The algorithm among all ranks of the reducer's Comm."""
 
-    def run(self, algorithm, flat, acc, k, work_out, carry):
-        fuse = _fuses(algorithm, flat, acc)
+    def run(self, algorithm, flat, acc, k, work_out, carry, local=None, scale=1.0):
         start = time.perf_counter()
+        # what joins the residual: the gradient, or (local update) the velocity or the scaled gradient
+        source = flat if local is None else local.feed(flat, scale, scratch=work_out)
+        fuse = _fuses(algorithm, source, acc) and (local is None or not local.masks)
         if not fuse:
-            acc.add_(flat)
+            acc.add_(source)
         add_s = time.perf_counter() - start
         if acc.numel():
-            _reduce(algorithm, acc, k, work_out, flat if fuse else None)
+            if local is not None:
+                local.before_algorithm(acc)
+            _reduce(algorithm, acc, k, work_out, source if fuse else None)
+            if local is not None:
+                local.after_algorithm(acc)
         return add_s
 
 
@@ -209,7 +217,7 @@ class NodePlacement(Placement):
     def saved_text(self):
         return self.text()
 
-    def run(self, algorithm, flat, acc, k, work_out, carry):
+    def run(self, algorithm, flat, acc, k, work_out, carry, local=None, scale=1.0):
         """The node's reduce-scatter straight from the gradient
         (:meth:`NodeComms.reduce_scatter_into_`: no copy of it) into ``acc``, the algorithm
         among the owners of the shard (one per node) into the shard ``[lo, hi)`` of
@@ -218,6 +226,8 @@ class NodePlacement(Placement):
         the reduce-scatter takes them to their owner (the caller drops it after). Sets
         ``algorithm.last_nnz`` to the nonzeros of this rank's shard of the result (counting the
         whole result would read N values more)."""
+        if local is not None:
+            return self._run_local(algorithm, flat, acc, k, work_out, carry, local, scale)
         nodes = self.nodes
         n = flat.numel()
         lo, hi = self.shard_bounds(n)
@@ -241,6 +251,53 @@ class NodePlacement(Placement):
                 acc.zero_()
             else:
                 _reduce(algorithm, acc, k, shard, source[lo:hi] if fuse else None)
+        if algorithm.last_nnz is None or nodes.inter is None:
+            algorithm.last_nnz = int(torch.count_nonzero(shard))
+        nodes.allgather_(work_out, n)
+        return add_s
+
+    def _run_local(self, algorithm, flat, acc, k, work_out, carry, local, scale):
+        """:meth:`run` with a local update: the rank's gradient scaled (clipping) before the
+        node's reduce-scatter, which sums it into a shard of its own; the velocity of that
+        node sum joins the residual (momentum correction on the shard, beside the residual). A
+        loaded state's values outside the shard (``carry``: the residual's; ``local.carry``: the
+        velocity's) go to their owners' residual and velocity by reduce-scatters of their own: a
+        carry is no gradient, it must not enter the velocity. The reducer gives a carry on every
+        rank of the node or on none, so the node makes the same rounds everywhere."""
+        nodes = self.nodes
+        n = flat.numel()
+        lo, hi = self.shard_bounds(n)
+        source = flat
+        if flat.dtype != work_out.dtype or scale != 1.0:
+            if work_out.data_ptr() != flat.data_ptr():
+                work_out.copy_(flat)
+            if scale != 1.0:
+                work_out.mul_(scale)
+            source = work_out
+        start = time.perf_counter()
+        node_sum = torch.zeros(hi - lo, dtype=acc.dtype, device=acc.device)
+        nodes.reduce_scatter_into_(source, n, node_sum)
+        if carry is not None:
+            nodes.reduce_scatter_fence(source)
+            nodes.reduce_scatter_into_(carry, n, acc)
+            if local.velocity is not None:
+                moved = local.carry if local.carry is not None else torch.zeros_like(carry)
+                nodes.reduce_scatter_fence(carry)
+                nodes.reduce_scatter_into_(moved, n, local.velocity)
+            local.carry = None
+        acc.add_(local.feed(node_sum, 1.0, scratch=node_sum))
+        add_s = time.perf_counter() - start
+        shard = work_out[lo:hi]
+        if hi > lo:
+            if nodes.inter is None:     # one node: the node's sum is the result; nothing is held back
+                local.before_algorithm(acc)
+                shard.copy_(acc)
+                acc.zero_()
+                local.after_algorithm(acc)
+            else:
+                local.before_algorithm(acc)
+                _reduce(algorithm, acc, k, shard, None)
+                local.after_algorithm(acc)
         if algorithm.last_nnz is None or nodes.inter is None:
             algorithm.last_nnz = int(torch.count_nonzero(shard))
         nodes.allgather_(work_out, n)
@@ -348,8 +405,8 @@ class AutoPlacement(Placement):
             self.chosen = NodePlacement(nodes)
         return choice
 
-    def run(self, algorithm, flat, acc, k, work_out, carry):
-        return self.chosen.run(algorithm, flat, acc, k, work_out, carry)
+    def run(self, algorithm, flat, acc, k, work_out, carry, local=None, scale=1.0):
+        return self.chosen.run(algorithm, flat, acc, k, work_out, carry, local, scale)
 
     def snapshot(self):
         return self.chosen.snapshot()

@@ -67,6 +67,7 @@ from ..formats.header import AgreementKind
 from .agreement import Signature, agree, signature
 from .checkpoint import CHECKPOINT_VERSION, check_owner, check_version, fingerprint, loaded_fingerprint
 from .density import DensitySchedule, as_schedule, check_density, check_step, k_for
+from .local_update import LocalUpdate, LocalUpdateState
 from .nonfinite import NONFINITE_POLICIES, check_nonfinite, nonfinite_error, nonfinite_flag
 from .placement import AutoPlacement, check_hierarchy, make_placement, shard_ks
 
@@ -118,6 +119,13 @@ class SparseAllreduce:
             ``Topology.split(comm)`` shared by every reducer of the job (one set of process groups,
             links measured once); default: torchrun's variables (:meth:`Topology.from_env`).
             (Not ``topology``: that is skcompress's option, passed through ``**options``.)
+        momentum: momentum correction (DGC section 3.2; :mod:`sparsecomm.reduce.local_update`):
+            each rank keeps a velocity ``u <- momentum * u + g`` and accumulates it instead of
+            the gradient; pair it with an optimizer *without* momentum (``SGD(momentum=0)``).
+            0 (default): off. ``nesterov=True``: Nesterov's form. ``momentum_masking=True``: the
+            velocity is cleared where the call sent (DGC 3.3).
+        clip_norm: local gradient clipping (DGC 3.3): each rank scales its gradient to an L2 norm
+            of at most ``clip_norm / sqrt(P)`` before it joins the velocity or residual. None: off.
         **options: the algorithm's own options (validated by it).
 
     ``reducer(grad, out=buf)`` writes the result into ``buf`` (same shape, ``grad``'s dtype or
@@ -131,7 +139,9 @@ class SparseAllreduce:
 
     def __init__(self, algorithm: str, density: float, comm: Comm | None = None, nonfinite: str = "propagate",
                  density_schedule: DensitySchedule | None = None, hierarchy: str = "flat",
-                 nodes: "Topology | NodeComms | None" = None, **options: Any):
+                 nodes: "Topology | NodeComms | None" = None, momentum: float = 0.0, nesterov: bool = False,
+                 momentum_masking: bool = False, clip_norm: float | None = None, **options: Any):
+        local_update = LocalUpdate(momentum, nesterov, momentum_masking, clip_norm)
         check_density(density)
         check_nonfinite(nonfinite)
         check_hierarchy(hierarchy, nodes)
@@ -150,6 +160,10 @@ class SparseAllreduce:
         self.algorithm_name = algorithm
         self.density = float(density)
         self.nonfinite = nonfinite
+        self.local_update = local_update
+        #: the velocity and the steps of the local update; None when it is off
+        self._local = LocalUpdateState(local_update) if local_update.active else None
+        self._pending_velocity: torch.Tensor | None = None
         self.density_schedule = as_schedule(density_schedule)
         self.hierarchy = hierarchy
         self.calls = 0  # calls made: the step of the next call when the caller gives none
@@ -199,15 +213,28 @@ class SparseAllreduce:
         half gradients), or None before the first call."""
         if self._residual is None:
             return self._pending_residual
+        return self._whole(self._residual, self._carry)
+
+    @property
+    def velocity(self) -> torch.Tensor | None:
+        """Momentum correction's velocity (shape of the last gradient, working dtype; two-level:
+        this rank's shard in place, zeros elsewhere), or None without momentum or before the
+        first call."""
+        if self._residual is None:
+            return self._pending_velocity
+        velocity = None if self._local is None else self._local.velocity
+        return None if velocity is None else self._whole(velocity, self._local.carry)
+
+    def _whole(self, part: torch.Tensor, carry: torch.Tensor | None) -> torch.Tensor:
+        """A state kept beside the residual, as a tensor of the gradient's shape."""
         if self.nodes is None:
-            return self._residual.view(self._shape)
+            return part.view(self._shape)
         # two-level: a new tensor of the gradient's shape, this rank's shard in place, zeros (or
         # values still to be carried to their owner) elsewhere
         n = math.prod(self._shape)
         lo, hi = self.shard_bounds(n)
-        full = torch.zeros(n, dtype=self._residual.dtype, device=self._residual.device) if self._carry is None \
-            else self._carry.clone()
-        full[lo:hi] += self._residual
+        full = torch.zeros(n, dtype=part.dtype, device=part.device) if carry is None else carry.clone()
+        full[lo:hi] += part
         return full.view(self._shape)
 
     def k_for(self, n: int) -> int:
@@ -256,6 +283,7 @@ class SparseAllreduce:
         self._resets += 1
         self._residual = None
         self._pending_residual = None
+        self._pending_velocity = None
         self._carry = None
         self._agreed = None
         self._shape = None
@@ -266,6 +294,7 @@ class SparseAllreduce:
         configuration, world size, calls made and N; :mod:`sparsecomm.reduce.checkpoint`). Local: no
         communication, so any subset of ranks may call it. Save one per rank."""
         residual = None if self.residual is None else self.residual.detach().clone()
+        velocity = None if self.velocity is None else self.velocity.detach().clone()
         placed = {} if self.placement.saved_text() == "flat" else {"hierarchy": self.placement.saved_text()}
         return {
             **placed,
@@ -280,6 +309,7 @@ class SparseAllreduce:
             "residual": residual,
             "algorithm_state": self.algorithm.state_dict(),
             "calls": self.calls,
+            **({"velocity": velocity} if self.local_update.momentum > 0.0 else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -300,9 +330,14 @@ class SparseAllreduce:
             raise ValueError(f"state_dict was saved with hierarchy {saved!r}, this reducer runs {mine!r}: its "
                              "residual is another part of the gradient; resume with the same hierarchy and "
                              "topology")
+        velocity = state.get("velocity")
+        if velocity is not None and self.local_update.momentum == 0.0:
+            raise ValueError("state_dict holds a momentum correction's velocity, this reducer has momentum=0: "
+                             "build it with the momentum it was saved with")
         mark = loaded_fingerprint(state)
         self.reset()
         self._pending_residual = state.get("residual")
+        self._pending_velocity = velocity
         self.calls = int(state.get("calls", 0))
         self.algorithm.load_state_dict(state.get("algorithm_state", {}))
         self._checkpoint_id = mark
@@ -464,7 +499,10 @@ class SparseAllreduce:
         else:
             # acc = g + e in the working dtype (or fused into the algorithm's first selection),
             # then the algorithm: flat, or between nodes on this rank's shard
-            add_s = self.placement.run(self.algorithm, flat, acc, shard_k, work_out, self._carry)
+            local, scale = self._local, 1.0
+            if local is not None:
+                scale = local.clip_scale(flat, self.comm.size)
+            add_s = self.placement.run(self.algorithm, flat, acc, shard_k, work_out, self._carry, local, scale)
             self._carry = None
         if work_out.data_ptr() != result.data_ptr() or work_out.dtype != result.dtype:
             result.copy_(work_out.view(result.shape))
@@ -488,6 +526,8 @@ class SparseAllreduce:
             "check_bytes": check_spent.bytes_sent, "check_rounds": check_spent.rounds, "check_s": check_s,
             "nonfinite_ranks": nonfinite,
         }
+        if self._local is not None and self.local_update.clip_norm is not None:
+            self.last_stats["clip_scale"] = 1.0 if nonfinite else scale
         self.last_stats.update(self.placement.stats(levels, self.last_stats, k, hi - lo))
         extra = getattr(self.algorithm, "stats_extra", None)
         if extra is not None:   # e.g. auto: its choice, predicted and measured time
@@ -551,7 +591,11 @@ class SparseAllreduce:
                 # N and the save's fingerprint are agreed by now: every rank raises this
                 raise AgreedValueError(f"the loaded state_dict holds the residual of a tensor of N={pending.numel()}, "
                                        f"this call's tensor has N={n}: the state_dict belongs to another tensor")
-            self._agreed, self._pending_residual = key, None
+            velocity = self._pending_velocity
+            if velocity is not None and velocity.numel() != n:
+                raise AgreedValueError(f"the loaded state_dict holds the velocity of a tensor of N={velocity.numel()}, "
+                                       f"this call's tensor has N={n}: the state_dict belongs to another tensor")
+            self._agreed, self._pending_residual, self._pending_velocity = key, None, None
             self._residual = torch.zeros(part, dtype=work_dtype, device=grad.device)
             if pending is not None:
                 pending = pending.reshape(-1).to(device=grad.device, dtype=work_dtype)
@@ -560,6 +604,22 @@ class SparseAllreduce:
                     carry = pending.clone()
                     carry[lo:hi] = 0
                     self._carry = carry if bool(carry.any()) else None
+            if velocity is not None:
+                velocity = velocity.reshape(-1).to(device=grad.device, dtype=work_dtype)
+            if self._local is not None:
+                self._local.prepare(part, work_dtype, grad.device, None if velocity is None else velocity[lo:hi])
+                if part != n and (pending is not None or velocity is not None):
+                    # two-level with a local update: a carry cannot ride on the gradient (it would
+                    # enter the velocity), so a loaded state's values outside the shard take rounds
+                    # of their own in the first call -- on every rank that loaded one (a loaded
+                    # state is agreed: its fingerprint, or the hook loading every rank's), even
+                    # when they are all zeros, so that every rank of the node makes the same rounds
+                    if self._carry is None:
+                        self._carry = torch.zeros(n, dtype=work_dtype, device=grad.device)
+                    carried = torch.zeros(n, dtype=work_dtype, device=grad.device) if velocity is None \
+                        else velocity.clone()
+                    carried[lo:hi] = 0
+                    self._local.carry = carried
         elif prepare is not None:   # agreed earlier: a new k only (no communication for the same n)
             prepare(part, part_k, work_dtype)
         return self._residual
@@ -608,7 +668,7 @@ class SparseAllreduce:
     def options_text(self) -> str:
         """The options as the handshake compares and the mismatch error shows them: the
         algorithm's options and ``nonfinite``, sorted ``key=value`` (values by ``repr``)."""
-        merged = {**self.algorithm.options, "nonfinite": self.nonfinite}
+        merged = {**self.algorithm.options, "nonfinite": self.nonfinite, **self.local_update.options()}
         if self.nodes is not None or self.hierarchy == "auto":  # flat leaves the text as it was
             merged["hierarchy"] = self.placement.text()
         if self.density_schedule is not None:  # a schedule is a value: its canonical text is compared
