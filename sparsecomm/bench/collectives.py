@@ -78,6 +78,7 @@ import csv
 import json
 import math
 import random
+import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -631,19 +632,8 @@ def _write(report: dict, out_dir: Path) -> list[Path]:
         return written
     rows, dens = report["rows"], report["densities"]
     algos = list(dict.fromkeys(r["algorithm"] for r in rows))
-    first = [r for r in rows if r["density"] == dens[0]]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    bytes_key, bytes_label = ("node_inter_bytes", "bytes per node between nodes") if two_level else \
-        ("bytes_sent", "bytes sent per rank")
-    names = [r["algorithm"] + (f" ({r['hierarchy']})" if two_level else "") for r in first]
-    for ax, key, label in zip(axes, ("time_s", bytes_key, "speedup_vs_dense"),
-                              ("median time per call (s)", bytes_label, "speedup over dense")):
-        ax.bar(names, [r[key] or 0 for r in first])
-        ax.set_title(label)
-        plt.setp(ax.get_xticklabels(), rotation=50, ha="right", rotation_mode="anchor")
     grads = f"{report['gradients']['source']} gradients"
-    fig.suptitle(f"P = {report['P']}, N = {report['N']} ({grads}), density {dens[0]} ({report['where']})")
-    fig.tight_layout()
+    fig = bars_figure(plt, report)
     fig.savefig(out_dir / "collectives_bars.png", dpi=110)
     written.append(out_dir / "collectives_bars.png")
     plt.close(fig)
@@ -663,6 +653,33 @@ def _write(report: dict, out_dir: Path) -> list[Path]:
                                   f"N = {report['N']} ({grads}), density {dens[0]} ({report['where']})",
                                   xticks=sorted(by_p)))
     return written
+
+
+def bars_figure(plt, report: dict):
+    """Time, bytes and speedup over dense per algorithm at the first density, one bar each. The
+    speedup panel says so when dense is not in the run (nothing to compare with); the title is
+    wrapped to the figure's width and kept inside it."""
+    rows, dens = report["rows"], report["densities"]
+    two_level = "hierarchies" in report
+    first = [r for r in rows if r["density"] == dens[0]]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8), layout="constrained")
+    bytes_key, bytes_label = ("node_inter_bytes", "bytes per node between nodes") if two_level else \
+        ("bytes_sent", "bytes sent per rank")
+    names = [r["algorithm"] + (f" ({r['hierarchy']})" if two_level else "") for r in first]
+    for ax, key, label in zip(axes, ("time_s", bytes_key, "speedup_vs_dense"),
+                              ("median time per call (s)", bytes_label, "speedup over dense")):
+        ax.set_title(label)
+        if key == "speedup_vs_dense" and not any(r[key] for r in first):
+            ax.set_axis_off()
+            ax.text(0.5, 0.5, "no speedup over dense:\ndense is not in this run\n(add dense to --algorithms)",
+                    ha="center", va="center", transform=ax.transAxes, fontsize=11)
+            continue
+        ax.bar(names, [r[key] or 0 for r in first])
+        plt.setp(ax.get_xticklabels(), rotation=50, ha="right", rotation_mode="anchor")
+    grads = f"{report['gradients']['source']} gradients"
+    title = f"P = {report['P']}, N = {report['N']} ({grads}), density {dens[0]} ({report['where']})"
+    fig.suptitle(textwrap.fill(title, 130))
+    return fig
 
 
 def _gradients_model(report: dict) -> str:

@@ -1,6 +1,7 @@
 """Plots the benchmark commands share (matplotlib is optional: callers import it and pass ``plt``)."""
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from .baselines import is_baseline
@@ -36,7 +37,7 @@ def line_plot(plt, path: Path, series: dict[str, list[tuple[float, float]]], xla
         ax.set_xticks(xticks)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("median time per call (s, log)")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(textwrap.fill(title, 100), fontsize=10)   # a long link description wraps, not clipped
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
