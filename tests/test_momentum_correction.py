@@ -234,3 +234,14 @@ def _one():
 
     world = _World(1, 0.0, 0.0, 10.0, 0.0, 0.0)
     return SimComm(world, 0, "cpu")
+
+
+def test_an_optimizer_with_momentum_of_its_own_is_named():
+    from sparsecomm.reduce.local_update import LocalUpdate, momentum_twice
+
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    on = LocalUpdate(momentum=0.9)
+    assert momentum_twice(on, [torch.optim.SGD(params, lr=0.1)]) is None
+    assert "momentum=0.5" in momentum_twice(on, [torch.optim.SGD(params, lr=0.1, momentum=0.5)])
+    assert "betas=" in momentum_twice(on, [torch.optim.Adam(params)])
+    assert momentum_twice(LocalUpdate(), [torch.optim.SGD(params, lr=0.1, momentum=0.5)]) is None

@@ -18,7 +18,7 @@ from ..comm.base import Comm
 from ..comm.topology import NodeComms
 from ..reduce import SparseAllreduce, as_schedule, check_density, check_nonfinite
 from ..reduce.checkpoint import check_owner, check_version, unpack_rank_part
-from ..reduce.local_update import LocalUpdate
+from ..reduce.local_update import LocalUpdate, momentum_twice
 
 __all__ = ["HookConfig", "reduce_average", "group_size"]
 
@@ -97,6 +97,12 @@ class HookConfig:
                                   **self.local_update.to_state(), **self.options)
         reducer.set_checkpoint_fingerprint(self._checkpoint_id)
         return reducer
+
+    def momentum_clash(self, optimizers: Any) -> str | None:
+        """What is wrong when this state's momentum correction meets ``optimizers`` that have
+        momentum of their own (or are Adam-like); None when nothing is. The integrations, which
+        see the optimizers, warn with it."""
+        return momentum_twice(self.local_update, optimizers)
 
     def _local_update_state(self) -> dict[str, Any]:
         """The local update's entry of a state_dict: none when it is off (such a state keeps the

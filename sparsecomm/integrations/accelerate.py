@@ -138,6 +138,9 @@ def register(accelerator: "accelerate.Accelerator", model: torch.nn.Module, stat
         register_ddp(model, state)
     for warning in said:   # said about the user's call, not this module's
         warnings.warn(warning.message, warning.category, stacklevel=2)
+    clash = state.momentum_clash(getattr(accelerator, "_optimizers", ()))
+    if clash is not None:
+        warnings.warn(clash, UserWarning, stacklevel=2)
     accelerator.register_for_checkpointing(HookCheckpoint(state, accelerator))
     return state
 

@@ -70,6 +70,12 @@ class SparseDDPStrategy(DDPStrategy):
         # every device type: Lightning's DDPStrategy registers comm hooks on CUDA only
         register(self.model, self.hook_state)
 
+    def setup_optimizers(self, trainer: Any) -> None:
+        super().setup_optimizers(trainer)
+        clash = self.hook_state.momentum_clash(self.optimizers)
+        if clash is not None:
+            warnings.warn(clash, UserWarning, stacklevel=2)
+
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
         # Lightning calls this on every rank and writes on rank 0: the gather is collective
         if "optimizer_states" in checkpoint:   # not a weights-only checkpoint

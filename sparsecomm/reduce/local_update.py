@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["LocalUpdate", "LocalUpdateState"]
+__all__ = ["LocalUpdate", "LocalUpdateState", "momentum_twice"]
 
 
 @dataclass(frozen=True)
@@ -168,3 +168,22 @@ class LocalUpdateState:
         before, self._before = self._before, None
         if before is not None:
             self.velocity.masked_fill_(acc != before, 0)
+
+
+def momentum_twice(update: LocalUpdate, optimizers: Any) -> str | None:
+    """What is wrong when the hook's momentum correction meets an optimizer that has momentum of
+    its own (the step would apply momentum twice), or an Adam-like one (momentum correction is
+    the velocity of SGD with momentum); None when nothing is. For the integrations, which see the
+    optimizers: they warn with it."""
+    if update.momentum == 0.0:
+        return None
+    for optimizer in optimizers or ():
+        inner = getattr(optimizer, "optimizer", optimizer)   # Accelerate's and Lightning's wrappers
+        for group in getattr(inner, "param_groups", ()):
+            if group.get("momentum", 0) or group.get("betas") is not None:
+                what = f"momentum={group['momentum']}" if group.get("momentum", 0) else f"betas={group['betas']}"
+                return (f"sparsecomm: the hook applies momentum correction (momentum={update.momentum}) and the "
+                        f"optimizer {type(inner).__name__} has {what}: the velocity would be applied twice (or fed "
+                        "to an adaptive method it was not made for). Pair momentum correction with "
+                        "torch.optim.SGD(params, lr, momentum=0), or drop momentum= from the hook's state")
+    return None
