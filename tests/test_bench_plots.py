@@ -4,6 +4,8 @@ dense" panel says that dense is missing when it is, instead of an empty axis."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from sparsecomm.bench import collectives
@@ -59,3 +61,60 @@ def test_with_dense_the_panel_shows_each_speedup(tmp_path, monkeypatch):
         # dense 40 ms; topka 20 ms, spardl 30 ms (10 ms x their position)
         assert [round(bar.get_height(), 6) for bar in speedup.patches] == [1.0, 2.0, round(4 / 3, 6)]
         assert not speedup.texts
+
+
+def _label_boxes(fig, axis):
+    """(texts, window boxes left to right / bottom to top) of ``axis``' visible tick labels."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    labels = [t for t in axis.get_ticklabels(minor=False) + axis.get_ticklabels(minor=True)
+              if t.get_text() and t.get_visible()]
+    boxes = sorted(((t.get_window_extent(renderer), t.get_text()) for t in labels), key=lambda b: (b[0].x0, b[0].y0))
+    return [text for _, text in boxes], [box for box, _ in boxes]
+
+
+def _overlapping(boxes) -> bool:
+    return any(a.overlaps(b) for a, b in zip(boxes, boxes[1:]))
+
+
+def test_log_axis_labels_of_the_demos_panel_do_not_run_into_each_other():
+    """The demo's wall-time panel (half of a 15-inch figure, 1.3 to 37 s on a log axis): matplotlib
+    labels its minor ticks 2 x 10^0, 3 x 10^0, 4 x 10^0, ..., which overlap; plain numbers do not."""
+    from sparsecomm.bench.plots import plain_log_ticks
+
+    plt = pyplot()
+    if plt is None:
+        pytest.skip("matplotlib is not installed: no plots")
+    fig, axes = plt.subplots(1, 2, figsize=(15, 5.2))   # sparsecomm.bench.accuracy.plot's layout
+    for i in range(16):   # the demo's 16 methods, their legend beside the second panel
+        axes[0].plot([1.3 + i, 4.0, 12.0, 37.0 - i], [20, 60, 95, 99], label=f"method_{i:02d}_name")
+        axes[1].plot([0, 40, 80], [20, 90, 99], label=f"method_{i:02d}_name")
+    axes[0].set_xscale("log")
+    axes[1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.suptitle("time to accuracy: ...", fontsize=10)
+    fig.tight_layout()
+    texts, boxes = _label_boxes(fig, axes[0].xaxis)
+    assert _overlapping(boxes), texts   # the reference: what the demo's figure shows
+    plain_log_ticks(axes[0].xaxis)
+    texts, boxes = _label_boxes(fig, axes[0].xaxis)
+    assert not _overlapping(boxes) and {"2", "3", "10", "20"} <= set(texts), texts
+    assert all(re.fullmatch(r"[\d.]+", text) for text in texts), texts
+    plt.close(fig)
+
+
+def test_line_plots_label_their_log_axes_in_plain_numbers(tmp_path, monkeypatch):
+    from sparsecomm.bench.plots import line_plot
+
+    plt = pyplot()
+    if plt is None:
+        pytest.skip("matplotlib is not installed: no plots")
+    closed, close = [], plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: closed.append(fig))
+    series = {"dense": [(1.3, 0.9), (37.0, 0.12)], "topka": [(1.3, 0.5), (20.0, 0.11)]}
+    line_plot(plt, tmp_path / "p.png", series, "seconds", "a title", log_x=True)
+    (fig,) = closed
+    for axis in (fig.axes[0].xaxis, fig.axes[0].yaxis):
+        texts, boxes = _label_boxes(fig, axis)
+        assert len(texts) >= 3 and not _overlapping(boxes), texts
+        assert all(re.fullmatch(r"[\d.]+", text) for text in texts), texts
+    close(fig)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from .baselines import is_baseline
 
-__all__ = ["line_plot", "pyplot"]
+__all__ = ["line_plot", "plain_log_ticks", "pyplot"]
 
 
 def pyplot():
@@ -21,6 +21,21 @@ def pyplot():
     return plt
 
 
+def plain_log_ticks(axis) -> None:
+    """Label a log-scale ``axis`` (``ax.xaxis`` / ``ax.yaxis``) in plain numbers (``0.02``, ``3``,
+    ``20``) on the ticks matplotlib would label. Its own labels for an axis spanning a decade or
+    two put ``2 x 10^0``, ``3 x 10^0``, ... on the minor ticks, wider than their spacing, so they
+    run into each other (the demo's wall-time axis)."""
+    from matplotlib.ticker import LogFormatter
+
+    class Plain(LogFormatter):
+        def __call__(self, x, pos=None):
+            return f"{x:g}" if super().__call__(x, pos) else ""
+
+    axis.set_major_formatter(Plain(labelOnlyBase=False))
+    axis.set_minor_formatter(Plain(labelOnlyBase=False))
+
+
 def line_plot(plt, path: Path, series: dict[str, list[tuple[float, float]]], xlabel: str, title: str,
               log_x: bool = False, xticks: list | None = None) -> Path:
     """Median time per call against x, one line per algorithm (PyTorch's hooks dashed)."""
@@ -31,8 +46,10 @@ def line_plot(plt, path: Path, series: dict[str, list[tuple[float, float]]], xla
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="os^Dv"[i % 5], color=colors[(2 * i) % 20 + i // 10],
                     linestyle="--" if is_baseline(name) else "-", label=name)
     ax.set_yscale("log")
+    plain_log_ticks(ax.yaxis)
     if log_x:
         ax.set_xscale("log")
+        plain_log_ticks(ax.xaxis)
     if xticks:
         ax.set_xticks(xticks)
     ax.set_xlabel(xlabel)
