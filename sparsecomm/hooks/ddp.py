@@ -181,6 +181,8 @@ class DDPHookState(HookConfig):
         self._reducers: dict[int, SparseAllreduce] = {}
         self._loose_residuals: dict[int, torch.Tensor] = {}  # ordinal -> loaded residual waiting for its reducer
         self._loose_velocities: dict[int, torch.Tensor] = {}  # the same for momentum correction's velocities
+        #: layout bucket -> an adaptive schedule's loaded regime (a bucket the layout changed starts afresh)
+        self._loose_density_states: dict[int, dict[str, Any]] = {}
         self._loose_algorithm_states: dict[int, dict[str, Any]] = {}  # layout bucket -> loaded algorithm state
         self.last_stats: dict[int, dict[str, Any]] = {}
         # layout bucket -> (hook step, bytes of its dense allreduce) of its last_stats, for summary()
@@ -243,11 +245,16 @@ class DDPHookState(HookConfig):
         return self._layout.ddp_buckets
 
     def density_at(self, step: int | None = None) -> float:
-        """The density of hook step ``step`` (default: the next step); 1.0 during ``warmup_steps``."""
+        """The density of hook step ``step`` (default: the next step); 1.0 during ``warmup_steps``.
+        Under an adaptive schedule each bucket's reducer decides its own: the densest bucket's."""
         step = self.step if step is None else check_step(step)
         if step < self.warmup_steps:
             return 1.0
-        return self.density if self.density_schedule is None else self.density_schedule.density_at(step, self.density)
+        if self.density_schedule is None:
+            return self.density
+        if self.density_schedule.kind == "adaptive" and self._reducers:
+            return max(reducer.density_at(step) for reducer in self._reducers.values())
+        return self.density_schedule.density_at(step, self.density)
 
     # -- plumbing -------------------------------------------------------------------------
     @property
@@ -324,6 +331,7 @@ class DDPHookState(HookConfig):
         self._loose_residuals.update(self._pieces("residual", leaving, old))
         self._loose_velocities.update(self._pieces("velocity", leaving, old))
         self._reducers = {j: reducer for j, reducer in self._reducers.items() if j in keep}
+        self._loose_density_states = {j: s for j, s in self._loose_density_states.items() if j in keep}
         states = {j: state for j, state in self._loose_algorithm_states.items() if j in keep}
         if carried:
             states.update({j: dict(carried) for j in range(len(buckets)) if j not in keep})
@@ -340,7 +348,8 @@ class DDPHookState(HookConfig):
         algorithm_state = self._loose_algorithm_states.pop(j, {})
         pieces = [(entry, self._loose_residuals.pop(entry[0], None)) for entry in bucket.entries]
         velocities = [(entry, self._loose_velocities.pop(entry[0], None)) for entry in bucket.entries]
-        if algorithm_state or any(piece is not None for _, piece in pieces + velocities):
+        density_state = self._loose_density_states.pop(j, None)
+        if algorithm_state or density_state is not None or any(piece is not None for _, piece in pieces + velocities):
             work_dtype = torch.float32 if bucket.dtype in (torch.float16, torch.bfloat16) else bucket.dtype
 
             def assembled(parts, what):
@@ -365,7 +374,8 @@ class DDPHookState(HookConfig):
                                          **({} if self.hierarchy == "flat" or self.topology is None
                                             else {"hierarchy": saved_text(self.hierarchy, self.topology)}),
                                          "residual": residual, "algorithm_state": algorithm_state,
-                                         **({} if velocity is None else {"velocity": velocity})})
+                                         **({} if velocity is None else {"velocity": velocity}),
+                                         **({} if density_state is None else {"density_state": density_state})})
             except (ValueError, TypeError) as exc:
                 # a state only this rank loaded: its peers are about to wait for this bucket's
                 # messages, so they are told (CommAbortedError naming this rank) instead of
@@ -443,6 +453,9 @@ class DDPHookState(HookConfig):
         state["algorithm_states"] = algorithm_states
         if self.local_update.momentum > 0.0:
             state["velocities"] = velocities
+        if self.density_schedule is not None and self.density_schedule.kind == "adaptive":
+            state["density_states"] = {**self._loose_density_states,
+                                       **{j: reducer.density_state for j, reducer in self._reducers.items()}}
         return state
 
     def state_dict(self) -> dict[str, Any]:
@@ -500,6 +513,7 @@ class DDPHookState(HookConfig):
         self._layout.load_state(state)
         self._loose_residuals = {int(k): v for k, v in state["residuals"].items()}
         self._loose_velocities = {int(k): v for k, v in state.get("velocities", {}).items()}
+        self._loose_density_states = {int(j): dict(s) for j, s in state.get("density_states", {}).items()}
         self._loose_algorithm_states = {int(j): dict(s) for j, s in raw.items()}
 
     def _refuse_or_take(self, state: Any) -> tuple[dict[str, Any], dict, int]:

@@ -66,7 +66,7 @@ from ..errors import AgreedValueError
 from ..formats.header import AgreementKind
 from .agreement import Signature, agree, signature
 from .checkpoint import CHECKPOINT_VERSION, check_owner, check_version, fingerprint, loaded_fingerprint
-from .density import DensitySchedule, as_schedule, check_density, check_step, k_for
+from .density import AdaptiveDensity, DensitySchedule, as_schedule, check_density, check_step, k_for
 from .local_update import LocalUpdate, LocalUpdateState
 from .nonfinite import NONFINITE_POLICIES, check_nonfinite, nonfinite_error, nonfinite_flag
 from .placement import AutoPlacement, check_hierarchy, make_placement, shard_ks
@@ -165,6 +165,8 @@ class SparseAllreduce:
         self._local = LocalUpdateState(local_update) if local_update.active else None
         self._pending_velocity: torch.Tensor | None = None
         self.density_schedule = as_schedule(density_schedule)
+        #: an adaptive schedule's regime (reset() starts it afresh); None for other schedules
+        self._adaptive = self._new_adaptive()
         self.hierarchy = hierarchy
         self.calls = 0  # calls made: the step of the next call when the caller gives none
         self.comm = comm
@@ -250,7 +252,17 @@ class SparseAllreduce:
         """The density of call ``step`` (the schedule's, or ``density`` without one)."""
         if self.density_schedule is None:
             return self.density
-        return self.density_schedule.density_at(step, self.density)
+        critical = True if self._adaptive is None else self._adaptive.critical
+        return self.density_schedule.density_at(step, self.density, critical)
+
+    @property
+    def density_state(self) -> dict[str, Any] | None:
+        """An adaptive schedule's regime (as ``state_dict()["density_state"]``), else None."""
+        return None if self._adaptive is None else self._adaptive.state_dict()
+
+    def _new_adaptive(self) -> AdaptiveDensity | None:
+        schedule = self.density_schedule
+        return AdaptiveDensity(schedule) if schedule is not None and schedule.kind == "adaptive" else None
 
     def close(self) -> None:
         """Release what the reducer built: the two-level Comms it split (``hierarchy="node"`` or
@@ -281,6 +293,7 @@ class SparseAllreduce:
         every rank has called ``reset()`` (ranks that all reset between the same two calls
         agree, however many times each did)."""
         self._resets += 1
+        self._adaptive = self._new_adaptive()
         self._residual = None
         self._pending_residual = None
         self._pending_velocity = None
@@ -310,6 +323,7 @@ class SparseAllreduce:
             "algorithm_state": self.algorithm.state_dict(),
             "calls": self.calls,
             **({"velocity": velocity} if self.local_update.momentum > 0.0 else {}),
+            **({} if self._adaptive is None else {"density_state": self._adaptive.state_dict()}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -336,6 +350,8 @@ class SparseAllreduce:
                              "build it with the momentum it was saved with")
         mark = loaded_fingerprint(state)
         self.reset()
+        if self._adaptive is not None and state.get("density_state") is not None:
+            self._adaptive.load_state_dict(state["density_state"])
         self._pending_residual = state.get("residual")
         self._pending_velocity = velocity
         self.calls = int(state.get("calls", 0))
@@ -504,6 +520,9 @@ class SparseAllreduce:
                 scale = local.clip_scale(flat, self.comm.size)
             add_s = self.placement.run(self.algorithm, flat, acc, shard_k, work_out, self._carry, local, scale)
             self._carry = None
+        density = self.density_at(step)
+        if self._adaptive is not None and not nonfinite:   # the reduced sum: the same on every rank
+            self._adaptive.update(step, work_out)
         if work_out.data_ptr() != result.data_ptr() or work_out.dtype != result.dtype:
             result.copy_(work_out.view(result.shape))
         self._shape = grad.shape
@@ -526,6 +545,8 @@ class SparseAllreduce:
             "check_bytes": check_spent.bytes_sent, "check_rounds": check_spent.rounds, "check_s": check_s,
             "nonfinite_ranks": nonfinite,
         }
+        if self._adaptive is not None:   # this call's density, and the regime of the next interval's
+            self.last_stats.update(density=density, critical=self._adaptive.critical)
         if self._local is not None and self.local_update.clip_norm is not None:
             self.last_stats["clip_scale"] = 1.0 if nonfinite else scale
         self.last_stats.update(self.placement.stats(levels, self.last_stats, k, hi - lo))
