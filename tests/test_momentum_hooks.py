@@ -112,3 +112,45 @@ def test_warmup_steps_with_momentum_is_refused_saying_what_to_use():
         sc.DDPHookState("topka", 0.1, warmup_steps=2, momentum=0.9)
     with pytest.raises(ValueError, match="momentum must be a number"):
         sc.FSDPHookState("topka", 0.1, momentum=-0.1)
+
+
+def _fsdp_worker(rank, world_size, nodes, per_node, steps):
+    """Native HSDP with SGD(momentum=m) against the FSDP2 hook (topka at density 1) with the
+    hook's momentum and SGD(momentum=0): the local shards of the parameters after ``steps``."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    def sharded(mesh):
+        model = _model()
+        for sub in model:
+            if isinstance(sub, nn.Linear):
+                fully_shard(sub, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+
+    def train(model, momentum):
+        opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum)
+        for step in range(steps):
+            x, y = _batch(rank, step)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        return [p.detach().to_local().clone().numpy() for p in model.parameters()]
+
+    topology = sc.Topology(nodes, per_node)
+    hsdp = train(sharded(init_device_mesh("cpu", (nodes, per_node), mesh_dim_names=("replicate", "shard"))), M)
+    model = sharded(sc.fsdp.node_mesh(topology))
+    state = sc.FSDPHookState("topka", 1.0, nodes=topology, momentum=M)
+    sc.fsdp.register_hook(model, state)
+    hook = train(model, 0.0)
+    state.close()
+    return hsdp, hook
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("nodes,per_node", [(2, 1), (2, 2)])
+def test_the_fsdp_hooks_momentum_at_density_one_is_hsdp_with_momentum_sgd(nodes, per_node):
+    for rank, (hsdp, hook) in enumerate(spawn(_fsdp_worker, nodes * per_node, nodes, per_node, STEPS, timeout=300)):
+        for a, b in zip(hsdp, hook):
+            torch.testing.assert_close(torch.from_numpy(b), torch.from_numpy(a), rtol=1e-5, atol=1e-6,
+                                       msg=f"rank {rank}")
