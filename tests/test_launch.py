@@ -562,3 +562,57 @@ def test_consistent_cluster_shapes_are_launched(monkeypatch, flags, nproc, per_n
                         called.update(nproc=n, per_node=nproc_per_node) or 0)
     assert main([*flags, "--bandwidth", "none", "--", "true"]) == 0
     assert called == {"nproc": nproc, "per_node": per_node}
+
+
+def _fake_pythons(folder) -> None:
+    """A ``python`` and a ``python3`` in ``folder`` that are not the launcher's (no torch there)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("python", "python3"):
+        (folder / name).write_text('#!/bin/sh\necho "ModuleNotFoundError: No module named torch ($0)"\nexit 1\n')
+        (folder / name).chmod(0o755)
+
+
+def test_which_python_a_rank_runs(tmp_path, monkeypatch):
+    from sparsecomm.launch.rank import _launcher_python
+
+    venv, system, empty = tmp_path / "venv" / "bin", tmp_path / "usr" / "bin", tmp_path / "empty"
+    _fake_pythons(venv)
+    _fake_pythons(system)
+    empty.mkdir()
+    monkeypatch.setattr(sys, "executable", str(venv / "python"))
+    cmd = ["python", "train.py"]
+    # the venv activated: PATH's python is the launcher's, run as given
+    assert _launcher_python(cmd, path=f"{venv}{os.pathsep}{system}") == (cmd, None)
+    assert _launcher_python(["python3", "x.py"], path=str(venv)) == (["python3", "x.py"], None)
+    # not activated: PATH finds another python, or none (Debian has python3 only)
+    for word, path, on_path in [("python", system, system / "python"), ("python3", system, system / "python3"),
+                                ("python", empty, "none")]:
+        new, note = _launcher_python([word, "train.py", "--epochs", "1"], path=str(path))
+        assert new == [str(venv / "python"), "train.py", "--epochs", "1"]
+        assert note == (f"sparsecomm.launch: the ranks run {word} as {venv / 'python'}, the launcher's "
+                        f"({on_path} on PATH; give a path to run another)")
+    for given in (["/usr/bin/python3", "x.py"], ["python3.9", "x.py"], ["torchrun", "x.py"], ["./python"], []):
+        assert _launcher_python(given, path=str(system)) == (given, None)
+
+
+LAUNCHER_PYTHON = [
+    pytest.param("gloo", "none", id="gloo-loopback"),
+    pytest.param("gloo", "1gbit", marks=needs_shaping, id="gloo-shaped"),
+    pytest.param("mpi", "none", marks=needs_mpi, id="mpi-loopback"),
+]
+
+
+@pytest.mark.parametrize("backend,bandwidth", LAUNCHER_PYTHON)
+def test_a_bare_python_runs_as_the_launchers_interpreter(tmp_path, backend, bandwidth):
+    """``.venv/bin/python -m sparsecomm.launch -- python x.py`` without the venv activated runs
+    the ranks in the venv, not on PATH's python (which has no torch)."""
+    other = tmp_path / "bin"
+    _fake_pythons(other)
+    env = dict(os.environ, PATH=f"{other}{os.pathsep}{os.environ.get('PATH', '')}")
+    cmd = [sys.executable, "-m", "sparsecomm.launch", "--nproc", "2", "--bandwidth", bandwidth, "--backend", backend,
+           "--", "python", "-c", "import sys, torch; print('ran on', sys.executable)"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(line for line in r.stdout.splitlines() if "ran on" in line) == [
+        f"[rank {rank}] ran on {sys.executable}" for rank in range(2)]
+    assert f"the ranks run python as {sys.executable}, the launcher's ({other / 'python'} on PATH" in r.stdout

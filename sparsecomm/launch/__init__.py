@@ -29,9 +29,12 @@ L, GROUP_RANK = NODE_RANK = node, GROUP_WORLD_SIZE = N, ROLE_RANK, ROLE_WORLD_SI
 GLOO_SOCKET_IFNAME (the node's link, ``eth<node>``; ``lo`` on loopback), so a script calling
 ``torch.distributed.init_process_group("gloo")`` works unchanged, and SPARSECOMM_BANDWIDTH
 (the link rate, empty on loopback) and SPARSECOMM_NPROC_PER_NODE (L) so it can say what network
-it ran on. Output lines are prefixed with the rank. When a rank fails, the others are stopped
-and the launch exits non-zero. Every namespace the launch made is removed on exit, also on
-Ctrl-C or a crash of a rank.
+it ran on. A bare ``python`` or ``python3`` as the command's first word is the launcher's own
+interpreter (``sys.executable``, as torchrun runs a script) when PATH's is another one or none,
+said in one line: ``.venv/bin/python -m sparsecomm.launch ... -- python train.py`` runs the ranks
+in that venv, activated or not; a path (``/usr/bin/python3``) runs as given. Output lines are
+prefixed with the rank. When a rank fails, the others are stopped and the launch exits non-zero.
+Every namespace the launch made is removed on exit, also on Ctrl-C or a crash of a rank.
 
 Before the ranks start, the launcher measures the links with one TCP connection, at most
 0.3 s: with one rank per node from rank 0's namespace to rank 1's, printing ``link: 1 Gbit/s

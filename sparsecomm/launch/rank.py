@@ -14,6 +14,7 @@ names they share with it from here.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 
@@ -53,6 +54,25 @@ def node_interface(node: int) -> str:
 def in_namespace(namespace: str, cmd: list[str]) -> list[str]:
     """``cmd`` run inside network namespace ``namespace``."""
     return ["ip", "netns", "exec", namespace, *cmd]
+
+
+def _launcher_python(cmd: list[str], path: str | None = None) -> tuple[list[str], str | None]:
+    """``cmd`` with a bare ``python`` or ``python3`` as its first word replaced by the interpreter
+    running the launcher, when PATH (``path``, default this process's) would find another one
+    or none; and a line saying so. Else ``cmd`` unchanged and None.
+
+    torchrun runs a script with its own interpreter too; without this, ``.venv/bin/python -m
+    sparsecomm.launch -- python train.py`` in a shell whose venv is not activated would run
+    every rank on the system's Python, which has no torch. A path (``/usr/bin/python3``), or a
+    PATH whose ``python`` is in the launcher's own folder, is run as given."""
+    if not cmd or cmd[0] not in ("python", "python3") or not sys.executable:
+        return cmd, None
+    found = shutil.which(cmd[0], path=path)
+    if found and os.path.dirname(os.path.abspath(found)) == os.path.dirname(os.path.abspath(sys.executable)):
+        return cmd, None
+    note = (f"sparsecomm.launch: the ranks run {cmd[0]} as {sys.executable}, the launcher's "
+            f"({found or 'none'} on PATH; give a path to run another)")
+    return [sys.executable, *cmd[1:]], note
 
 
 def _rank_env(rank: int, size: int, per_node: int, master: str, port: int | str, ifname: str) -> dict[str, str]:

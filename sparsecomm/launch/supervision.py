@@ -17,7 +17,7 @@ import time
 from .link import _report_link
 from .mpi import _MPIOutput, _mpirun_command, find_mpirun
 from .network import EmulatedNetwork
-from .rank import _PR_SET_PDEATHSIG, _libc, _rank_env
+from .rank import _PR_SET_PDEATHSIG, _launcher_python, _libc, _rank_env
 
 
 def _die_with_parent(sig: int = signal.SIGKILL):
@@ -76,6 +76,9 @@ def launch(cmd: list[str], nproc: int, rate: str | None, port: int = 29500, out=
     if nproc_per_node < 1 or nproc < 1 or nproc % nproc_per_node:
         raise ValueError(f"{nproc} ranks do not make whole nodes of {nproc_per_node} ranks")
     out = out or sys.stdout
+    cmd, note = _launcher_python(cmd)
+    if note:
+        out.write(note + "\n")
     mpirun = find_mpirun() if backend == "mpi" else None
     network = EmulatedNetwork(nproc, rate, host_link=mpirun is not None, per_node=nproc_per_node) if rate else None
     procs: list[subprocess.Popen] = []
