@@ -102,7 +102,8 @@ PPL_CURVE = [{"updates": 0, "time_s": 0.0, "perplexity": 14000.0}, {"updates": 4
 
 def test_tasks_declare_their_metric_and_which_way_is_better():
     for name in bench_tasks.TASKS:
-        assert bench_tasks.metric_of(name) is (bench_tasks.PERPLEXITY if name == "wikitext2" else bench_tasks.ACCURACY)
+        assert bench_tasks.metric_of(name) is (bench_tasks.PERPLEXITY if name in ("wikitext2", "wikitext2_sgd")
+                                               else bench_tasks.ACCURACY)
     assert bench_tasks.ACCURACY.higher_is_better and not bench_tasks.PERPLEXITY.higher_is_better
     assert bench_tasks.PERPLEXITY.of(0.3, 2.0) == pytest.approx(7.38905609893065)   # e^2
     assert bench_tasks.ACCURACY.of(0.3, 2.0) == 0.3
@@ -215,3 +216,173 @@ def test_digits_cnn_is_the_digits_split_as_images_and_a_residual_net():
     with torch.no_grad():
         accuracy = (model(cnn.test_x).argmax(1) == cnn.test_y).float().mean().item()
     assert accuracy > 0.85, accuracy
+
+
+# -- momentum correction as a method modifier: NAME+mc, NAME+mcm, NAME+clip=X --------------------
+@pytest.mark.parametrize("text, expected", [
+    ("topka", ("topka", "", "", None)),
+    ("topka+mc", ("topka", "", "mc", None)),
+    ("spardl+mcm", ("spardl", "", "mcm", None)),
+    ("topka@dgc+mc", ("topka", "dgc", "mc", None)),
+    ("topka+mc@dgc", ("topka", "dgc", "mc", None)),        # any order after the name
+    ("gtopk@gs+mcm+clip=0.5", ("gtopk", "gs", "mcm", 0.5)),
+    ("zen+clip=2", ("zen", "", "", 2.0)),
+    ("dense+mc", ("dense", "", "mc", None)),
+])
+def test_method_modifiers_parse_and_compose_with_the_warmup(text, expected):
+    spec = bench_accuracy.parse_method(text)
+    assert (spec.name, spec.schedule, spec.correction, spec.clip) == expected and spec.text == text
+    assert bench_accuracy.check_methods([text]) == [spec]
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("topka+foo", "unknown modifier '+foo'; choose from +mc, +mcm, +clip=X"),
+    ("topka+mc+mcm", "momentum correction given twice"),
+    ("topka+clip=0", "needs a finite norm X > 0"),
+    ("topka+clip=x", "needs a finite norm X > 0"),
+    ("topka@", "'@' without a density schedule"),
+    ("topka@gs@dgc", "two density schedules"),
+    ("+mc", "no algorithm before '+'"),
+    ("topka@x+mc", "unknown density schedule 'x'"),
+    ("nope+mc", "nope"),
+    ("torch_fp16+mc", "PyTorch's hooks take no momentum correction"),
+    ("torch_powersgd+clip=1", "PyTorch's hooks take no momentum correction or local clipping"),
+])
+def test_bad_method_modifiers_are_refused_by_name(bad, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        bench_accuracy.check_methods([bad])
+
+
+def test_momentum_correction_takes_the_momentum_and_weight_decay_out_of_sgd():
+    a, b = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([{"params": [a]}, {"params": [b], "weight_decay": 0.0}], lr=0.1, momentum=0.9,
+                          weight_decay=5e-4, nesterov=True)
+    momentum, nesterov, decays = bench_accuracy.move_momentum(opt)
+    assert (momentum, nesterov) == (0.9, True) and len(decays) == 1 and decays[0][0][0] is a
+    assert decays[0][1] == 5e-4
+    for group in opt.param_groups:
+        assert group["momentum"] == 0 and group["weight_decay"] == 0 and not group["nesterov"]
+    for optimizer, message in [(torch.optim.Adam([a], lr=1e-3), "trains with Adam which has no SGD momentum"),
+                               (torch.optim.SGD([a], lr=0.1), "trains with SGD without momentum"),
+                               (torch.optim.SGD([a], lr=0.1, momentum=0.9, dampening=0.1), "no dampening"),
+                               (torch.optim.SGD([{"params": [a]}, {"params": [b], "momentum": 0.5}], lr=0.1,
+                                                momentum=0.9), "different momenta")]:
+        with pytest.raises(ValueError, match=message):
+            bench_accuracy.move_momentum(optimizer)
+
+
+def test_cli_refuses_momentum_correction_where_the_task_has_no_momentum(tmp_path, capsys):
+    _tiny_corpus(tmp_path)
+    with pytest.raises(SystemExit):
+        _config("--task", "wikitext2", "--data-dir", str(tmp_path), "--algorithms", "dense", "topka@dgc+mc")
+    err = capsys.readouterr().err
+    assert "'topka@dgc+mc': momentum correction (+mc, +mcm) moves the optimizer's momentum into the hook" in err
+    assert "wikitext2 trains with Adam" in err and "wikitext2_sgd instead of wikitext2" in err
+    cfg = _config("--task", "wikitext2_sgd", "--data-dir", str(tmp_path), "--algorithms", "dense", "topka+mc")
+    assert cfg["methods"] == ["dense", "topka+mc"]
+    assert _config("--task", "digits_cnn", "--algorithms", "dense", "dense+mc", "topka+mcm", "--lr", "0.1")["lr"] == 0.1
+    for argv, message in [(["--algorithms", "dense", "torch_fp16+mc"], "PyTorch's hooks take no momentum"),
+                          (["--lr", "0"], "--lr must be > 0")]:
+        with pytest.raises(SystemExit):
+            _config("--task", "digits_cnn", *argv)
+        assert message in capsys.readouterr().err, argv
+
+
+def test_wikitext2_sgd_is_the_language_model_with_momentum_sgd(tmp_path):
+    _tiny_corpus(tmp_path)
+    adam = bench_tasks.make_task("wikitext2", str(tmp_path), hidden=8)
+    sgd = bench_tasks.make_task("wikitext2_sgd", str(tmp_path), hidden=8)
+    assert sgd.name == "wikitext2_sgd" and sgd.metric is bench_tasks.PERPLEXITY and sgd.clip == adam.clip == 0.25
+    assert torch.equal(sgd.train_x, adam.train_x) and torch.equal(sgd.test_y, adam.test_y)
+    opt = sgd.optimizer([torch.nn.Parameter(torch.zeros(1))])
+    assert isinstance(opt, torch.optim.SGD) and opt.param_groups[0]["momentum"] == 0.9
+    assert opt.param_groups[0]["lr"] == 1.0
+    assert isinstance(adam.optimizer([torch.nn.Parameter(torch.zeros(1))]), torch.optim.Adam)
+
+
+def _build_options(rank, world, data_dir):
+    """What _build makes of each method: (optimizer momentum, weight decay, the hook's local
+    update, the clip after the reduction)."""
+    out = {}
+    cnn = bench_tasks.make_task("digits_cnn")
+    lm = bench_tasks.make_task("wikitext2_sgd", data_dir, hidden=8)
+    for task, method in [(cnn, "topka"), (cnn, "topka+mc"), (cnn, "spardl@dgc+mcm"), (cnn, "zen+clip=3"),
+                         (lm, "topka"), (lm, "topka+mc"), (lm, "topka+mc+clip=1")]:
+        ddp, state, opt, clip = bench_accuracy._build(method, task, 0.01, 10)
+        group = opt.param_groups[0]
+        out[(task.name, method)] = (group["momentum"], group["weight_decay"], state.local_update.options(), clip)
+        state.close()
+    return out
+
+
+def test_build_moves_the_tasks_momentum_into_the_hook_state(tmp_path):
+    pytest.importorskip("sklearn")
+    from sparsecomm.testing import spawn
+
+    _tiny_corpus(tmp_path)
+    got = spawn(_build_options, 1, str(tmp_path), timeout=120)[0]
+    assert got[("digits_cnn", "topka")] == (0.9, 5e-4, {}, None)
+    assert got[("digits_cnn", "topka+mc")] == (0.0, 0.0, {"momentum": 0.9}, None)
+    assert got[("digits_cnn", "spardl@dgc+mcm")] == (0.0, 0.0, {"momentum": 0.9, "momentum_masking": True}, None)
+    assert got[("digits_cnn", "zen+clip=3")] == (0.9, 5e-4, {"clip_norm": 3.0}, None)
+    # the language model clips: after the reduction without +mc, on each rank (DGC's local clipping) with it
+    assert got[("wikitext2_sgd", "topka")] == (0.9, 0.0, {}, 0.25)
+    assert got[("wikitext2_sgd", "topka+mc")] == (0.0, 0.0, {"momentum": 0.9, "clip_norm": 0.25}, None)
+    assert got[("wikitext2_sgd", "topka+mc+clip=1")] == (0.0, 0.0, {"momentum": 0.9, "clip_norm": 1.0}, None)
+
+
+def _trained_against_reference(rank, world, steps):
+    """Parameters after ``steps`` updates of each method on 2 ranks (float64, digits_cnn), and
+    of a reference written here: one model, the gradient averaged over both ranks' batches, plus
+    weight decay, momentum SGD by hand."""
+    torch.set_default_dtype(torch.float64)
+    task = bench_tasks.make_task("digits_cnn")
+    x, y = task.train_x.double(), task.train_y
+    batches = [[torch.randint(0, len(x), (16,), generator=torch.Generator().manual_seed(100 * r + s))
+                for s in range(steps)] for r in range(world)]
+    lr, m, wd = 0.05, 0.9, 5e-4      # the task's SGD
+    # numpy: a tensor would go back to the parent as shared memory, which the rank's exit may close first
+    flat = lambda model: torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()  # noqa: E731
+
+    def reference(momentum):
+        torch.manual_seed(0)
+        model = task.build()
+        velocity = [torch.zeros_like(p) for p in model.parameters()]
+        for s in range(steps):
+            grads = []
+            for r in range(world):
+                model.zero_grad()
+                bench_tasks.loss_of(model(x[batches[r][s]]), y[batches[r][s]]).backward()
+                grads.append([p.grad.clone() for p in model.parameters()])
+            with torch.no_grad():
+                for i, p in enumerate(model.parameters()):
+                    g = sum(gr[i] for gr in grads) / world + wd * p
+                    velocity[i] = momentum * velocity[i] + g
+                    p -= lr * velocity[i]
+        return flat(model)
+
+    out = {"momentum SGD": reference(m), "SGD": reference(0.0)}
+    for method in ("dense", "dense+mc", "topka+mc", "topka+mcm"):
+        torch.manual_seed(0)
+        ddp, state, opt, _ = bench_accuracy._build(method, task, 1.0, 10)   # density 1: every coordinate sent
+        for s in range(steps):
+            opt.zero_grad()
+            bench_tasks.loss_of(ddp(x[batches[rank][s]]), y[batches[rank][s]]).backward()
+            opt.step()
+        out[method] = flat(ddp.module)
+        state.close()
+    return out
+
+
+def test_momentum_correction_at_density_1_trains_as_momentum_sgd():
+    """dense+mc is dense (the sanity check of the modifier): both, and topka+mc at density 1, take
+    the reference's momentum SGD steps (weight decay included, which +mc moves into each rank's
+    gradient); with masking every velocity is cleared each step: plain SGD."""
+    pytest.importorskip("sklearn")
+    from sparsecomm.testing import spawn
+
+    got = {k: torch.from_numpy(v) for k, v in spawn(_trained_against_reference, 2, 6, timeout=180)[0].items()}
+    assert (got["momentum SGD"] - got["SGD"]).abs().max() > 1e-3      # the two references differ
+    for method in ("dense", "dense+mc", "topka+mc"):
+        assert torch.allclose(got[method], got["momentum SGD"], rtol=0, atol=1e-10), method
+    assert torch.allclose(got["topka+mcm"], got["SGD"], rtol=0, atol=1e-10)

@@ -12,8 +12,8 @@ time and updates to the target accuracy -- by default 99% of the best accuracy d
 in the same run (``--target-fraction``), or ``--target`` (absolute).
 
 A task declares its metric (:class:`sparsecomm.bench.tasks.Metric`): test accuracy, higher is
-better, for every task but ``wikitext2``, whose metric is the perplexity of its language model on
-the held-out text, lower is better (its next-word accuracy is recorded too). There the default
+better, for every task but ``wikitext2`` and ``wikitext2_sgd``, whose metric is the perplexity of
+their language model on the held-out text, lower is better (its next-word accuracy is recorded too). There the default
 target is within 2% of the best (lowest) perplexity dense reaches in the same run
 (``--target-margin``), and a method reaches it at its first evaluation at or below it. The
 table, the JSON (``metric``, ``higher_is_better``; each curve point and ``best_`` / ``final_``
@@ -25,6 +25,18 @@ LSTM state from one update to the next, and the held-out text is read as streams
 over the first ``--schedule-steps`` updates (default a fifth of the budget): ``@gs`` gs-SGD's
 25% -> 7.25% -> 1.5% in three equal stages, ``@dgc`` DGC's exponential decay from 25% in four
 stages; ``--density`` after it.
+
+``NAME+mc`` runs an algorithm with momentum correction (Deep Gradient Compression, Lin et al.
+2018, section 3.2; :mod:`sparsecomm.reduce.local_update`): the task's SGD momentum moves into the
+hook (``DDPHookState(momentum=m, nesterov=...)``, m and nesterov the optimizer's) and the optimizer
+is rebuilt without it (``momentum=0``); so does its weight decay, which then joins each rank's
+gradient before the hook (as in DGC, so the decay gathers momentum as it did in the optimizer).
+``NAME+mcm`` adds momentum factor masking (DGC 3.3: ``momentum_masking=True``). A task that clips
+its gradient (the language model) clips it on each rank before the hook instead, to the task's
+norm over sqrt(P) (DGC's local clipping: ``clip_norm``); ``+clip=X`` sets that norm (also without
+``+mc``). Modifiers compose with a warm-up in any order (``topka@dgc+mc``). ``dense+mc`` trains as
+``dense`` (every coordinate sent each step: a sanity check). Refused for PyTorch's hooks and for a
+task whose optimizer has no momentum (Adam: use ``wikitext2_sgd`` instead of ``wikitext2``).
 
 ``--hierarchy flat node`` (or ``both``) trains every sparsecomm method in each hierarchy given,
 interleaved in the same run: flat, and two-level (``DDPHookState(hierarchy="node")``: dense
@@ -48,10 +60,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +84,11 @@ from ..testing import launched, run_ranks
 from . import baselines
 from .common import HIERARCHY_CHOICES, hierarchies_of
 from .plots import pyplot
-from .tasks import (ACCURACY, METRICS, TASKS, Metric, Task, detach_state, evaluation_sums, loss_of, make_task,
-                    metric_of, stream_order, wikitext2_dir)
+from .tasks import (ACCURACY, LANGUAGE_TASKS, METRICS, TASKS, Metric, Task, detach_state, evaluation_sums, loss_of,
+                    make_task, metric_of, stream_order, wikitext2_dir)
 
-__all__ = ["main", "run_rank", "time_to_target", "schedule_preset", "format_table"]
+__all__ = ["main", "run_rank", "time_to_target", "schedule_preset", "format_table", "Method", "parse_method",
+           "move_momentum"]
 
 #: density warm-ups by name, over ``steps`` updates (``NAME@preset``)
 SCHEDULE_PRESETS = ("gs", "dgc")
@@ -88,6 +104,106 @@ def schedule_preset(name: str, steps: int) -> DensitySchedule:
     raise ValueError(f"unknown density schedule {name!r}; choose from {', '.join(SCHEDULE_PRESETS)}")
 
 
+#: ``NAME+MODIFIER``: momentum correction, with momentum factor masking, the local clipping norm
+MODIFIERS = ("mc", "mcm", "clip=X")
+
+
+@dataclass(frozen=True)
+class Method:
+    """One ``--algorithms`` entry: ``NAME[@SCHEDULE][+mc|+mcm][+clip=X]`` (parts after the name
+    in any order)."""
+
+    text: str                       # as given: the method's name in the table, JSON and plots
+    name: str                       # a registered algorithm or one of PyTorch's hooks
+    schedule: str = ""              # a SCHEDULE_PRESETS name, or "" (none)
+    correction: str = ""            # "mc" (momentum correction), "mcm" (with masking), or "" (none)
+    clip: float | None = None       # +clip=X: the hook's clip_norm
+
+    @property
+    def baseline(self) -> bool:
+        return baselines.is_baseline(self.name)
+
+    @property
+    def modified(self) -> bool:
+        return bool(self.correction) or self.clip is not None
+
+
+def parse_method(text: str) -> Method:
+    """``topka@dgc+mc`` -> Method(name="topka", schedule="dgc", correction="mc"). Checks the
+    syntax only (:func:`check_methods` checks the names)."""
+    parts = re.split(r"(?=[@+])", text)
+    name, schedule, correction, clip = parts[0], "", "", None
+    if not name:
+        raise ValueError(f"{text!r}: no algorithm before {text[:1]!r} (NAME[@SCHEDULE][+mc|+mcm][+clip=X])")
+    for part in parts[1:]:
+        kind, value = part[0], part[1:]
+        if kind == "@":
+            if schedule:
+                raise ValueError(f"{text!r}: two density schedules")
+            if not value:
+                raise ValueError(f"{text!r}: '@' without a density schedule; choose from {', '.join(SCHEDULE_PRESETS)}")
+            schedule = value
+        elif value in ("mc", "mcm"):
+            if correction:
+                raise ValueError(f"{text!r}: momentum correction given twice (+mc, or +mcm with masking)")
+            correction = value
+        elif value.startswith("clip="):
+            if clip is not None:
+                raise ValueError(f"{text!r}: +clip given twice")
+            try:
+                clip = float(value[5:])
+            except ValueError:
+                clip = math.nan
+            if not (math.isfinite(clip) and clip > 0):
+                raise ValueError(f"{text!r}: +clip=X needs a finite norm X > 0, got {value[5:]!r}")
+        else:
+            raise ValueError(f"{text!r}: unknown modifier '+{value}'; choose from "
+                             f"{', '.join('+' + m for m in MODIFIERS)}")
+    return Method(text, name, schedule, correction, clip)
+
+
+def move_momentum(optimizer: torch.optim.Optimizer, method: str = "", task: str = "the task"
+                  ) -> tuple[float, bool, list[tuple[list[torch.Tensor], float]]]:
+    """Momentum correction's optimizer: takes the momentum (and weight decay) out of
+    ``optimizer``, an SGD with momentum, in place. Returns (momentum, nesterov, [(params, weight
+    decay)] of the groups that had one): the hook's velocity takes the momentum, each rank's
+    gradient the decay (:func:`add_weight_decay`). Refuses another optimizer, one without momentum,
+    groups of different momenta, and dampening (which the velocity has not)."""
+    what = f"{method!r}: " if method else ""
+    groups = optimizer.param_groups
+    if not isinstance(optimizer, torch.optim.SGD) or not all(g.get("momentum", 0) > 0 for g in groups):
+        kind = type(optimizer).__name__
+        has = "without momentum" if isinstance(optimizer, torch.optim.SGD) else "which has no SGD momentum"
+        raise ValueError(f"{what}momentum correction (+mc, +mcm) moves the optimizer's momentum into the hook, but "
+                         f"{task} trains with {kind} {has}; use a task trained with torch.optim.SGD(momentum > 0)"
+                         f"{' (wikitext2_sgd instead of wikitext2)' if task == 'wikitext2' else ''}, or the method "
+                         f"without +mc")
+    momenta = {(g["momentum"], bool(g.get("nesterov", False))) for g in groups}
+    if len(momenta) != 1:
+        raise ValueError(f"{what}the optimizer's parameter groups have different momenta {sorted(momenta)}; the "
+                         "hook keeps one")
+    if any(g.get("dampening", 0) for g in groups):
+        raise ValueError(f"{what}momentum correction has no dampening; the optimizer's is "
+                         f"{groups[0].get('dampening')}")
+    (momentum, nesterov), = momenta
+    decays = []
+    for g in groups:
+        if g.get("weight_decay", 0):
+            decays.append((list(g["params"]), g["weight_decay"]))
+        g["momentum"], g["nesterov"], g["weight_decay"] = 0.0, False, 0.0
+    return float(momentum), nesterov, decays
+
+
+def add_weight_decay(decays: list[tuple[list[torch.Tensor], float]]) -> list:
+    """``grad + decay * param`` for every parameter of ``decays`` as backward produces the
+    gradient, before DDP's hook reads it (handles, to remove)."""
+    handles = []
+    for params, decay in decays:
+        for p in params:
+            handles.append(p.register_hook(lambda grad, p=p, decay=decay: grad.add(p.detach(), alpha=decay)))
+    return handles
+
+
 def time_to_target(curve: list[dict], target: float, metric: Metric = ACCURACY) -> tuple[float | None, int | None]:
     """(training seconds, updates) at the first evaluation whose ``metric`` reaches ``target``:
     accuracy >= it, perplexity <= it."""
@@ -97,20 +213,36 @@ def time_to_target(curve: list[dict], target: float, metric: Metric = ACCURACY) 
     return None, None
 
 
-def _build(method: str, task: Task, density: float, schedule_steps: int, topology: Topology | None = None):
-    """DDP model, hook state (or PyTorch hook) and optimizer of ``method``; two-level over
-    ``topology`` when one is given."""
+def _build(method: str, task: Task, density: float, schedule_steps: int, topology: Topology | None = None,
+           lr: float | None = None):
+    """DDP model, hook state (or PyTorch hook), optimizer of ``method`` and the norm to clip the
+    reduced gradient to (the task's, or None where the hook clips each rank's gradient); two-level
+    over ``topology`` when one is given; ``lr`` overrides the task's learning rate."""
+    spec = parse_method(method)
     ddp = DDP(task.build())
-    name, _, preset = method.partition("@")
-    if baselines.is_baseline(name):
-        state = baselines.TorchHook(name)
+    optimizer = task.optimizer(list(ddp.parameters()))
+    if lr is not None:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+    clip = task.clip
+    if spec.baseline:
+        state = baselines.TorchHook(spec.name)
         state.register(ddp)
     else:
-        schedule = schedule_preset(preset, schedule_steps) if preset else None
+        schedule = schedule_preset(spec.schedule, schedule_steps) if spec.schedule else None
         placed = {} if topology is None else {"hierarchy": "node", "nodes": topology}
-        state = DDPHookState(name, 1.0 if name == "dense" else density, density_schedule=schedule, **placed)
+        local: dict[str, Any] = {}
+        if spec.correction:
+            momentum, nesterov, decays = move_momentum(optimizer, method, task.name)
+            add_weight_decay(decays)
+            local = {"momentum": momentum, "nesterov": nesterov, "momentum_masking": spec.correction == "mcm"}
+        local_clip = spec.clip if spec.clip is not None else (task.clip if spec.correction else None)
+        if local_clip is not None:   # each rank clips before the hook, instead of the sum after it
+            local["clip_norm"], clip = local_clip, None
+        state = DDPHookState(spec.name, 1.0 if spec.name == "dense" else density, density_schedule=schedule,
+                             **placed, **local)
         ddp.register_comm_hook(state, ddp_hook)
-    return ddp, state, task.optimizer(list(ddp.parameters()))
+    return ddp, state, optimizer, clip
 
 
 def _evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int,
@@ -159,14 +291,15 @@ def run_rank(rank: int, world: int, cfg: dict) -> dict | None:
     runs = []
     for method in cfg["methods"]:  # the same initial weights for every method
         for hierarchy in hierarchies:
-            if hierarchy == "node" and baselines.is_baseline(method.partition("@")[0]):
+            if hierarchy == "node" and parse_method(method).baseline:
                 continue
             torch.manual_seed(cfg["seed"])
-            ddp, state, optimizer = _build(method, task, cfg["density"], schedule_steps,
-                                           topology if hierarchy == "node" else None)
+            ddp, state, optimizer, clip = _build(method, task, cfg["density"], schedule_steps,
+                                                 topology if hierarchy == "node" else None, cfg.get("lr"))
             acc, loss = _evaluate(ddp.module, test_x, test_y, task.eval_batch, task.sequential)
             runs.append({"method": method, "hierarchy": hierarchy, "ddp": ddp, "state": state,
-                         "optimizer": optimizer, "times": [], "bytes": [], "inter_bytes": [], "train_loss": [],
+                         "optimizer": optimizer, "clip": clip, "times": [], "bytes": [], "inter_bytes": [],
+                         "train_loss": [],
                          "evals": [(0, acc, loss)], "done": False, "carry": None})
     target = cfg.get("target")
     start = time.perf_counter()
@@ -185,8 +318,8 @@ def run_rank(rank: int, world: int, cfg: dict) -> dict | None:
                     logits = ddp(x[idx])
                 loss = loss_of(logits, y[idx])
                 loss.backward()
-                if task.clip:
-                    nn.utils.clip_grad_norm_(ddp.parameters(), task.clip)
+                if run["clip"]:
+                    nn.utils.clip_grad_norm_(ddp.parameters(), run["clip"])
                 optimizer.step()
                 run["times"].append(time.perf_counter() - t0)
                 run["bytes"].append(sum(s.get("bytes_sent", 0) for s in state.last_stats.values()))
@@ -220,6 +353,10 @@ def run_rank(rank: int, world: int, cfg: dict) -> dict | None:
             "density": state.density,
             "density_schedule": (state.density_schedule.spec_text()
                                  if getattr(state, "density_schedule", None) is not None else None),
+            # momentum correction's options of the hook ({} when off) and the optimizer's momentum
+            "local_update": (state.local_update.options() if hasattr(state, "local_update") else {}),
+            "optimizer_momentum": run["optimizer"].param_groups[0].get("momentum"),
+            "clip_after_reduction": run["clip"],
             "step_s": statistics.median(times.tolist()[1:] or times.tolist()),
             "bytes": statistics.median(run["bytes"]) if run["bytes"] else 0,
             "bytes_total": float(sum(run["bytes"])),
@@ -251,6 +388,7 @@ def run_rank(rank: int, world: int, cfg: dict) -> dict | None:
     where = cfg.get("where") or describe_link()[0]
     report = {"task": task.name, "data": task.data, "generated": task.generated, "model": task.model,
               "params": params, "P": world, "where": where, "batch": task.batch, "steps": steps,
+              "seed": cfg["seed"], "lr": cfg.get("lr"),
               "metric": metric.name, "higher_is_better": metric.higher_is_better,
               "eval_every": eval_every, "density": cfg["density"], "schedule_steps": schedule_steps,
               "target": target, "target_how": how, "interleaved": True, "methods": methods}
@@ -301,7 +439,8 @@ def plot(report: dict, path: Path) -> Path | None:
     colors = plt.get_cmap("tab20").colors
     for i, m in enumerate(report["methods"]):
         style = dict(marker="os^Dv"[i % 5], markersize=3, color=colors[(2 * i) % 20 + (i // 10) % 2],
-                     linestyle="--" if baselines.is_baseline(m["method"]) else ":" if "@" in m["method"] else "-",
+                     linestyle=("--" if baselines.is_baseline(m["method"]) else "-." if "+mc" in m["method"]
+                                else ":" if "@" in m["method"] else "-"),
                      label=m["label"], linewidth=2.2 if m["method"] == "dense" else 1.3)
         curve = m["curve"]
         axes[0].plot([p["time_s"] for p in curve], [scale * p[metric.name] for p in curve], **style)
@@ -367,47 +506,69 @@ def expand_methods(names: list[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def check_methods(methods: list[str]) -> None:
+def check_methods(methods: list[str]) -> list[Method]:
+    """Each method parsed (:func:`parse_method`) and its names checked; ValueError naming the
+    first bad one."""
+    out = []
     for method in methods:
-        name, _, preset = method.partition("@")
-        if baselines.is_baseline(name):
-            if preset:
+        spec = parse_method(method)
+        out.append(spec)
+        if spec.baseline:
+            if spec.schedule:
                 raise ValueError(f"{method!r}: PyTorch's hooks take no density schedule")
+            if spec.modified:
+                raise ValueError(f"{method!r}: PyTorch's hooks take no momentum correction or local clipping (options "
+                                 f"of sparsecomm's DDPHookState); run {spec.name!r} without +mc, +mcm or +clip")
             continue
-        algorithms.get(name)  # a clear error naming the registered ones
-        if preset and preset not in SCHEDULE_PRESETS:
-            raise ValueError(f"{method!r}: unknown density schedule {preset!r}; choose from "
+        algorithms.get(spec.name)  # a clear error naming the registered ones
+        if spec.schedule and spec.schedule not in SCHEDULE_PRESETS:
+            raise ValueError(f"{method!r}: unknown density schedule {spec.schedule!r}; choose from "
                              f"{', '.join(SCHEDULE_PRESETS)}")
+    return out
+
+
+def check_task_methods(methods: list[str], task: Task) -> None:
+    """Momentum correction needs the task's optimizer to be SGD with momentum
+    (:func:`move_momentum`'s refusal, naming the method and task)."""
+    corrected = [m for m in methods if parse_method(m).correction]
+    if corrected:
+        move_momentum(task.optimizer([nn.Parameter(torch.zeros(1))]), corrected[0], task.name)
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--task", choices=TASKS, default="mlp")
     ap.add_argument("--algorithms", nargs="+", default=["all"],
                     help="'all' (dense, every registered algorithm, torch_fp16, torch_powersgd) or names; "
-                         f"NAME@SCHEDULE adds a density warm-up ({', '.join(SCHEDULE_PRESETS)})")
+                         f"NAME@SCHEDULE adds a density warm-up ({', '.join(SCHEDULE_PRESETS)}); NAME+mc momentum "
+                         "correction (the task's SGD momentum in the hook, the optimizer without it), NAME+mcm with "
+                         "momentum factor masking, NAME+clip=X local gradient clipping; e.g. topka@dgc+mc")
     ap.add_argument("--density", type=float, default=0.01)
     ap.add_argument("--steps", type=int, default=None, help="step budget (default: the task's)")
     ap.add_argument("--eval-every", type=int, default=None, help="updates between evaluations (default: the task's)")
     ap.add_argument("--target", type=float, default=None,
-                    help="absolute target: test accuracy in (0, 1], or held-out perplexity (> 0) for wikitext2")
+                    help="absolute target: test accuracy in (0, 1], or held-out perplexity (> 0) for wikitext2 / "
+                         "wikitext2_sgd")
     ap.add_argument("--target-fraction", type=float, default=0.99,
                     help="without --target, for an accuracy task: this fraction of dense's best accuracy in the "
                          "same run")
     ap.add_argument("--target-margin", type=float, default=0.02,
-                    help="without --target, for wikitext2 (perplexity, lower is better): within this fraction of "
-                         "dense's best perplexity in the same run (0.02: at most 1.02 times it)")
+                    help="without --target, for wikitext2 / wikitext2_sgd (perplexity, lower is better): within "
+                         "this fraction of dense's best perplexity in the same run (0.02: at most 1.02 times it)")
     ap.add_argument("--stop-at-target", action="store_true",
                     help="with --target: a method stops once it reaches it (saves time; its final accuracy is then "
                          "the accuracy at the target)")
     ap.add_argument("--schedule-steps", type=int, default=None,
                     help="updates of a NAME@SCHEDULE warm-up (default: a fifth of the budget)")
     ap.add_argument("--data-dir", default=None, help="CIFAR-10 batches (vgg16, resnet20), aclImdb (lstm), or a "
-                    "folder with WikiText-2's test.txt and valid.txt (wikitext2; default: the copy shipped)")
+                    "folder with WikiText-2's test.txt and valid.txt (wikitext2, wikitext2_sgd; default: the copy "
+                    "shipped)")
     ap.add_argument("--hidden", type=int, default=None,
-                    help="mlp / digits: hidden width; wikitext2: embedding and LSTM width")
+                    help="mlp / digits: hidden width; wikitext2(_sgd): embedding and LSTM width")
     ap.add_argument("--width", type=float, default=None,
                     help="vgg16 / resnet20 / digits_cnn: channel width multiplier")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0,
+                    help="initial weights, data order (and the digits tasks' held-out split)")
+    ap.add_argument("--lr", type=float, default=None, help="the optimizer's learning rate (default: the task's)")
     ap.add_argument("--nproc", type=int, default=4, help="ranks to start when not under a launcher")
     ap.add_argument("--hierarchy", nargs="+", choices=HIERARCHY_CHOICES, default=["flat"],
                     help="flat, node (two-level: dense inside a node, the algorithm between nodes) or both: "
@@ -438,13 +599,21 @@ def config(args: argparse.Namespace, ap: argparse.ArgumentParser) -> dict[str, A
         ap.error(f"--target-fraction must be in (0, 1], got {args.target_fraction}")
     if not args.target_margin >= 0:
         ap.error(f"--target-margin must be >= 0, got {args.target_margin}")
-    if args.task == "wikitext2" and args.data_dir is not None:
+    if args.task in LANGUAGE_TASKS and args.data_dir is not None:
         try:
             wikitext2_dir(args.data_dir)
         except ValueError as exc:
             ap.error(str(exc))
     if args.target is None and "dense" not in methods:
         ap.error("without --target, dense must be among --algorithms (the target is a fraction of its accuracy)")
+    if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
+        ap.error(f"--lr must be > 0, got {args.lr}")
+    if any(parse_method(m).correction for m in methods):
+        try:
+            check_task_methods(methods, make_task(args.task, args.data_dir, args.seed, args.hidden, args.width,
+                                                  generated_sizes=(100, 10)))
+        except ValueError as exc:
+            ap.error(str(exc))
     for name in ("steps", "eval_every", "schedule_steps"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -458,7 +627,7 @@ def config(args: argparse.Namespace, ap: argparse.ArgumentParser) -> dict[str, A
             "eval_every": args.eval_every, "target": args.target, "target_fraction": args.target_fraction,
             "target_margin": args.target_margin,
             "stop_at_target": args.stop_at_target, "schedule_steps": args.schedule_steps, "data_dir": args.data_dir,
-            "hidden": args.hidden, "width": args.width, "seed": args.seed, "threads": args.threads,
+            "hidden": args.hidden, "width": args.width, "seed": args.seed, "lr": args.lr, "threads": args.threads,
             "quiet": args.quiet}
 
 
