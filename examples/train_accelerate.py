@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     if error:
         parser.error(error)
     if importlib.util.find_spec("accelerate") is None:
-        parser.error("this example needs Hugging Face Accelerate: pip install sparsecomm[accelerate]")
+        parser.error("this example needs Hugging Face Accelerate: pip install 'accelerate>=1.0'")
     if args.algorithm not in sc.algorithms.names():
         parser.error(f"--algorithm {args.algorithm}: a sparsecomm algorithm ({', '.join(sc.algorithms.names())}); "
                      "PyTorch's own hooks go through DistributedDataParallelKwargs(comm_hook=...) instead")

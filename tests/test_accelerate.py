@@ -25,7 +25,7 @@ import sparsecomm.hook as hook_module
 from sparsecomm.testing import spawn
 
 MICRO, ACCUM, SAVE_AT = 10, 2, 4    # micro-batches, micro-batches per optimizer step, save after micro 4
-NEEDS = "Hugging Face Accelerate is not installed (pip install sparsecomm[accelerate]): its integration is untested"
+NEEDS = "Hugging Face Accelerate is not installed (pip install 'accelerate>=1.0'): its integration is untested"
 
 
 @pytest.fixture
@@ -210,7 +210,7 @@ def test_misconfigured_runs_are_refused_before_anything_registers(
 def test_importing_it_without_accelerate_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "accelerate", None)   # what an absent package looks like to import
     monkeypatch.delitem(sys.modules, "sparsecomm.integrations.accelerate", raising=False)
-    with pytest.raises(ImportError, match=r"pip install sparsecomm\[accelerate\]"):
+    with pytest.raises(ImportError, match=r"pip install 'accelerate>=1\.0' .*pip install '\.\[accelerate\]'"):
         importlib.import_module("sparsecomm.integrations.accelerate")
 
 

@@ -26,7 +26,7 @@ RUN_TIMEOUT = 90  # seconds for one mpirun job (start-up imports torch on every 
 
 needs_mpi = pytest.mark.skipif(
     MPIRUN is None or not HAVE_MPI4PY,
-    reason="needs mpirun on PATH and mpi4py (pip install sparsecomm[mpi]) "
+    reason="needs mpirun on PATH and mpi4py (pip install 'mpi4py>=3.1') "
            f"[mpirun: {MPIRUN or 'missing'}, mpi4py: {'ok' if HAVE_MPI4PY else 'missing'}]")
 
 
@@ -181,7 +181,7 @@ def test_missing_mpi4py_is_a_clear_import_error(monkeypatch):
     from sparsecomm.comm.mpi_comm import MPIComm
 
     monkeypatch.setitem(sys.modules, "mpi4py", None)  # import mpi4py -> ImportError
-    with pytest.raises(ImportError, match=r"pip install sparsecomm\[mpi\]"):
+    with pytest.raises(ImportError, match=r"pip install 'mpi4py>=3\.1' \(in a sparsecomm checkout, pip install '\.\[mpi\]'\)"):
         MPIComm()
 
 

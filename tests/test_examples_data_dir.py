@@ -82,7 +82,7 @@ def test_train_image_stops_before_any_rank_starts(tmp_path):
 
 @pytest.mark.parametrize("script,extra", [("train_lightning.py", "lightning"), ("train_accelerate.py", "accelerate")])
 def test_the_other_image_examples_refuse_it_too(tmp_path, script, extra):
-    pytest.importorskip(extra, reason=f"{extra} is not installed (pip install sparsecomm[{extra}])")
+    pytest.importorskip(extra, reason=f"{extra} is not installed (pip install '.[{extra}]')")
     _refused(_run(script, "--steps", "1", "--data-dir", str(tmp_path)), tmp_path, "the folder is empty")
 
 

@@ -131,7 +131,7 @@ _STEP = re.compile(r"^step (\d+): topka, density 0\.01: sent ([\d.]+ k?B) = ([\d
 
 def test_accelerate_two_processes_save_and_resume_print_the_same_steps(tmp_path):
     pytest.importorskip("accelerate", reason="Hugging Face Accelerate is not installed (pip install "
-                                             "sparsecomm[accelerate]): train_accelerate.py cannot run")
+                                             "accelerate>=1.0'): train_accelerate.py cannot run")
     small = ["--algorithm", "topka", "--steps", "4", "--batch", "4", "--train-size", "32", "--test-size", "16"]
     first = _run("train_accelerate.py", *small, "--save-state", str(tmp_path), "--save-every", "2").stdout
     steps = _STEP.findall(first)

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-pytest.importorskip("lightning", reason="Lightning is not installed: pip install sparsecomm[lightning]")
+pytest.importorskip("lightning", reason="Lightning is not installed: pip install 'lightning>=2.2,<3'")
 
 import sparsecomm as sc  # noqa: E402
 from sparsecomm.integrations.lightning import CHECKPOINT_KEY, SparseDDPStrategy  # noqa: E402

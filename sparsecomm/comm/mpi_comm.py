@@ -54,8 +54,8 @@ def _import_mpi():
     try:
         from mpi4py import MPI
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("MPIComm needs mpi4py and an MPI library: pip install sparsecomm[mpi] "
-                          "(or pip install mpi4py)") from e
+        raise ImportError("MPIComm needs mpi4py and an MPI library: pip install 'mpi4py>=3.1' "
+                          "(in a sparsecomm checkout, pip install '.[mpi]')") from e
     return MPI
 
 

@@ -44,7 +44,8 @@ try:
     from accelerate.utils import DistributedType
 except ImportError as exc:   # the integration is optional: the core never imports this module
     raise ImportError("sparsecomm.integrations.accelerate needs Hugging Face Accelerate, which is not installed: "
-                      "pip install sparsecomm[accelerate]") from exc
+                      "pip install 'accelerate>=1.0' (it keeps your torch; in a sparsecomm checkout, "
+                      "pip install '.[accelerate]')") from exc
 
 import torch
 

@@ -38,7 +38,8 @@ except ImportError:  # the older package name
         from pytorch_lightning.trainer.states import TrainerFn
     except ImportError as exc:
         raise ImportError("sparsecomm.integrations.lightning needs PyTorch Lightning: "
-                          "pip install sparsecomm[lightning] (it keeps your torch)") from exc
+                          "pip install 'lightning>=2.2,<3' (it keeps your torch; in a sparsecomm checkout, "
+                          "pip install '.[lightning]')") from exc
 
 __all__ = ["SparseDDPStrategy", "CHECKPOINT_KEY"]
 
