@@ -296,7 +296,7 @@ def test_wikitext2_sgd_is_the_language_model_with_momentum_sgd(tmp_path):
     assert torch.equal(sgd.train_x, adam.train_x) and torch.equal(sgd.test_y, adam.test_y)
     opt = sgd.optimizer([torch.nn.Parameter(torch.zeros(1))])
     assert isinstance(opt, torch.optim.SGD) and opt.param_groups[0]["momentum"] == 0.9
-    assert opt.param_groups[0]["lr"] == 1.0
+    assert opt.param_groups[0]["lr"] == 2.0
     assert isinstance(adam.optimizer([torch.nn.Parameter(torch.zeros(1))]), torch.optim.Adam)
 
 

@@ -380,7 +380,8 @@ def wikitext2_task(data_dir: str | os.PathLike | None = None, hidden: int | None
                    optimizer: str = "adam") -> Task:
     """The WikiText-2 language model task (``hidden``: embedding and LSTM width, default 400).
     ``optimizer``: ``"adam"`` (task ``wikitext2``, lr 1e-3) or ``"sgd"`` (task ``wikitext2_sgd``:
-    momentum 0.9, lr 1 -- DGC's optimizer for its language model)."""
+    momentum 0.9, lr 2 -- DGC's optimizer for its language model; dense at P = 4 reached perplexity
+    736 after 30 updates with lr 2, 801 with lr 1)."""
     if optimizer not in ("adam", "sgd"):
         raise ValueError(f"optimizer must be 'adam' or 'sgd', got {optimizer!r}")
     h = hidden or 400
@@ -394,7 +395,7 @@ def wikitext2_task(data_dir: str | os.PathLike | None = None, hidden: int | None
         lr = 1e-3 if lr is None else lr
         make_optimizer = lambda params: torch.optim.Adam(params, lr=lr)  # noqa: E731
     else:
-        lr = 1.0 if lr is None else lr
+        lr = 2.0 if lr is None else lr
         make_optimizer = lambda params: torch.optim.SGD(params, lr=lr, momentum=0.9)  # noqa: E731
     return Task("wikitext2" if optimizer == "adam" else "wikitext2_sgd", data,
                 f"LSTM language model (embedding {h}, 2 x LSTM {h}, softmax over {len(vocab):,} words), "
