@@ -23,6 +23,7 @@ torchrun, ``python -m sparsecomm.launch``), or starting its ranks itself with :f
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 import time
 import traceback
@@ -85,7 +86,11 @@ def _child(rank: int, world_size: int, backend: str, port: int, timeout: float,
     try:
         result = fn(rank, world_size, *args, **kwargs)
         try:
-            conn.send(("ok", result))
+            # by value (plain pickle), not through the connection's pickler: torch registers
+            # reductions there that send a tensor as a shared-memory handle, which the parent can
+            # only open while this process lives -- a child exiting first (a loaded machine) made
+            # the parent's recv fail with "Connection reset by peer"
+            conn.send(("ok", pickle.dumps(result)))
         except Exception:  # unpicklable return value
             conn.send(("err", traceback.format_exc()))
     except BaseException:
@@ -212,7 +217,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
                     value = f"rank {r} exited without a result (exit code {procs[r].exitcode})"
                 pending.discard(r)
                 if status == "ok":
-                    results[r] = value
+                    results[r] = pickle.loads(value)   # this harness's own child, pickled above
                 else:
                     failures[r] = value
                     if first_failure is None:

@@ -179,6 +179,19 @@ def test_spawn_returns_in_rank_order():
         {"rank": r, "size": 3, "x": "ab" * (r + 1)} for r in range(3)]
 
 
+def _returns_a_tensor_and_exits(rank, world_size):
+    return torch.full((4,), float(rank))
+
+
+def test_spawn_returns_tensors_by_value():
+    """A tensor comes back by value: through the connection's pickler torch would send a
+    shared-memory handle that the parent can open only while the child lives, and a child that
+    exits first (a loaded machine) made the parent's recv fail with "Connection reset by peer"."""
+    out = spawn(_returns_a_tensor_and_exits, 2, timeout=60)
+    assert [t.tolist() for t in out] == [[0.0] * 4, [1.0] * 4]
+    assert not any(t.is_shared() for t in out)
+
+
 def test_spawn_reports_failing_rank_traceback():
     t0 = time.monotonic()
     with pytest.raises(SpawnError) as info:
