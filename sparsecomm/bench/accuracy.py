@@ -83,7 +83,7 @@ from ..reduce import DensitySchedule
 from ..testing import launched, run_ranks
 from . import baselines
 from .common import HIERARCHY_CHOICES, hierarchies_of
-from .plots import pyplot
+from .plots import plain_log_ticks, pyplot
 from .tasks import (ACCURACY, LANGUAGE_TASKS, METRICS, TASKS, Metric, Task, detach_state, evaluation_sums, loss_of,
                     make_task, metric_of, stream_order, wikitext2_dir)
 
@@ -332,9 +332,11 @@ def run_rank(rank: int, world: int, cfg: dict) -> dict | None:
         if rank == 0 and not cfg.get("quiet"):
             done = min(turn_start + eval_every, steps)
             named = "" if metric is ACCURACY else f"{metric.name} "
-            line = ", ".join(f"{_label(r['method'], r['hierarchy'])} "
-                             f"{named}{metric.show(metric.of(*r['evals'][-1][1:]))}" for r in runs)
-            print(f"[{time.perf_counter() - start:.0f} s] {done}/{steps} updates: {line}", flush=True)
+            width = max(len(_label(r["method"], r["hierarchy"])) for r in runs)
+            print(f"[{time.perf_counter() - start:.0f} s] {done}/{steps} updates", flush=True)
+            for r in runs:   # one short line per method (16 methods on one line ran to ~400 characters)
+                print(f"  {_label(r['method'], r['hierarchy']):<{width}}  {named}"
+                      f"{metric.show(metric.of(*r['evals'][-1][1:]))}", flush=True)
     methods = []
     for run in runs:
         # each update's time as the slowest rank saw it (DDP synchronises every update)
@@ -453,6 +455,7 @@ def plot(report: dict, path: Path) -> Path | None:
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
     axes[0].set_xscale("log")
+    plain_log_ticks(axes[0].xaxis)
     axes[1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     tag = "GENERATED data" if report["generated"] else "real data"
     fig.suptitle(f"time to {metric.name}: {report['task']} ({report['model']}, {tag}), P = {report['P']}, "
