@@ -386,3 +386,11 @@ def test_momentum_correction_at_density_1_trains_as_momentum_sgd():
     for method in ("dense", "dense+mc", "topka+mc"):
         assert torch.allclose(got[method], got["momentum SGD"], rtol=0, atol=1e-10), method
     assert torch.allclose(got["topka+mcm"], got["SGD"], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("task", ["vgg16", "lstm"])
+def test_a_data_dir_without_the_data_set_is_an_error_not_generated_data(tmp_path, task):
+    from sparsecomm.bench.tasks import make_task
+
+    with pytest.raises(ValueError, match="holds no (CIFAR|IMDB) data set"):
+        make_task(task, data_dir=str(tmp_path))

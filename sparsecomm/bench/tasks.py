@@ -473,6 +473,11 @@ def make_task(name: str, data_dir: str | None = None, seed: int = 0, hidden: int
         w = width or (0.125 if name == "vgg16" else 0.5)
         size = 32 if name == "vgg16" else 16  # VGG's five pools need 32 pixels; ResNet-20 pools globally
         found = find_cifar(data_dir)
+        if data_dir and not found:   # generated data only when no data set was named
+            raise ValueError(f"--data-dir {data_dir!r} holds no CIFAR data set: expected CIFAR-10's python batches "
+                             "(data_batch_1 .. data_batch_5, test_batch) or the binary version (data_batch_*.bin, "
+                             "test_batch.bin), from https://www.cs.toronto.edu/~kriz/cifar.html; leave out "
+                             "--data-dir to train on generated CIFAR-shaped data")
         build = lambda: models.build(name, 10, w)  # noqa: E731
         model = f"{'VGG-16' if name == 'vgg16' else 'ResNet-20'} at width {w:g}"
         if found:
@@ -495,6 +500,11 @@ def make_task(name: str, data_dir: str | None = None, seed: int = 0, hidden: int
     if name == "lstm":
         vocab, seq_len = 2000, 32
         build = lambda: models.LSTMClassifier(vocab)  # noqa: E731
+        if data_dir and not has_imdb(data_dir):
+            raise ValueError(f"--data-dir {data_dir!r} holds no IMDB data set: expected the aclImdb layout "
+                             "(train/pos, train/neg, test/pos, test/neg), from "
+                             "https://ai.stanford.edu/~amaas/data/sentiment/; leave out --data-dir to train on "
+                             "generated tokens")
         if has_imdb(data_dir):
             train_x, train_y, test_x, test_y = load_imdb(data_dir, vocab, seq_len)
             data, steps = f"REAL: IMDB (aclImdb layout) from {data_dir}", 1000
