@@ -32,11 +32,13 @@ hook (``DDPHookState(momentum=m, nesterov=...)``, m and nesterov the optimizer's
 is rebuilt without it (``momentum=0``); so does its weight decay, which then joins each rank's
 gradient before the hook (as in DGC, so the decay gathers momentum as it did in the optimizer).
 ``NAME+mcm`` adds momentum factor masking (DGC 3.3: ``momentum_masking=True``). A task that clips
-its gradient (the language model) clips it on each rank before the hook instead, to the task's
-norm over sqrt(P) (DGC's local clipping: ``clip_norm``); ``+clip=X`` sets that norm (also without
-``+mc``). Modifiers compose with a warm-up in any order (``topka@dgc+mc``). ``dense+mc`` trains as
-``dense`` (every coordinate sent each step: a sanity check). Refused for PyTorch's hooks and for a
-task whose optimizer has no momentum (Adam: use ``wikitext2_sgd`` instead of ``wikitext2``).
+its averaged gradient to a norm c (the language model) clips each rank's gradient before the hook
+instead, to c sqrt(P) (DGC's local clipping, ``clip_norm=c P``: the hook clips each rank to
+``clip_norm / sqrt(P)`` of a threshold on the *sum* over ranks, which is P times the average's);
+``+clip=X`` sets c (also without ``+mc``). Modifiers compose with a warm-up in any order
+(``topka@dgc+mc``). ``dense+mc`` trains as ``dense`` (every coordinate sent each step: a sanity
+check). Refused for PyTorch's hooks and for a task whose optimizer has no momentum (Adam: use
+``wikitext2_sgd`` instead of ``wikitext2``).
 
 ``--hierarchy flat node`` (or ``both``) trains every sparsecomm method in each hierarchy given,
 interleaved in the same run: flat, and two-level (``DDPHookState(hierarchy="node")``: dense
@@ -237,8 +239,10 @@ def _build(method: str, task: Task, density: float, schedule_steps: int, topolog
             add_weight_decay(decays)
             local = {"momentum": momentum, "nesterov": nesterov, "momentum_masking": spec.correction == "mcm"}
         local_clip = spec.clip if spec.clip is not None else (task.clip if spec.correction else None)
-        if local_clip is not None:   # each rank clips before the hook, instead of the sum after it
-            local["clip_norm"], clip = local_clip, None
+        if local_clip is not None:   # each rank clips before the hook, instead of the average after it:
+            # clip_norm is a threshold on the sum over ranks (each rank gets clip_norm / sqrt(P)), the
+            # task's on the average -- P times less
+            local["clip_norm"], clip = local_clip * dist.get_world_size(), None
         state = DDPHookState(spec.name, 1.0 if spec.name == "dense" else density, density_schedule=schedule,
                              **placed, **local)
         ddp.register_comm_hook(state, ddp_hook)
