@@ -289,15 +289,13 @@ class NodePlacement(Placement):
         add_s = time.perf_counter() - start
         shard = work_out[lo:hi]
         if hi > lo:
+            local.before_algorithm(acc)
             if nodes.inter is None:     # one node: the node's sum is the result; nothing is held back
-                local.before_algorithm(acc)
                 shard.copy_(acc)
                 acc.zero_()
-                local.after_algorithm(acc)
             else:
-                local.before_algorithm(acc)
                 _reduce(algorithm, acc, k, shard, None)
-                local.after_algorithm(acc)
+            local.after_algorithm(acc)
         if algorithm.last_nnz is None or nodes.inter is None:
             algorithm.last_nnz = int(torch.count_nonzero(shard))
         nodes.allgather_(work_out, n)
