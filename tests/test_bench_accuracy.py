@@ -39,6 +39,9 @@ def test_table_gives_speedup_in_time_to_target_and_marks_misses():
 def test_schedule_presets_are_the_papers_warmups():
     assert bench_accuracy.schedule_preset("gs", 30) == DensitySchedule.per_step([0.25, 0.0725, 0.015], every=10)
     assert bench_accuracy.schedule_preset("dgc", 40) == DensitySchedule.exponential(0.25, 40, stages=4)
+    # Accordion's rule between the density and 10x it, decided every half warm-up, eta 0.5
+    assert bench_accuracy.schedule_preset("acc", 40, 0.01) == DensitySchedule.adaptive(0.01, 0.1, 20, eta=0.5)
+    assert bench_accuracy.schedule_preset("acc", 40, 0.2) == DensitySchedule.adaptive(0.2, 1.0, 20, eta=0.5)
     with pytest.raises(ValueError, match="unknown density schedule 'x'"):
         bench_accuracy.schedule_preset("x", 10)
 

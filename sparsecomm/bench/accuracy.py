@@ -24,7 +24,10 @@ LSTM state from one update to the next, and the held-out text is read as streams
 ``NAME@SCHEDULE`` runs an algorithm with a density warm-up (:class:`sparsecomm.DensitySchedule`)
 over the first ``--schedule-steps`` updates (default a fifth of the budget): ``@gs`` gs-SGD's
 25% -> 7.25% -> 1.5% in three equal stages, ``@dgc`` DGC's exponential decay from 25% in four
-stages; ``--density`` after it.
+stages; ``--density`` after it. ``@acc`` is adaptive density instead (Accordion's rule,
+:meth:`sparsecomm.DensitySchedule.adaptive`): 10x ``--density`` in a critical regime (the first
+interval, and any interval after one whose accumulated gradient's norm changed by 50% or more),
+``--density`` otherwise, decided every ``--schedule-steps / 2`` updates.
 
 ``NAME+mc`` runs an algorithm with momentum correction (Deep Gradient Compression, Lin et al.
 2018, section 3.2; :mod:`sparsecomm.reduce.local_update`): the task's SGD momentum moves into the
@@ -93,16 +96,25 @@ __all__ = ["main", "run_rank", "time_to_target", "schedule_preset", "format_tabl
            "move_momentum"]
 
 #: density warm-ups by name, over ``steps`` updates (``NAME@preset``)
-SCHEDULE_PRESETS = ("gs", "dgc")
+SCHEDULE_PRESETS = ("gs", "dgc", "acc")
+#: ``@acc``: the high density as a multiple of ``--density``, and the relative change of the
+#: accumulated gradient's norm that marks a critical regime (Accordion's eta)
+ACCORDION_HIGH, ACCORDION_ETA = 10.0, 0.5
 
 
-def schedule_preset(name: str, steps: int) -> DensitySchedule:
+def schedule_preset(name: str, steps: int, density: float = 0.01) -> DensitySchedule:
     """``gs``: gs-SGD's 25% -> 7.25% -> 1.5% (section 5's per-epoch list) in three equal
-    stages of ``steps``; ``dgc``: DGC's exponential warm-up from 25% in four stages."""
+    stages of ``steps``; ``dgc``: DGC's exponential warm-up from 25% in four stages; ``acc``:
+    Accordion's adaptive rule (Agarwal et al., MLSys 2021, section 3) between ``density`` and
+    10x it (at most 1), decided every ``steps // 2`` updates (half a warm-up's length: a tenth of
+    the default budget) with eta 0.5."""
     if name == "gs":
         return DensitySchedule.per_step([0.25, 0.0725, 0.015], every=max(1, steps // 3))
     if name == "dgc":
         return DensitySchedule.exponential(0.25, warmup_steps=max(4, steps), stages=4)
+    if name == "acc":
+        return DensitySchedule.adaptive(density, min(1.0, ACCORDION_HIGH * density), interval=max(1, steps // 2),
+                                        eta=ACCORDION_ETA)
     raise ValueError(f"unknown density schedule {name!r}; choose from {', '.join(SCHEDULE_PRESETS)}")
 
 
@@ -231,7 +243,7 @@ def _build(method: str, task: Task, density: float, schedule_steps: int, topolog
         state = baselines.TorchHook(spec.name)
         state.register(ddp)
     else:
-        schedule = schedule_preset(spec.schedule, schedule_steps) if spec.schedule else None
+        schedule = schedule_preset(spec.schedule, schedule_steps, density) if spec.schedule else None
         placed = {} if topology is None else {"hierarchy": "node", "nodes": topology}
         local: dict[str, Any] = {}
         if spec.correction:

@@ -124,7 +124,8 @@ class DDPHookState(HookConfig):
             :class:`~sparsecomm.SparseAllreduce`): with ``momentum=0.9`` each rank accumulates a
             velocity instead of the gradient, and the optimizer must run *without* momentum
             (``torch.optim.SGD(params, lr, momentum=0)``). Not with ``warmup_steps`` (use a
-            ``density_schedule`` for a warm-up). Off by default.
+            ``density_schedule`` for a warm-up). ``clip_norm`` bounds the sum over ranks: in place of
+            ``clip_grad_norm_(params, c)`` on the average, ``clip_norm=c * world_size``. Off by default.
         **options: options of the algorithm, validated here.
     """
 

@@ -160,7 +160,8 @@ class FSDPHookState(HookConfig):
         momentum, nesterov, momentum_masking, clip_norm: momentum correction, momentum factor
             masking and local gradient clipping on each shard (Deep Gradient Compression, sections
             3.2-3.3; :class:`~sparsecomm.SparseAllreduce`): with ``momentum=0.9`` the optimizer must
-            run *without* momentum. Off by default.
+            run *without* momentum. ``clip_norm`` bounds the sum over the ranks that reduce a shard,
+            not their average (:mod:`sparsecomm.reduce.local_update`). Off by default.
         **options: options of the algorithm, validated here.
     """
 

@@ -23,7 +23,9 @@ rounding kept back). At density 1 masking clears every velocity: plain SGD.
 Local gradient clipping (DGC 3.3): before the gradient joins the velocity (or the residual),
 each rank scales it to an L2 norm of at most ``clip_norm / sqrt(P)`` (P ranks: the rank's share
 of a global threshold ``clip_norm``, as DGC scales it), per tensor the reducer is given (a DDP
-bucket, an FSDP module's shard).
+bucket, an FSDP module's shard). The threshold is on the *sum* over ranks, which is P times the
+average DDP gives the optimizer: to replace ``torch.nn.utils.clip_grad_norm_(params, c)`` on the
+averaged gradient, pass ``clip_norm = c * P`` (each rank then clips to ``c * sqrt(P)``).
 
 Where the velocity lives: beside the residual -- the whole tensor when flat, this rank's shard
 in two levels (after the node's dense reduce-scatter, the velocity of the node's summed shard:
