@@ -120,10 +120,12 @@ def launch_on_emulated_network(cmd: list[str], args: argparse.Namespace) -> None
     sys.exit(launch(cmd, args.nproc, args.bandwidth))
 
 
-def start(script: str, argv: list[str] | None, args: argparse.Namespace, spawned: Callable) -> list | None:
-    """Run ``spawned(rank, world, args)`` on every rank: under a launcher, through one, or spawned."""
+def start(script: str, argv: list[str] | None, args: argparse.Namespace, spawned: Callable,
+          check: Callable[[str], None] = check_algorithm) -> list | None:
+    """Run ``spawned(rank, world, args)`` on every rank: under a launcher, through one, or spawned;
+    ``check`` refuses a bad ``--algorithm(s)`` name before any rank starts."""
     for name in getattr(args, "algorithms", None) or [args.algorithm]:
-        check_algorithm(name)
+        check(name)
     if launched():
         dist.init_process_group("gloo")
         try:

@@ -1,27 +1,31 @@
-"""The README's demo: time to accuracy of every algorithm against dense DDP, 4 ranks, emulated 1 Gbit/s.
+"""The README's demo: time to accuracy of every algorithm against dense DDP on real data, 4 ranks, emulated 1 Gbit/s.
 
-    python examples/ddp_demo.py                           # 4 ranks, 1 Gbit/s links, every method (~5 min)
+    python examples/ddp_demo.py                           # 4 ranks, 1 Gbit/s links, every method (~8 min)
     python examples/ddp_demo.py --bandwidth 50mbit        # links scaled down 20x: a GPU-like ratio
     python examples/ddp_demo.py --bandwidth none          # plain loopback
     python examples/ddp_demo.py --nproc 2 --algorithms dense topka spardl --steps 40
+    python examples/ddp_demo.py --recipe plain            # error feedback alone, the optimizer's momentum
     python -m sparsecomm.launch --nproc 4 --bandwidth 1gbit -- python examples/ddp_demo.py
 
-Model: the MLP of SparCML's MNIST experiment at hidden width 2048 (784-2048-2048-10, 5.8 M
-parameters, a 23 MB float32 gradient per step; ``--hidden 4096`` is the paper's 20 M), so
-that communication matters. Data: GENERATED, not downloaded -- 784-input (MNIST-shaped),
-10-class samples, each a fixed random class prototype scaled by 0.2 plus unit noise; every
-rank trains on its own shard, accuracy is measured on held-out samples.
+Model and data (REAL): an MLP 64-2048-2048-10 (4.3 M parameters, a 17 MB float32 gradient per
+step, so that communication matters; the width of SparCML's MNIST MLP) on scikit-learn's digits
+(1,797 handwritten 8x8 images; 360 held out, the rest split among the ranks), SGD with momentum
+0.9, batch 32 per rank. This is ``python -m sparsecomm.bench accuracy --task digits --hidden 2048``.
 
 Methods (``--algorithms``, default ``all``): ``dense`` (the backend's own allreduce, through
 the hook), every registered sparsecomm algorithm at ``--density`` (1%), and PyTorch's
 ``fp16_compress_hook`` and ``powerSGD_hook`` (rank 4) as ``torch_fp16`` / ``torch_powersgd``.
-This is ``python -m sparsecomm.bench accuracy --task mlp`` (sparsecomm/bench/accuracy.py):
-every method trains from the same initial weights and data order for ``--steps`` (80) updates,
-interleaved (turns of 4 updates, then an evaluation), and the table gives the training wall
-time until the test accuracy first reaches the target (99% of dense's best in the same run),
-the speedup over dense in that time, the final accuracy and the bytes each rank sends per
-update; ``--out`` gets ``demo.json`` and ``demo.png`` (accuracy against wall time and against
-updates).
+Each sparsecomm algorithm runs with the recipe the convergence study on real data recommends
+(docs/convergence.md; ``--recipe``): ``dgc+mc`` (default) is momentum correction (Deep Gradient
+Compression section 3.2: ``DDPHookState(momentum=0.9)``, the optimizer without momentum) with
+DGC's density warm-up over the first fifth of the updates (``DensitySchedule.dgc``); ``mc``
+momentum correction alone; ``plain`` error feedback with the optimizer's momentum. Rows are
+labelled as ``bench accuracy`` names them (``topka@dgc+mc``). Every method trains from the same
+initial weights and data order for ``--steps`` (80) updates, interleaved (turns of 4 updates,
+then an evaluation), and the table gives the training wall time until the test accuracy first
+reaches the target (99% of dense's best in the same run), the speedup over dense in that time,
+the final accuracy and the bytes each rank sends per update; ``--out`` gets ``demo.json`` and
+``demo.png`` (accuracy against wall time and against updates).
 
 Compute-to-communication ratio: before the runs every rank times its forward + backward +
 step alone (no communication, all ranks at once, as in the runs). The demo prints that, the
@@ -54,20 +58,24 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 from models import MLP  # noqa: E402
 from sparsecomm.bench import accuracy as bench_accuracy  # noqa: E402
-from sparsecomm.bench.tasks import prototype_data  # noqa: E402
+from sparsecomm.bench import baselines  # noqa: E402
+from sparsecomm.bench.tasks import load_digits_split  # noqa: E402
 from sparsecomm.launch import describe_link  # noqa: E402
 
-INPUTS, CLASSES = 784, 10
-# the mlp task's batch per rank and SGD step size (sparsecomm.bench.tasks): the runs train with
+INPUTS, CLASSES = 64, 10
+# the digits task's batch per rank and SGD step size (sparsecomm.bench.tasks): the runs train with
 # these, so the compute-only timing uses them too (the demo takes no --batch or --lr to ignore)
 BATCH, LR = 32, 0.05
+# what each sparsecomm algorithm's name gets under --recipe (bench accuracy's method modifiers)
+RECIPES = {"dgc+mc": "@dgc+mc", "mc": "+mc", "plain": ""}
 
 
-def make_data(stream: int, samples: int, seed: int = 0, separation: float = 0.2
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``samples`` generated inputs of data stream ``stream`` and their labels (the task's data,
-    :func:`sparsecomm.bench.tasks.prototype_data`)."""
-    return prototype_data(samples, stream, INPUTS, CLASSES, separation, seed)
+def with_recipe(methods: list[str], recipe: str) -> list[str]:
+    """``methods`` with ``recipe``'s modifiers on every sparsecomm algorithm (not on dense, the
+    reference, nor on PyTorch's hooks, which take none), unless a name already has modifiers."""
+    suffix = RECIPES[recipe]
+    return [m if (m == "dense" or baselines.is_baseline(m) or not suffix or "@" in m or "+" in m) else m + suffix
+            for m in methods]
 
 
 def compute_only_step_s(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, steps: int = 6) -> float:
@@ -96,9 +104,10 @@ def compute_only_step_s(args: argparse.Namespace, x: torch.Tensor, y: torch.Tens
 
 def run_rank(rank: int, world: int, args: argparse.Namespace) -> dict | None:
     torch.set_num_threads(max(1, args.threads))
-    x, y = make_data(rank, BATCH * 6)
+    x, y = load_digits_split(args.seed)[:2]
+    x, y = x[rank * BATCH * 6:(rank + 1) * BATCH * 6], y[rank * BATCH * 6:(rank + 1) * BATCH * 6]
     compute_s = compute_only_step_s(args, x, y)
-    cfg = {"task": "mlp", "methods": args.algorithms, "density": args.density, "steps": args.steps,
+    cfg = {"task": "digits", "methods": args.algorithms, "density": args.density, "steps": args.steps,
            "eval_every": args.eval_every, "target": args.target, "target_fraction": 0.99, "stop_at_target": False,
            "hidden": args.hidden, "seed": args.seed, "threads": args.threads, "quiet": args.no_progress}
     report = bench_accuracy.run_rank(rank, world, cfg)
@@ -138,8 +147,8 @@ def _report(report: dict, compute_s: float, world: int, args: argparse.Namespace
         print(f"note: the runs used batch {report['batch']}, the compute-only timing batch {BATCH}")
     print(f"\nsparsecomm demo: {world} ranks on {report['where']}; MLP {INPUTS}-{args.hidden}-{args.hidden}-{CLASSES} "
           f"({report['params'] / 1e6:.1f} M parameters, {4 * report['params'] / 1e6:.0f} MB gradient), "
-          f"{report['steps']} updates of batch {report['batch']} per rank, density {args.density:g}; "
-          "GENERATED data (noisy class prototypes, MNIST-shaped)")
+          f"{report['steps']} updates of batch {report['batch']} per rank, density {args.density:g}, "
+          f"recipe {args.recipe}; REAL data: scikit-learn's digits")
     bench_accuracy.print_report(report)
     dense = next((m for m in report["methods"] if m["method"] == "dense"), None)
     ratio = None
@@ -173,22 +182,25 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"'all' (dense, every algorithm, the PyTorch hooks) or names from: "
                              f"{', '.join(_common.algorithm_names())}")
     parser.add_argument("--hidden", type=int, default=2048, help="width of the two hidden layers")
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default="dgc+mc",
+                        help="what every sparsecomm algorithm runs with: dgc+mc (momentum correction and DGC's "
+                             "warm-up, the convergence study's recommendation), mc (momentum correction alone), "
+                             "plain (error feedback, the optimizer's momentum)")
     parser.add_argument("--eval-every", type=int, default=4, help="updates between evaluations")
     parser.add_argument("--target", type=float, default=None,
                         help="absolute target test accuracy (default: 99%% of dense's best in the same run)")
     parser.add_argument("--out", default="demo_results", help="folder for demo.json and demo.png")
     args = parser.parse_args(argv)
-    args.algorithms = bench_accuracy.expand_methods(args.algorithms)
-    for name in args.algorithms:
-        try:
-            _common.check_algorithm(name)
-        except ValueError as exc:
-            parser.error(str(exc))
+    args.algorithms = with_recipe(bench_accuracy.expand_methods(args.algorithms), args.recipe)
+    try:
+        bench_accuracy.check_methods(args.algorithms)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.steps is None or args.steps < 4:
         parser.error("--steps must be >= 4")
     if args.target is None and "dense" not in args.algorithms:
         parser.error("without --target, dense must be among --algorithms (the target is 99% of its accuracy)")
-    _common.start(__file__, argv, args, _spawned)
+    _common.start(__file__, argv, args, _spawned, check=lambda name: bench_accuracy.check_methods([name]))
 
 
 if __name__ == "__main__":

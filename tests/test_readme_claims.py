@@ -544,8 +544,9 @@ def test_nothing_a_peer_sends_is_unpickled():
 
 # -- the measured time-to-accuracy tables are the committed runs' ----------------------------
 #: time-to-accuracy table in README.md or docs/results.md -> the JSON written by the run it shows (examples/ddp_demo.py --out ...)
-TIME_TO_ACCURACY_RUNS = ["docs/results/demo.json", "docs/results/demo_50mbit.json", "docs/results/demo_P6.json",
-                         "docs/results/demo_gssgd.json"]
+TIME_TO_ACCURACY_RUNS = ["docs/results/demo.json", "docs/results/demo_recipe_plain.json",
+                         "docs/results/demo_recipe_mc.json", "docs/results/demo_mlp_generated.json",
+                         "docs/results/demo_50mbit.json", "docs/results/demo_P6.json", "docs/results/demo_gssgd.json"]
 
 
 @pytest.mark.parametrize("path", TIME_TO_ACCURACY_RUNS)
