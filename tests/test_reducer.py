@@ -324,3 +324,30 @@ def test_a_bad_argument_on_one_rank_leaves_its_comm_usable():
             reducer(torch.ones(4, dtype=torch.int64))
         return reducer(torch.tensor([1.0, -4.0, 3.0, 0.5]))
     assert simulate(1, fn).results[0].tolist() == [0.0, -4.0, 3.0, 0.0]
+
+
+def test_importing_sparsecomm_leaves_dynamo_unimported():
+    """torch._dynamo costs 2-3 s of CPU to import; every rank of a launch imports sparsecomm, so
+    sparsecomm must not pull it in where nothing compiles."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch, torch.distributed, sparsecomm, sparsecomm.hooks, sparsecomm.integrations; "
+            "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo'))[:3])")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]", proc.stdout
+
+
+def test_a_call_inside_torch_compile_runs_eagerly_with_the_same_result():
+    """Under torch.compile the reducer's call is a graph break (its communication cannot be
+    traced): a compiled function around it gives the eager result, call after call, residual
+    included."""
+    torch.manual_seed(0)
+    eager = sc.SparseAllreduce("topka", 0.25, comm=simulate(1, lambda c: c).results[0])
+    inside = sc.SparseAllreduce("topka", 0.25, comm=simulate(1, lambda c: c).results[0])
+    compiled = torch.compile(lambda g: inside(g) * 2 + 1, backend="eager")
+    for step in range(3):
+        g = torch.randn(64, generator=torch.Generator().manual_seed(step))
+        assert torch.equal(compiled(g), eager(g) * 2 + 1), step
+    assert inside.last_stats["k"] == 16

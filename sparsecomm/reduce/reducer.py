@@ -52,7 +52,9 @@ rank calls it, between the same calls.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
+import sys
 import time
 import zlib
 from typing import Any
@@ -90,6 +92,26 @@ def _fresh_result(grad: torch.Tensor) -> torch.Tensor:
         ops.advise_huge(result.data_ptr(), nbytes)
     return result
 
+
+
+def _eager_under_compile(fn):
+    """``fn`` run eagerly under torch.compile (``torch.compiler.disable``), without importing
+    dynamo where nothing compiles: ``torch.compiler.disable`` imports ``torch._dynamo`` (2-3 s of
+    CPU) in every process that imports sparsecomm, every rank of a launch included. Nothing can
+    be compiling while ``torch._dynamo`` is not imported, so the plain function runs then; once
+    it is, the call goes through the disabled wrapper, built once."""
+    disabled = None
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        nonlocal disabled
+        if "torch._dynamo" not in sys.modules:
+            return fn(*args, **kwargs)
+        if disabled is None:
+            disabled = torch.compiler.disable(fn)
+        return disabled(*args, **kwargs)
+
+    return call
 
 class SparseAllreduce:
     """Sparse allreduce of one tensor with error feedback.
@@ -373,7 +395,7 @@ class SparseAllreduce:
     # wire headers are numpy structs, none of which dynamo can trace. The ops it calls
     # are custom ops with fake kernels, so the same local compute traces in a user's
     # own compiled code (tests/test_op_contracts.py).
-    @torch.compiler.disable
+    @_eager_under_compile
     def __call__(self, grad: torch.Tensor, out: torch.Tensor | None = None, *, step: int | None = None) -> torch.Tensor:
         """Reduce ``grad``; ``step`` picks the density schedule's step (default: calls so far)."""
         if self._closed:
