@@ -507,6 +507,9 @@ def _no_unpickle_rank(rank, world_size):
 
     from sparsecomm.comm import TorchComm
 
+    # DDP's constructor imports torch._dynamo, whose modules subclass pickle.Unpickler: loaded
+    # after the traps replace that class, they would fail to define their subclasses
+    import torch._dynamo  # noqa: F401
     calls = _arm_unpickling_traps()
     comm = TorchComm()
     sums = {}
