@@ -105,7 +105,8 @@ def compute_only_step_s(args: argparse.Namespace, x: torch.Tensor, y: torch.Tens
 def run_rank(rank: int, world: int, args: argparse.Namespace) -> dict | None:
     torch.set_num_threads(max(1, args.threads))
     x, y = load_digits_split(args.seed)[:2]
-    x, y = x[rank * BATCH * 6:(rank + 1) * BATCH * 6], y[rank * BATCH * 6:(rank + 1) * BATCH * 6]
+    mine = slice(rank * BATCH * 6, (rank + 1) * BATCH * 6)   # six batches of this rank's own images
+    x, y = x[mine], y[mine]
     compute_s = compute_only_step_s(args, x, y)
     cfg = {"task": "digits", "methods": args.algorithms, "density": args.density, "steps": args.steps,
            "eval_every": args.eval_every, "target": args.target, "target_fraction": 0.99, "stop_at_target": False,

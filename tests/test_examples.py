@@ -24,28 +24,27 @@ _ROW = re.compile(r"^(?:\[rank 0\] )?\| ([\w ()@+]+?) \| ([\d.]+|not reached) \|
 
 # the rows each --algorithms list gives: under the default recipe (dgc+mc) every sparsecomm
 # algorithm with momentum correction and DGC's warm-up, dense and PyTorch's hooks as named
-@pytest.mark.parametrize("algorithms,recipe,rows", [
+@pytest.mark.parametrize("algorithms,recipe,labels", [
     (["dense", "topka", "spardl"], [], ["dense", "topka@dgc+mc", "spardl@dgc+mc"]),
     (["dense", "gtopk", "torch_fp16", "torch_powersgd"], ["--recipe", "plain"],
      ["dense", "gtopk", "torch_fp16", "torch_powersgd"]),
     (["dense", "zen", "topka@gs"], ["--recipe", "mc"], ["dense", "zen+mc", "topka@gs"]),
 ])
-def test_ddp_demo_prints_a_row_per_algorithm_and_writes_json_and_plot(algorithms, recipe, rows, tmp_path):
+def test_ddp_demo_prints_a_row_per_algorithm_and_writes_json_and_plot(algorithms, recipe, labels, tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "ddp_demo.py"), "--nproc", "2",
                            "--steps", "8", "--hidden", "64", "--bandwidth", "none", *recipe,
                            "--algorithms", *algorithms, "--out", str(tmp_path), "--no-progress"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    printed = rows
     rows = {m.group(1).split(" ")[0]: m for m in _ROW.finditer(proc.stdout)}
-    assert sorted(rows) == sorted(printed), proc.stdout
-    for name in printed[1:]:
+    assert sorted(rows) == sorted(labels), proc.stdout
+    for name in labels[1:]:
         if "@" not in name:  # a warm-up sends up to 25% in its first updates: the median may be dense's
             assert float(rows["dense"].group(7)) > float(rows[name].group(7)), f"{name} should send fewer bytes"
     assert "REAL data: scikit-learn's digits" in proc.stdout
     assert re.search(r"communication = [\d.]+x compute", proc.stdout), proc.stdout
     result = json.loads((tmp_path / "demo.json").read_text())
-    assert [m["method"] for m in result["methods"]] == printed
+    assert [m["method"] for m in result["methods"]] == labels
     assert result["task"] == "digits" and result["compute_s"] > 0 and result["P"] == 2
     by = {m["method"]: m for m in result["methods"]}
     # dense reaches 99% of its own best accuracy by definition of the target

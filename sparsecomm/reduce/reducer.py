@@ -93,7 +93,6 @@ def _fresh_result(grad: torch.Tensor) -> torch.Tensor:
     return result
 
 
-
 def _eager_under_compile(fn):
     """``fn`` run eagerly under torch.compile (``torch.compiler.disable``), without importing
     dynamo where nothing compiles: ``torch.compiler.disable`` imports ``torch._dynamo`` (2-3 s of
@@ -112,6 +111,7 @@ def _eager_under_compile(fn):
         return disabled(*args, **kwargs)
 
     return call
+
 
 class SparseAllreduce:
     """Sparse allreduce of one tensor with error feedback.
