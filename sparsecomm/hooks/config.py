@@ -19,6 +19,7 @@ from ..comm.topology import NodeComms
 from ..reduce import SparseAllreduce, as_schedule, check_density, check_nonfinite
 from ..reduce.checkpoint import check_owner, check_version, unpack_rank_part
 from ..reduce.local_update import LocalUpdate, momentum_twice
+from ..reduce.residual_store import check_residual_dtype
 
 __all__ = ["HookConfig", "reduce_average", "group_size"]
 
@@ -62,11 +63,13 @@ class HookConfig:
     process_group: Any = None
 
     def _configure(self, algorithm: str, density: float, nonfinite: str, density_schedule: Any,
-                   options: dict[str, Any], comm: Comm | None, local_update: LocalUpdate = LocalUpdate()) -> None:
+                   options: dict[str, Any], comm: Comm | None, local_update: LocalUpdate = LocalUpdate(),
+                   residual_dtype: Any = None) -> None:
         """Check and keep the algorithm, density, policy, schedule and options (the options
         now, by a comm-less instance: checks only; those that depend on the number of ranks
         later, by :meth:`_options_checked`'s ``check_size``), the local update (momentum
-        correction, clipping: :mod:`sparsecomm.reduce.local_update`) and the Comm given, if any."""
+        correction, clipping: :mod:`sparsecomm.reduce.local_update`), the residual's form between
+        calls (:mod:`sparsecomm.reduce.residual_store`) and the Comm given, if any."""
         check_density(density)
         check_nonfinite(nonfinite)
         schedule = as_schedule(density_schedule)
@@ -77,6 +80,8 @@ class HookConfig:
         self.nonfinite = nonfinite
         self.density_schedule = schedule
         self.local_update = local_update
+        #: the residual's form between calls: None (float32), "bfloat16" or "int8"
+        self.residual_dtype = check_residual_dtype(residual_dtype)
         self._comm = comm
         self._owns_comm = comm is None  # a Comm this state builds is closed by close()
         self._nodes: NodeComms | None = None
@@ -94,7 +99,7 @@ class HookConfig:
         continuing from the loaded save (its first handshake compares the fingerprint)."""
         reducer = SparseAllreduce(self.algorithm, self.density, comm=comm, nonfinite=self.nonfinite,
                                   density_schedule=self.density_schedule, **placement,
-                                  **self.local_update.to_state(), **self.options)
+                                  residual_dtype=self.residual_dtype, **self.local_update.to_state(), **self.options)
         reducer.set_checkpoint_fingerprint(self._checkpoint_id)
         return reducer
 
@@ -107,7 +112,10 @@ class HookConfig:
     def _local_update_state(self) -> dict[str, Any]:
         """The local update's entry of a state_dict: none when it is off (such a state keeps the
         keys and fingerprint it always had)."""
-        return {"local_update": self.local_update.to_state()} if self.local_update.active else {}
+        state = {"local_update": self.local_update.to_state()} if self.local_update.active else {}
+        if self.residual_dtype is not None:   # float32 keeps the keys and fingerprint it always had
+            state["residual_dtype"] = self.residual_dtype
+        return state
 
     def _rank_and_size(self) -> tuple[int | None, int | None]:
         """This state's rank and world size: its world Comm's, else the process group's, else unknown."""
@@ -138,6 +146,10 @@ class HookConfig:
             raise ValueError(f"state_dict has local update {saved_update.options() or 'none'}, this {self.KIND} has "
                              f"{self.local_update.options() or 'none'} (momentum, nesterov, momentum_masking, "
                              "clip_norm): build the state with the checkpoint's configuration")
+        if state.get("residual_dtype") != self.residual_dtype:
+            raise ValueError(f"state_dict has residual_dtype={state.get('residual_dtype') or 'float32'!r}, this "
+                             f"{self.KIND} has {self.residual_dtype or 'float32'!r}: build the state with the "
+                             "checkpoint's residual_dtype")
         saved_schedule = as_schedule(state["density_schedule"])
         if saved_schedule != self.density_schedule:
             raise ValueError(f"state_dict has density_schedule={saved_schedule!r}, this {self.KIND} has "

@@ -126,6 +126,10 @@ class DDPHookState(HookConfig):
             (``torch.optim.SGD(params, lr, momentum=0)``). Not with ``warmup_steps`` (use a
             ``density_schedule`` for a warm-up). ``clip_norm`` bounds the sum over ranks: in place of
             ``clip_grad_norm_(params, c)`` on the average, ``clip_norm=c * world_size``. Off by default.
+        residual_dtype: the residuals' form between steps: None (float32, 4 bytes per parameter),
+            ``torch.bfloat16`` (2) or ``"int8"`` (1 + 1/64: 8 bits with a power-of-two scale per block
+            of 64), widened for each call; what the narrowing rounds away is reported per bucket as
+            ``last_stats[j]["residual_rounding"]`` (:mod:`sparsecomm.reduce.residual_store`).
         **options: options of the algorithm, validated here.
     """
 
@@ -140,7 +144,8 @@ class DDPHookState(HookConfig):
                  comm: Comm | None = None, async_comm: bool = True, nonfinite: str = "propagate",
                  density_schedule: DensitySchedule | None = None, hierarchy: str = "flat",
                  nodes: Topology | None = None, momentum: float = 0.0, nesterov: bool = False,
-                 momentum_masking: bool = False, clip_norm: float | None = None, **options: Any):
+                 momentum_masking: bool = False, clip_norm: float | None = None, residual_dtype: Any = None,
+                 **options: Any):
         check_hierarchy(hierarchy, nodes)
         local_update = LocalUpdate(momentum, nesterov, momentum_masking, clip_norm)
         if isinstance(nodes, NodeComms):
@@ -163,7 +168,7 @@ class DDPHookState(HookConfig):
             raise ValueError(f"async_comm must be True or False, got {async_comm!r}")
         # validates the options now, not at the first bucket; those that depend on the number
         # of ranks (spardl's teams) too when it is known already, else in `comm` below
-        self._configure(algorithm, density, nonfinite, density_schedule, options, comm, local_update)
+        self._configure(algorithm, density, nonfinite, density_schedule, options, comm, local_update, residual_dtype)
         size = comm.size if comm is not None else group_size(process_group)
         if self.hierarchy == "node":   # two levels: the algorithm runs among one rank per node
             size = self.topology.nodes
@@ -545,7 +550,8 @@ class DDPHookState(HookConfig):
         self.__init__(state["algorithm"], state["density"], process_group=None,
                       warmup_steps=state["warmup_steps"], async_comm=state["async_comm"],
                       nonfinite=state["nonfinite"], density_schedule=state["density_schedule"],
-                      hierarchy=hierarchy, nodes=nodes, **state.get("local_update", {}), **state["options"])
+                      hierarchy=hierarchy, nodes=nodes, residual_dtype=state.get("residual_dtype"),
+                      **state.get("local_update", {}), **state["options"])
         self.load_state_dict(state)
 
     def close(self) -> None:

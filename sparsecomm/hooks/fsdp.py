@@ -162,6 +162,8 @@ class FSDPHookState(HookConfig):
             3.2-3.3; :class:`~sparsecomm.SparseAllreduce`): with ``momentum=0.9`` the optimizer must
             run *without* momentum. ``clip_norm`` bounds the sum over the ranks that reduce a shard,
             not their average (:mod:`sparsecomm.reduce.local_update`). Off by default.
+        residual_dtype: each shard's residual between steps: None (float32), ``torch.bfloat16`` or
+            ``"int8"`` (:class:`~sparsecomm.DDPHookState`, :mod:`sparsecomm.reduce.residual_store`).
         **options: options of the algorithm, validated here.
     """
 
@@ -173,11 +175,12 @@ class FSDPHookState(HookConfig):
     def __init__(self, algorithm: str, density: float, nodes: Topology | NodeComms | None = None,
                  nonfinite: str = "propagate", comm: Comm | None = None,
                  density_schedule: DensitySchedule | None = None, momentum: float = 0.0, nesterov: bool = False,
-                 momentum_masking: bool = False, clip_norm: float | None = None, **options: Any):
+                 momentum_masking: bool = False, clip_norm: float | None = None, residual_dtype: Any = None,
+                 **options: Any):
         local_update = LocalUpdate(momentum, nesterov, momentum_masking, clip_norm)
         if nodes is not None and not isinstance(nodes, (Topology, NodeComms)):
             raise ValueError(f"nodes must be a sparsecomm.Topology or NodeComms, got {type(nodes).__name__}")
-        self._configure(algorithm, density, nonfinite, density_schedule, options, comm, local_update)
+        self._configure(algorithm, density, nonfinite, density_schedule, options, comm, local_update, residual_dtype)
         self.topology = nodes
         self._owns_nodes = not isinstance(nodes, NodeComms)
         self._scope = None                       # the world Comm's scope of the hook's agreements

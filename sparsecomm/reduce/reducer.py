@@ -71,6 +71,7 @@ from .checkpoint import CHECKPOINT_VERSION, check_owner, check_version, fingerpr
 from .density import AdaptiveDensity, DensitySchedule, as_schedule, check_density, check_step, k_for
 from .local_update import LocalUpdate, LocalUpdateState
 from .nonfinite import NONFINITE_POLICIES, check_nonfinite, nonfinite_error, nonfinite_flag
+from .residual_store import ResidualStore, check_residual_dtype
 from .placement import AutoPlacement, check_hierarchy, make_placement, shard_ks
 
 __all__ = ["SparseAllreduce", "k_for", "check_nonfinite", "nonfinite_error", "NONFINITE_POLICIES"]
@@ -148,6 +149,12 @@ class SparseAllreduce:
             velocity is cleared where the call sent (DGC 3.3).
         clip_norm: local gradient clipping (DGC 3.3): each rank scales its gradient to an L2 norm
             of at most ``clip_norm / sqrt(P)`` before it joins the velocity or residual. None: off.
+        residual_dtype: the residual's form between calls (:mod:`sparsecomm.reduce.residual_store`):
+            None (the working dtype, float32 for float32 and half gradients), ``torch.bfloat16``
+            (2 bytes per element) or ``"int8"`` (1 + 1/64: 8 bits, a power-of-two scale per block
+            of 64). Widened into a float32 buffer for each call and narrowed after it; what the
+            narrowing rounds away is ``last_stats["residual_rounding"]`` (L1, relative), the memory
+            kept ``last_stats["residual_bytes"]``. Part of the handshake.
         **options: the algorithm's own options (validated by it).
 
     ``reducer(grad, out=buf)`` writes the result into ``buf`` (same shape, ``grad``'s dtype or
@@ -162,8 +169,11 @@ class SparseAllreduce:
     def __init__(self, algorithm: str, density: float, comm: Comm | None = None, nonfinite: str = "propagate",
                  density_schedule: DensitySchedule | None = None, hierarchy: str = "flat",
                  nodes: "Topology | NodeComms | None" = None, momentum: float = 0.0, nesterov: bool = False,
-                 momentum_masking: bool = False, clip_norm: float | None = None, **options: Any):
+                 momentum_masking: bool = False, clip_norm: float | None = None,
+                 residual_dtype: "torch.dtype | str | None" = None, **options: Any):
         local_update = LocalUpdate(momentum, nesterov, momentum_masking, clip_norm)
+        #: the residual's form between calls (None: the working dtype; :mod:`.residual_store`)
+        self.residual_form = check_residual_dtype(residual_dtype)
         check_density(density)
         check_nonfinite(nonfinite)
         check_hierarchy(hierarchy, nodes)
@@ -200,6 +210,8 @@ class SparseAllreduce:
         self._scope = comm.new_scope(label)
         self._level_scopes = [(c, c.new_scope(f"{label}, {level}")) for c, level in self.placement.levels()]
         self._residual: torch.Tensor | None = None
+        #: a narrow residual_dtype: the residual between calls (then _residual stays None)
+        self._store: ResidualStore | None = None
         self._pending_residual: torch.Tensor | None = None
         #: two-level: a loaded residual's values outside this rank's shard (the shard moved: another
         #: bucket layout), added to the next gradient so the node's reduce-scatter takes them to
@@ -235,16 +247,16 @@ class SparseAllreduce:
     def residual(self) -> torch.Tensor | None:
         """What this rank carries to the next call (shape of the last gradient; float32 for
         half gradients), or None before the first call."""
-        if self._residual is None:
+        if self._agreed is None:
             return self._pending_residual
-        return self._whole(self._residual, self._carry)
+        return self._whole(self._residual if self._store is None else self._store.values(self._agreed[1]), self._carry)
 
     @property
     def velocity(self) -> torch.Tensor | None:
         """Momentum correction's velocity (shape of the last gradient, working dtype; two-level:
         this rank's shard in place, zeros elsewhere), or None without momentum or before the
         first call."""
-        if self._residual is None:
+        if self._agreed is None:
             return self._pending_velocity
         velocity = None if self._local is None else self._local.velocity
         return None if velocity is None else self._whole(velocity, self._local.carry)
@@ -317,6 +329,7 @@ class SparseAllreduce:
         self._resets += 1
         self._adaptive = self._new_adaptive()
         self._residual = None
+        self._store = None
         self._pending_residual = None
         self._pending_velocity = None
         self._carry = None
@@ -542,6 +555,8 @@ class SparseAllreduce:
                 scale = local.clip_scale(flat, self.comm.size)
             add_s = self.placement.run(self.algorithm, flat, acc, shard_k, work_out, self._carry, local, scale)
             self._carry = None
+            if self._store is not None:
+                rounding = self._store.narrow_from(acc)
         density = self.density_at(step)
         if self._adaptive is not None and not nonfinite:   # the reduced sum: the same on every rank
             self._adaptive.update(step, work_out)
@@ -571,6 +586,11 @@ class SparseAllreduce:
             self.last_stats.update(density=density, critical=self._adaptive.critical)
         if self._local is not None and self.local_update.clip_norm is not None:
             self.last_stats["clip_scale"] = 1.0 if nonfinite else scale
+        # the memory this reducer keeps between calls, per element of its part
+        self.last_stats["residual_bytes"] = (self._store.nbytes if self._store is not None
+                                             else self._residual.numel() * self._residual.element_size())
+        if self._store is not None:
+            self.last_stats["residual_rounding"] = 0.0 if nonfinite else rounding
         self.last_stats.update(self.placement.stats(levels, self.last_stats, k, hi - lo))
         extra = getattr(self.algorithm, "stats_extra", None)
         if extra is not None:   # e.g. auto: its choice, predicted and measured time
@@ -663,8 +683,16 @@ class SparseAllreduce:
                         else velocity.clone()
                     carried[lo:hi] = 0
                     self._local.carry = carried
+            if self.residual_form is not None:   # kept narrow from now on; exact for a loaded one
+                self._store = ResidualStore(self.residual_form, part, grad.device)
+                self._store.narrow_from(self._residual, measure=False)
+                self._residual = None
         elif prepare is not None:   # agreed earlier: a new k only (no communication for the same n)
             prepare(part, part_k, work_dtype)
+        if self._store is not None:   # this call's working residual, widened
+            acc = torch.empty(part, dtype=work_dtype, device=grad.device)
+            self._store.widen_into(acc)
+            return acc
         return self._residual
 
     def _handshake(self, n: int, dtype: torch.dtype, k: int, step: int) -> None:
@@ -714,6 +742,8 @@ class SparseAllreduce:
         merged = {**self.algorithm.options, "nonfinite": self.nonfinite, **self.local_update.options()}
         if self.nodes is not None or self.hierarchy == "auto":  # flat leaves the text as it was
             merged["hierarchy"] = self.placement.text()
+        if self.residual_form is not None:   # float32 leaves the text as it was
+            merged["residual_dtype"] = self.residual_form
         if self.density_schedule is not None:  # a schedule is a value: its canonical text is compared
             merged["density_schedule"] = self.density_schedule.spec_text()
         return ", ".join(f"{key}={merged[key]!r}" for key in sorted(merged))
