@@ -16,11 +16,13 @@ from . import tune  # registers auto, which picks among the algorithms per tenso
 from . import hooks, reduce
 from .hooks import DDPHookState, FSDPHookState, ddp_hook, register
 from .hooks import fsdp
+from .hooks import Policy, Rule, Treatment
 from .reduce import DensitySchedule, SparseAllreduce, k_for
 from .comm.topology import NodeComms, Topology
 
 from ._version import __version__
 
 __all__ = ["algorithms", "comm", "formats", "ops", "SparseAllreduce", "k_for", "DDPHookState", "ddp_hook", "register", "FSDPHookState", "fsdp",
+           "Policy", "Rule", "Treatment",
            "DensitySchedule", "Topology", "NodeComms", "__version__"]
 

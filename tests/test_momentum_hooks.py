@@ -31,15 +31,18 @@ def _batch(rank, step):
 
 def _train(rank, world_size, mode, hierarchy, steps=STEPS, save=None, load=None, start=0):
     """``mode``: "dense" (DDP's allreduce, SGD with momentum), "hook" (the hook's momentum, SGD
-    without), "masked" (the hook with masking), "plain" (DDP's allreduce, SGD without momentum)."""
+    without), "masked" (the hook with masking), "plain" (DDP's allreduce, SGD without momentum),
+    "policy" (the hook's momentum with the biases dense by a policy: their velocity too)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     model = DDP(_model(), bucket_cap_mb=0.001)
     state = None
-    if mode in ("hook", "masked"):
+    if mode in ("hook", "masked", "policy"):
         nodes = sc.Topology(2, world_size // 2) if hierarchy == "node" else None
+        policy = sc.Policy(dense_1d=True, dense_below=0) if mode == "policy" else None
         state = sc.DDPHookState("topka", 1.0 if save is None and load is None else 0.1, hierarchy=hierarchy,
-                                nodes=nodes, momentum=M, momentum_masking=mode == "masked", nesterov=False)
+                                nodes=nodes, momentum=M, momentum_masking=mode == "masked", nesterov=False,
+                                policy=policy)
         model.register_comm_hook(state, sc.ddp_hook)
     momentum = M if mode == "dense" else 0.0
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum)
@@ -69,9 +72,12 @@ def test_the_hooks_momentum_at_density_one_is_ddp_with_momentum_sgd(hierarchy, r
     hook = spawn(_train, ranks, "hook", hierarchy, timeout=300)
     plain = spawn(_train, ranks, "plain", "flat", timeout=300)
     masked = spawn(_train, ranks, "masked", hierarchy, timeout=300)
-    dense, hook, plain, masked = ([torch.from_numpy(p) for p in run] for run in (dense, hook, plain, masked))
+    policy = spawn(_train, ranks, "policy", hierarchy, timeout=300)
+    dense, hook, plain, masked, policy = ([torch.from_numpy(p) for p in run]
+                                         for run in (dense, hook, plain, masked, policy))
     for rank in range(ranks):
         torch.testing.assert_close(hook[rank], dense[rank], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(policy[rank], dense[rank], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(masked[rank], plain[rank], rtol=1e-5, atol=1e-6)
     assert not torch.allclose(dense[0], plain[0], atol=1e-4)   # momentum made a difference
 
@@ -144,13 +150,22 @@ def _fsdp_worker(rank, world_size, nodes, per_node, steps):
     sc.fsdp.register_hook(model, state)
     hook = train(model, 0.0)
     state.close()
-    return hsdp, hook
+    # biases dense by a policy: their part keeps its velocity too
+    model = sharded(sc.fsdp.node_mesh(topology))
+    state = sc.FSDPHookState("topka", 1.0, nodes=topology, momentum=M, policy=sc.Policy(dense_below=0))
+    sc.fsdp.register_hook(model, state)
+    with_policy = train(model, 0.0)
+    state.close()
+    return hsdp, hook, with_policy
 
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("nodes,per_node", [(2, 1), (2, 2)])
 def test_the_fsdp_hooks_momentum_at_density_one_is_hsdp_with_momentum_sgd(nodes, per_node):
-    for rank, (hsdp, hook) in enumerate(spawn(_fsdp_worker, nodes * per_node, nodes, per_node, STEPS, timeout=300)):
-        for a, b in zip(hsdp, hook):
+    runs = spawn(_fsdp_worker, nodes * per_node, nodes, per_node, STEPS, timeout=300)
+    for rank, (hsdp, hook, with_policy) in enumerate(runs):
+        for a, b, c in zip(hsdp, hook, with_policy):
             torch.testing.assert_close(torch.from_numpy(b), torch.from_numpy(a), rtol=1e-5, atol=1e-6,
                                        msg=f"rank {rank}")
+            torch.testing.assert_close(torch.from_numpy(c), torch.from_numpy(a), rtol=1e-5, atol=1e-6,
+                                       msg=f"rank {rank}, with a policy")

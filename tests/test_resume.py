@@ -49,9 +49,12 @@ CONFIGS = {
     # residuals kept narrow between steps (their own test below, not the whole matrix)
     "residual bfloat16": ({"bucket_cap_mb": 0.02}, torch.float32, 1),
     "residual int8": ({"bucket_cap_mb": 0.01}, torch.bfloat16, 1),
+    # a per-parameter policy: DDP's buckets split into a dense part and two sparse treatments
+    "policy": ({"bucket_cap_mb": 0.01}, torch.float32, 1),
+    "policy, one bucket": ({}, torch.float32, 1),
 }
 #: the configurations of their own tests only
-FOCUSED = ("residual bfloat16", "residual int8")
+FOCUSED = ("residual bfloat16", "residual int8", "policy", "policy, one bucket")
 #: DDPHookState options of a configuration (beyond the algorithm's); the schedule as its
 #: to_state() dict, which DDPHookState accepts like the DensitySchedule it describes
 HOOK_OPTIONS = {"async_comm=False": {"async_comm": False},
@@ -59,6 +62,14 @@ HOOK_OPTIONS = {"async_comm=False": {"async_comm": False},
                                                           "every": 1}},
                 "residual bfloat16": {"residual_dtype": torch.bfloat16},
                 "residual int8": {"residual_dtype": "int8"}}
+
+
+def _policy():
+    import sparsecomm
+
+    return sparsecomm.Policy([sparsecomm.Rule("dense", max_ndim=1),
+                              sparsecomm.Rule(sparsecomm.Treatment(density=0.2), below=2000)],
+                             dense_1d=False, dense_below=0)
 
 
 def _algorithms(world_size: int, only: list[str] | None = None) -> dict[str, tuple[str, dict]]:
@@ -97,8 +108,9 @@ def _build(config: str, algorithm: str, options: dict, comm, world_size: int, wa
         net.unused.requires_grad_(False)
     model = DDP(net, **kwargs)
     density = 1.0 if algorithm == "dense" else 0.05
+    policy = {"policy": _policy()} if config.startswith("policy") else {}
     state = sparsecomm.DDPHookState(algorithm, density, comm=comm, warmup_steps=warmup,
-                                    **HOOK_OPTIONS.get(config, {}), **options)
+                                    **HOOK_OPTIONS.get(config, {}), **policy, **options)
     model.register_comm_hook(state, sparsecomm.ddp_hook)
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.05, momentum=0.9)
     return model, state, optimizer
@@ -226,7 +238,17 @@ def test_resume_inside_and_after_a_density_schedule_is_bit_exact():
 def test_resume_with_narrow_residuals_is_bit_exact():
     """Residuals kept in bfloat16 and in 8 bits (bfloat16 parameters, the smallest buckets): the
     checkpoint holds the widened values, the resumed hook narrows them to the same form. P = 3."""
-    diffs, regrouped = _run_matrix(3, list(FOCUSED), only=["topka", "spardl", "zen"])
+    diffs, regrouped = _run_matrix(3, ["residual bfloat16", "residual int8"], only=["topka", "spardl", "zen"])
+    assert regrouped > 0, "no resumed run met buckets other than its recorded layout's: the test exercised nothing"
+    inexact = {key: diff for key, diff in diffs.items() if diff != 0.0}
+    assert not inexact, f"{len(inexact)} of {len(diffs)} resumes differ: {inexact}"
+
+
+@pytest.mark.distributed
+def test_resume_with_a_per_parameter_policy_is_bit_exact():
+    """Biases dense, small weights at density 0.2, the rest at the state's density: the buckets'
+    split (and each part's residuals) is in the checkpoint; small buckets and one bucket, P = 3."""
+    diffs, regrouped = _run_matrix(3, ["policy", "policy, one bucket"], only=["topka", "spardl", "gssgd"])
     assert regrouped > 0, "no resumed run met buckets other than its recorded layout's: the test exercised nothing"
     inexact = {key: diff for key, diff in diffs.items() if diff != 0.0}
     assert not inexact, f"{len(inexact)} of {len(diffs)} resumes differ: {inexact}"

@@ -7,11 +7,15 @@
   load checks, half-precision averaging, deferred owner check, close);
 * :mod:`~sparsecomm.hooks.bucket_layout`: the DDP hook's own bucket layout (exact resume across
   DDP's bucket rebuild);
-* :mod:`~sparsecomm.hooks.bucket_worker`: the background worker that overlaps buckets with backward.
+* :mod:`~sparsecomm.hooks.bucket_worker`: the background worker that overlaps buckets with backward;
+* :mod:`~sparsecomm.hooks.policy`: :class:`Policy`, which parameters go dense or through another
+  treatment.
 """
 
 from .ddp import DDPHookState, ddp_hook, register
 from . import fsdp
 from .fsdp import FSDPHookState, register_hook
+from .policy import Policy, Rule, Treatment
 
-__all__ = ["DDPHookState", "ddp_hook", "register", "FSDPHookState", "register_hook", "fsdp"]
+__all__ = ["DDPHookState", "ddp_hook", "register", "FSDPHookState", "register_hook", "fsdp", "Policy", "Rule",
+           "Treatment"]

@@ -55,31 +55,56 @@ Scatter = tuple[torch.Tensor, int, int, int, int]
 
 
 class LayoutBucket:
-    """One bucket of the hook's reduction layout: what its reducer reduces, in what order."""
+    """One bucket of the hook's reduction layout: what its reducer reduces, in what order, and
+    its treatment under a per-parameter policy (:mod:`sparsecomm.hooks.policy`; "" without one)."""
 
-    __slots__ = ("entries", "numel", "dtype")
+    __slots__ = ("entries", "numel", "dtype", "treatment")
 
-    def __init__(self, entries: list[Entry], numel: int, dtype: torch.dtype):
+    def __init__(self, entries: list[Entry], numel: int, dtype: torch.dtype, treatment: str = ""):
         self.entries = entries
         self.numel = numel
         self.dtype = dtype
+        self.treatment = treatment
 
     def matches(self, entries: list[Entry], buffer: torch.Tensor) -> bool:
         return self.entries == entries and self.numel == buffer.numel() and self.dtype == buffer.dtype
 
     def to_state(self) -> dict[str, Any]:
-        return {"entries": [(o, off, n, tuple(shape)) for o, off, n, shape in self.entries], "numel": self.numel,
-                "dtype": self.dtype}
+        state = {"entries": [(o, off, n, tuple(shape)) for o, off, n, shape in self.entries], "numel": self.numel,
+                 "dtype": self.dtype}
+        if self.treatment:   # without a policy: the keys as before
+            state["treatment"] = self.treatment
+        return state
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> "LayoutBucket":
         return cls([(int(o), int(off), int(n), torch.Size(shape)) for o, off, n, shape in state["entries"]],
-                   int(state["numel"]), state["dtype"])
+                   int(state["numel"]), state["dtype"], str(state.get("treatment", "")))
 
 
 def same_layout(a: list[LayoutBucket], b: list[LayoutBucket]) -> bool:
     return len(a) == len(b) and all(x.entries == y.entries and x.numel == y.numel and x.dtype == y.dtype
-                                    for x, y in zip(a, b))
+                                    and x.treatment == y.treatment for x, y in zip(a, b))
+
+
+def split_by_treatment(bucket: LayoutBucket, treatment_of: dict[int, str]) -> list[LayoutBucket]:
+    """``bucket`` (one DDP bucket) as layout buckets of one treatment each, in the order each
+    treatment first appears (the same on every rank), each parameter's offset counted anew; a
+    bucket of one treatment stays as it is (reduced in place, no copy)."""
+    groups: dict[str, list[Entry]] = {}
+    for entry in bucket.entries:
+        groups.setdefault(treatment_of[entry[0]], []).append(entry)
+    if len(groups) == 1:
+        (treatment,) = groups
+        return [LayoutBucket(bucket.entries, bucket.numel, bucket.dtype, treatment)]
+    out = []
+    for treatment, entries in groups.items():
+        offset, placed = 0, []
+        for ordinal, _, numel, shape in entries:
+            placed.append((ordinal, offset, numel, shape))
+            offset += numel
+        out.append(LayoutBucket(placed, offset, bucket.dtype, treatment))
+    return out
 
 
 class _Regrouping:
@@ -90,7 +115,7 @@ class _Regrouping:
     def __init__(self, step: int, defer: bool = False):
         self.step = step    # the hook's step when the iteration began (warm-up or not)
         self.defer = defer  # hold every bucket until the last: this iteration's layout becomes the hook's
-        self.deferred: list[tuple[int, torch.Tensor, torch.futures.Future]] = []
+        self.deferred: list[tuple[int, torch.Tensor, list[Entry], torch.futures.Future]] = []
         self.next = 0       # the next layout bucket to start (they start in layout order on every rank)
         self.missing: dict[int, int] = {}   # layout bucket -> parameters not gathered yet
         self.scatter: dict[int, list[Scatter]] = {}   # layout bucket -> where its result goes
@@ -107,7 +132,11 @@ class BucketLayout:
     """The layout the hook reduces in (``buckets``), the rebuilt layout waiting for
     :data:`ADOPT_STEP` (``rebuilt``), and the routing of each DDP bucket through it."""
 
-    def __init__(self) -> None:
+    def __init__(self, treat: Callable[[torch.Tensor], str] | None = None) -> None:
+        #: a policy's treatment of a parameter ("" for all without one): DDP's buckets are split by it
+        self.treat = treat
+        #: ordinal -> treatment, decided when the parameter is first seen
+        self.treatments: dict[int, str] = {}
         self.buckets: list[LayoutBucket] = []
         self.complete = False  # every bucket of the first iteration recorded
         self.final = False     # the layout is DDP's rebuilt one: never replaced again
@@ -118,6 +147,7 @@ class BucketLayout:
         self.ddp_buckets: dict[int, list[Entry]] = {}
         self._observed: list[LayoutBucket] = []  # DDP's buckets so far in this iteration
         self._seen = 0  # iterations since construction or load_state (DDP's first: its initial layout)
+        self._recorded = 0  # DDP buckets of the first iteration recorded so far
         self._where: dict[int, tuple[int, int, int, torch.Size]] = {}  # ordinal -> (bucket, offset, numel, shape)
         self._buffers: dict[int, torch.Tensor] = {}  # layout bucket -> its gather buffer (off-layout DDP buckets)
         self._iteration: _Regrouping | None = None
@@ -138,7 +168,7 @@ class BucketLayout:
         iteration in progress."""
         self._buffers.clear()
         self._iteration = None
-        self.buckets, self._where, self.complete = [], {}, False
+        self.buckets, self._where, self.complete, self._recorded = [], {}, False, 0
         if state["layout"]:
             self._set([LayoutBucket.from_state(bucket) for bucket in state["layout"]])
         self.final = bool(state["layout_final"])
@@ -151,9 +181,13 @@ class BucketLayout:
         self.buckets = list(buckets)
         self._where = {}
         for j, bucket in enumerate(buckets):
-            for ordinal, offset, numel, shape in bucket.entries:
-                self._where[ordinal] = (j, offset, numel, shape)
+            self._place(j, bucket)
         self.complete = True
+
+    def _place(self, j: int, bucket: LayoutBucket) -> None:
+        for ordinal, offset, numel, shape in bucket.entries:
+            self._where[ordinal] = (j, offset, numel, shape)
+            self.treatments.setdefault(ordinal, bucket.treatment)
 
     def adopt(self, buckets: list[LayoutBucket]) -> set[int]:
         """Make ``buckets`` (DDP's rebuilt layout) the layout for good; return the indices of
@@ -171,6 +205,8 @@ class BucketLayout:
         entries = []
         for param, grad in zip(bucket.parameters(), bucket.gradients()):
             ordinal = self.ordinals.setdefault(id(param), len(self.ordinals))
+            if ordinal not in self.treatments and self.treat is not None:
+                self.treatments[ordinal] = self.treat(param)
             entries.append((ordinal, (grad.data_ptr() - base) // item, grad.numel(), param.shape))
         return entries
 
@@ -195,32 +231,31 @@ class BucketLayout:
             self._iteration = _Regrouping(step, defer)
             self._observed = []
         it = self._iteration
-        self._observed.append(LayoutBucket(entries, buffer.numel(), buffer.dtype))
-        if not self.complete:  # the first backward this layout sees: DDP's buckets are the layout
-            if index != len(self.buckets):
+        observed = split_by_treatment(LayoutBucket(entries, buffer.numel(), buffer.dtype),
+                                      {entry[0]: self.treatments.get(entry[0], "") for entry in entries})
+        self._observed += observed
+        if not self.complete:  # the first backward this layout sees: DDP's buckets (split by treatment)
+            if index != self._recorded:
                 raise RuntimeError(f"sparsecomm: DDP bucket {index} arrived while recording bucket "
-                                   f"{len(self.buckets)} of the first iteration (buckets run in index order)")
-            self.buckets.append(LayoutBucket(entries, buffer.numel(), buffer.dtype))
+                                   f"{self._recorded} of the first iteration (buckets run in index order)")
+            self._recorded += 1
+            for layout_bucket in observed:
+                self.buckets.append(layout_bucket)
+                self._place(len(self.buckets) - 1, layout_bucket)
             if bucket.is_last():
                 self._set(self.buckets)
         future: torch.futures.Future = torch.futures.Future()
         if it.defer:
-            it.deferred.append((index, buffer, future))
-        elif it.next == index and index < len(self.buckets) and index not in it.missing \
-                and self.buckets[index].matches(entries, buffer):
-            it.next += 1
-            start(index, buffer, it.step, future, ())  # the layout's own bucket: reduced in place
+            it.deferred.append((index, buffer, entries, future))
         else:
-            self.regrouped_buckets += 1
-            self._gather(index, buffer, entries, it, future, start)
+            self._dispatch(index, buffer, entries, it, future, start)
         if bucket.is_last():
             if it.defer:
                 if not same_layout(self._observed, self.buckets):
                     adopt(self._observed)
                 self.final = True
-                for j, held, held_future in it.deferred:  # now the layout's own buckets, in order
-                    it.next += 1
-                    start(j, held, it.step, held_future, ())
+                for held_index, held, held_entries, held_future in it.deferred:   # in the layout now known
+                    self._dispatch(held_index, held, held_entries, it, held_future, start)
             elif self.complete and not self.final and self.rebuilt is None and self._seen >= 1:
                 # DDP's settled layout (it rebuilds after its first iteration, if at all)
                 if same_layout(self._observed, self.buckets):
@@ -231,6 +266,18 @@ class BucketLayout:
             self._iteration = None
             self._ended = it
         return future
+
+    def _dispatch(self, index: int, buffer: torch.Tensor, entries: list[Entry], it: _Regrouping,
+                  future: torch.futures.Future, start: Start) -> None:
+        """DDP bucket ``index``: reduced in place when it is the next layout bucket, else
+        gathered into the layout buckets' buffers."""
+        j = it.next
+        if j < len(self.buckets) and j not in it.missing and self.buckets[j].matches(entries, buffer):
+            it.next += 1
+            start(j, buffer, it.step, future, ())  # the layout's own bucket: reduced in place
+        else:
+            self.regrouped_buckets += 1
+            self._gather(index, buffer, entries, it, future, start)
 
     def end_iteration(self) -> None:
         """After the last DDP bucket of an iteration: a ValueError if its buckets lacked

@@ -8,6 +8,7 @@ path, the owner check deferred until a Comm exists, and closing what they built.
 
 from __future__ import annotations
 
+import zlib
 from typing import Any, ClassVar
 
 import torch
@@ -16,12 +17,14 @@ import torch.distributed as dist
 from .. import algorithms
 from ..comm.base import Comm
 from ..comm.topology import NodeComms
+from ..errors import AgreedValueError
 from ..reduce import SparseAllreduce, as_schedule, check_density, check_nonfinite
 from ..reduce.checkpoint import check_owner, check_version, unpack_rank_part
 from ..reduce.local_update import LocalUpdate, momentum_twice
 from ..reduce.residual_store import check_residual_dtype
+from .policy import DEFAULT, DENSE, ParameterInfo, Policy, Treatment, as_policy, parameter_infos
 
-__all__ = ["HookConfig", "reduce_average", "group_size"]
+__all__ = ["HookConfig", "reduce_average", "dense_average", "group_size"]
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -50,6 +53,18 @@ def reduce_average(reducer: SparseAllreduce, tensor: torch.Tensor, divisor: int 
             tensor.div_(divisor)
 
 
+def dense_average(comm: Comm, tensor: torch.Tensor, divisor: int | None) -> None:
+    """``tensor`` replaced in place by the backend's dense sum over ``comm`` divided by ``divisor``
+    (None: not divided): a policy's dense part. Half tensors are summed in float32 and rounded
+    once, as :func:`reduce_average` does."""
+    work = tensor.to(torch.float32) if tensor.dtype in _HALF else tensor
+    comm.allreduce_dense(work)
+    if divisor is not None:
+        work.div_(divisor)
+    if work is not tensor:
+        tensor.copy_(work)
+
+
 class HookConfig:
     """The configuration and lifecycle both hook states share (module docstring)."""
 
@@ -64,12 +79,13 @@ class HookConfig:
 
     def _configure(self, algorithm: str, density: float, nonfinite: str, density_schedule: Any,
                    options: dict[str, Any], comm: Comm | None, local_update: LocalUpdate = LocalUpdate(),
-                   residual_dtype: Any = None) -> None:
+                   residual_dtype: Any = None, policy: Any = None) -> None:
         """Check and keep the algorithm, density, policy, schedule and options (the options
         now, by a comm-less instance: checks only; those that depend on the number of ranks
         later, by :meth:`_options_checked`'s ``check_size``), the local update (momentum
         correction, clipping: :mod:`sparsecomm.reduce.local_update`), the residual's form between
-        calls (:mod:`sparsecomm.reduce.residual_store`) and the Comm given, if any."""
+        calls (:mod:`sparsecomm.reduce.residual_store`), the per-parameter policy
+        (:mod:`sparsecomm.hooks.policy`) and the Comm given, if any."""
         check_density(density)
         check_nonfinite(nonfinite)
         schedule = as_schedule(density_schedule)
@@ -82,6 +98,17 @@ class HookConfig:
         self.local_update = local_update
         #: the residual's form between calls: None (float32), "bfloat16" or "int8"
         self.residual_dtype = check_residual_dtype(residual_dtype)
+        #: which parameters go dense, or through another treatment (None: all through the algorithm)
+        self.policy: Policy | None = as_policy(policy)
+        #: treatment key -> its Treatment (the keys layout buckets carry: "" and "default" are the state's)
+        self._treatments: dict[str, Treatment] = {}
+        if self.policy is not None:
+            for rule in self.policy.rules:
+                if isinstance(rule.treatment, Treatment):
+                    self._configuration(rule.treatment)   # checked now: its options against its algorithm
+                    self._treatments[rule.treatment.text()] = rule.treatment
+        #: id(parameter) -> its name and owning module's classes, from bind() (None: not bound)
+        self._param_infos: dict[int, ParameterInfo] | None = None
         self._comm = comm
         self._owns_comm = comm is None  # a Comm this state builds is closed by close()
         self._nodes: NodeComms | None = None
@@ -94,12 +121,85 @@ class HookConfig:
         #: time (no process group or Comm yet): checked when the Comm is built
         self._unchecked_owner: tuple[Any, Any, bool] | None = None
 
-    def _new_reducer(self, comm: Comm, **placement: Any) -> SparseAllreduce:
-        """A reducer of this configuration on ``comm`` (``placement``: hierarchy and nodes),
-        continuing from the loaded save (its first handshake compares the fingerprint)."""
-        reducer = SparseAllreduce(self.algorithm, self.density, comm=comm, nonfinite=self.nonfinite,
+    # -- the per-parameter policy ---------------------------------------------------------------
+    def policy_crc(self) -> int:
+        """A checksum of the policy's canonical text ("none" without one), for the agreement."""
+        return zlib.crc32((self.policy.text() if self.policy is not None else "none").encode())
+
+    def check_same_policy(self, crcs: list[int]) -> None:
+        """The same AgreedValueError on every rank unless every rank's :meth:`policy_crc` (all-gathered,
+        in rank order) is this rank's: the split of the gradients, and every message after, depends on it."""
+        if len(set(crcs)) > 1:
+            groups: dict[int, list[int]] = {}
+            for rank, crc in enumerate(crcs):
+                groups.setdefault(crc, []).append(rank)
+            mine = self.policy.text() if self.policy is not None else "none"
+            raise AgreedValueError(f"the ranks' {self.KIND} policies differ ({' / '.join(f'ranks {r}' for r in groups.values())}"
+                                   f"; this rank's: {mine}): build the state with the same policy on every rank")
+
+    def bind(self, model: torch.nn.Module) -> None:
+        """Learn ``model``'s parameter names and module types, which a policy's ``name=`` and
+        ``module=`` rules match (``sparsecomm.register`` and ``sparsecomm.fsdp.register_hook`` call
+        it). Local; call it before the first backward."""
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"bind(model): model must be a torch.nn.Module, got {type(model).__name__}")
+        self._param_infos = parameter_infos(model)
+
+    def treatment_key(self, param: torch.Tensor, name: str | None = None) -> str:
+        """The policy's treatment of ``param`` as the key layout buckets carry: ``"dense"``,
+        ``"default"`` or a :class:`Treatment`'s text. A ValueError when the policy matches by name or
+        module and the model is unknown (registered without ``sparsecomm.register``)."""
+        assert self.policy is not None
+        info = None if self._param_infos is None else self._param_infos.get(id(param))
+        if info is None:
+            if self.policy.needs_model:
+                raise ValueError(f"sparsecomm: this {self.KIND}'s policy matches parameters by name or module type, "
+                                 "and the hook does not know the model: register with sparsecomm.register(model, "
+                                 "state) (DDP) or sparsecomm.fsdp.register_hook (FSDP2), or call state.bind(model) "
+                                 "before the first backward")
+            info = ParameterInfo(param.numel(), param.dim(), name)
+        treatment = self.policy.treatment(info)
+        return treatment.text() if isinstance(treatment, Treatment) else treatment
+
+    def _configuration(self, treatment: "Treatment | None") -> tuple[str, float, dict[str, Any]]:
+        """(algorithm, density, options) of a treatment: its own where it sets them, the state's
+        elsewhere (its options on top of the state's when it keeps the state's algorithm)."""
+        if treatment is None:
+            return self.algorithm, self.density, dict(self.options)
+        algorithm = treatment.algorithm or self.algorithm
+        options = dict(treatment.options) if treatment.algorithm else {**self.options, **dict(treatment.options)}
+        if treatment.algorithm is None and treatment.options:
+            algorithms.get(algorithm)(None, **options)
+        return algorithm, self.density if treatment.density is None else treatment.density, options
+
+    def configuration_of(self, key: str) -> tuple[str, float, dict[str, Any]]:
+        """(algorithm, density, options) of a layout bucket's treatment key ("" or "default": the
+        state's; "dense": the dense algorithm, which a dense part runs when it keeps a local update,
+        see :meth:`dense_needs_reducer`)."""
+        if key in ("", DEFAULT):
+            return self._configuration(None)
+        if key == DENSE:
+            return "dense", 1.0, {}
+        if key not in self._treatments:
+            raise ValueError(f"sparsecomm: a layout bucket has treatment {key!r}, which this {self.KIND}'s policy "
+                             "does not have: build the state with the policy its checkpoint was saved with")
+        return self._configuration(self._treatments[key])
+
+    @property
+    def dense_needs_reducer(self) -> bool:
+        """Whether a policy's dense part goes through a reducer of the dense algorithm rather than
+        the backend's allreduce alone: with momentum correction (the optimizer runs without
+        momentum, so the dense part needs its velocity too) or local clipping."""
+        return self.local_update.active
+
+    def _new_reducer(self, comm: Comm, treatment: str = "", **placement: Any) -> SparseAllreduce:
+        """A reducer of this configuration (``treatment``: a policy's treatment key) on ``comm``
+        (``placement``: hierarchy and nodes), continuing from the loaded save (its first
+        handshake compares the fingerprint)."""
+        algorithm, density, options = self.configuration_of(treatment)
+        reducer = SparseAllreduce(algorithm, density, comm=comm, nonfinite=self.nonfinite,
                                   density_schedule=self.density_schedule, **placement,
-                                  residual_dtype=self.residual_dtype, **self.local_update.to_state(), **self.options)
+                                  residual_dtype=self.residual_dtype, **self.local_update.to_state(), **options)
         reducer.set_checkpoint_fingerprint(self._checkpoint_id)
         return reducer
 
@@ -115,6 +215,8 @@ class HookConfig:
         state = {"local_update": self.local_update.to_state()} if self.local_update.active else {}
         if self.residual_dtype is not None:   # float32 keeps the keys and fingerprint it always had
             state["residual_dtype"] = self.residual_dtype
+        if self.policy is not None:
+            state["policy"] = self.policy.to_state()
         return state
 
     def _rank_and_size(self) -> tuple[int | None, int | None]:
@@ -150,6 +252,11 @@ class HookConfig:
             raise ValueError(f"state_dict has residual_dtype={state.get('residual_dtype') or 'float32'!r}, this "
                              f"{self.KIND} has {self.residual_dtype or 'float32'!r}: build the state with the "
                              "checkpoint's residual_dtype")
+        saved_policy = as_policy(state.get("policy"))
+        if saved_policy != self.policy:
+            raise ValueError(f"state_dict has policy {saved_policy.text() if saved_policy else 'none'}, this "
+                             f"{self.KIND} has {self.policy.text() if self.policy else 'none'}: build the state with "
+                             "the checkpoint's policy")
         saved_schedule = as_schedule(state["density_schedule"])
         if saved_schedule != self.density_schedule:
             raise ValueError(f"state_dict has density_schedule={saved_schedule!r}, this {self.KIND} has "

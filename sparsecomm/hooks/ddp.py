@@ -77,6 +77,7 @@ import torch.distributed as dist
 from .. import algorithms
 from ..comm.base import Comm, ring_allreduce_cost
 from ..comm.topology import NodeComms, Topology
+from ..errors import AgreedValueError
 from ..reduce import CHECKPOINT_VERSION, DensitySchedule, SparseAllreduce, check_hierarchy, saved_text
 from ..reduce.density import check_step
 from ..reduce.local_update import LocalUpdate
@@ -130,6 +131,15 @@ class DDPHookState(HookConfig):
             ``torch.bfloat16`` (2) or ``"int8"`` (1 + 1/64: 8 bits with a power-of-two scale per block
             of 64), widened for each call; what the narrowing rounds away is reported per bucket as
             ``last_stats[j]["residual_rounding"]`` (:mod:`sparsecomm.reduce.residual_store`).
+        policy: which parameters go dense or through another treatment
+            (:mod:`sparsecomm.hooks.policy`): None (default: every parameter through ``algorithm``),
+            ``"default"`` (``sparsecomm.Policy()``: parameters of at most one dimension and of fewer
+            than 4096 elements dense) or a :class:`~sparsecomm.Policy` of rules by name, module type
+            and size. Each DDP bucket is then reduced in one call per treatment (one dense allreduce
+            of its dense parameters, one sparse call per other treatment, gathered contiguously);
+            ``last_stats[j]["treatment"]`` names each layout bucket's, :meth:`treatment_stats` sums
+            the bytes per treatment. Rules by name or module need the model:
+            ``sparsecomm.register(model, state)`` (or :meth:`bind`).
         **options: options of the algorithm, validated here.
     """
 
@@ -145,7 +155,7 @@ class DDPHookState(HookConfig):
                  density_schedule: DensitySchedule | None = None, hierarchy: str = "flat",
                  nodes: Topology | None = None, momentum: float = 0.0, nesterov: bool = False,
                  momentum_masking: bool = False, clip_norm: float | None = None, residual_dtype: Any = None,
-                 **options: Any):
+                 policy: Any = None, **options: Any):
         check_hierarchy(hierarchy, nodes)
         local_update = LocalUpdate(momentum, nesterov, momentum_masking, clip_norm)
         if isinstance(nodes, NodeComms):
@@ -168,7 +178,8 @@ class DDPHookState(HookConfig):
             raise ValueError(f"async_comm must be True or False, got {async_comm!r}")
         # validates the options now, not at the first bucket; those that depend on the number
         # of ranks (spardl's teams) too when it is known already, else in `comm` below
-        self._configure(algorithm, density, nonfinite, density_schedule, options, comm, local_update, residual_dtype)
+        self._configure(algorithm, density, nonfinite, density_schedule, options, comm, local_update, residual_dtype,
+                        policy)
         size = comm.size if comm is not None else group_size(process_group)
         if self.hierarchy == "node":   # two levels: the algorithm runs among one rank per node
             size = self.topology.nodes
@@ -183,7 +194,8 @@ class DDPHookState(HookConfig):
         self.step = 0
         self._warmup = None  # (comm, CallScope) of the warm-up's dense allreduce
         # the bucket layout the reductions use (hooks/bucket_layout.py); one reducer per bucket of it
-        self._layout = BucketLayout()
+        self._layout = BucketLayout(None if self.policy is None else self.treatment_key)
+        self._policy_agreed = False   # compared over the ranks at the first bucket (_agree_policy)
         self._reducers: dict[int, SparseAllreduce] = {}
         self._loose_residuals: dict[int, torch.Tensor] = {}  # ordinal -> loaded residual waiting for its reducer
         self._loose_velocities: dict[int, torch.Tensor] = {}  # the same for momentum correction's velocities
@@ -331,7 +343,10 @@ class DDPHookState(HookConfig):
         old = self._layout.buckets
         old_states = {**self._loose_algorithm_states,
                       **{j: reducer.algorithm.state_dict() for j, reducer in self._reducers.items()}}
-        carried = algorithms.get(self.algorithm).carried_state(old_states.get(0, {}))
+        # what belongs to no tensor, per treatment: from the first old bucket of that treatment
+        first_of: dict[str, int] = {}
+        for j, bucket in enumerate(old):
+            first_of.setdefault(bucket.treatment, j)
         keep = self._layout.adopt(buckets)
         leaving = {j: reducer for j, reducer in self._reducers.items() if j not in keep}
         self._loose_residuals.update(self._pieces("residual", leaving, old))
@@ -339,8 +354,13 @@ class DDPHookState(HookConfig):
         self._reducers = {j: reducer for j, reducer in self._reducers.items() if j in keep}
         self._loose_density_states = {j: s for j, s in self._loose_density_states.items() if j in keep}
         states = {j: state for j, state in self._loose_algorithm_states.items() if j in keep}
-        if carried:
-            states.update({j: dict(carried) for j in range(len(buckets)) if j not in keep})
+        for j, bucket in enumerate(buckets):
+            if j in keep:
+                continue
+            algorithm = self.configuration_of(bucket.treatment)[0]
+            carried = algorithms.get(algorithm).carried_state(old_states.get(first_of.get(bucket.treatment, -1), {}))
+            if carried:
+                states[j] = dict(carried)
         self._loose_algorithm_states = states
 
     def _reducer(self, j: int) -> SparseAllreduce:
@@ -350,7 +370,8 @@ class DDPHookState(HookConfig):
             return reducer
         bucket = self._layout.buckets[j]
         comm = self.comm
-        reducer = self._new_reducer(comm, hierarchy=self.hierarchy, nodes=self._nodes)
+        algorithm, density, _ = self.configuration_of(bucket.treatment)
+        reducer = self._new_reducer(comm, bucket.treatment, hierarchy=self.hierarchy, nodes=self._nodes)
         algorithm_state = self._loose_algorithm_states.pop(j, {})
         pieces = [(entry, self._loose_residuals.pop(entry[0], None)) for entry in bucket.entries]
         velocities = [(entry, self._loose_velocities.pop(entry[0], None)) for entry in bucket.entries]
@@ -373,8 +394,8 @@ class DDPHookState(HookConfig):
             residual = assembled(pieces, "residuals")
             velocity = assembled(velocities, "velocities") if self.local_update.momentum > 0.0 else None
             try:
-                reducer.load_state_dict({"checkpoint_version": CHECKPOINT_VERSION, "algorithm": self.algorithm,
-                                         "density": self.density, "rank": self.comm.rank,
+                reducer.load_state_dict({"checkpoint_version": CHECKPOINT_VERSION, "algorithm": algorithm,
+                                         "density": density, "rank": self.comm.rank,
                                          "world_size": self.comm.size, "fingerprint": self._checkpoint_id,
                                          # auto without a topology runs flat, as its reducers say
                                          **({} if self.hierarchy == "flat" or self.topology is None
@@ -397,6 +418,14 @@ class DDPHookState(HookConfig):
     def _on_bucket(self, bucket: dist.GradBucket) -> torch.futures.Future:
         """Route DDP bucket ``bucket`` through the layout; the Future completes with its average."""
         self.comm  # noqa: B018 - built here, on DDP's thread, at the same point on every rank
+        if not self._policy_agreed:   # first on the worker: before any message of a reduction
+            self._policy_agreed = True
+            # the scope now, on DDP's thread: every rank creates its scopes in the same order
+            scope = self.comm.new_scope("DDP hook policy agreement")
+            if self.async_comm:
+                self._submit(lambda: self._agree_policy(scope), torch.futures.Future())
+            else:
+                self._agree_policy(scope)
         future = self._layout.route(bucket, self.step, self._start, self._adopt)
         if bucket.is_last():
             self.step += 1
@@ -408,16 +437,26 @@ class DDPHookState(HookConfig):
         then copy the result to the DDP buckets in ``scatter``; on the worker, or now when not
         async. Everything is decided here on DDP's thread, the schedule's step included."""
         comm = self.comm
-        reducer = None if step < self.warmup_steps else self._reducer(j)
+        treatment = self._layout.buckets[j].treatment if j < len(self._layout.buckets) else ""
+        dense = step < self.warmup_steps or (treatment == "dense" and not self.dense_needs_reducer)
+        reducer = None if dense else self._reducer(j)
 
         def job() -> torch.Tensor:
             if reducer is None:  # DDP's own allreduce_hook: divide first, then sum
+                before = comm.stats.snapshot()
                 target.div_(comm.size)
                 comm.allreduce_dense(target)
+                if treatment == "dense" and step >= self.warmup_steps:   # the policy's dense part
+                    spent = comm.stats - before
+                    self.last_stats[j] = {"algorithm": "dense", "treatment": "dense", "n": target.numel(),
+                                          "bytes_sent": spent.bytes_sent, "bytes_recv": spent.bytes_recv,
+                                          "rounds": spent.rounds, "comm_s": spent.comm_s}
+                    self._reported[j] = (step, target.numel() * target.element_size())
             else:
                 reduce_average(reducer, target, comm.size, step=step)
-            if reducer is not None:
                 self.last_stats[j] = reducer.last_stats
+                if treatment:
+                    self.last_stats[j]["treatment"] = treatment
                 self._reported[j] = (step, target.numel() * target.element_size())
             for buffer, offset, layout_offset, numel, _ in scatter:
                 buffer[offset:offset + numel].copy_(target[layout_offset:layout_offset + numel])
@@ -428,6 +467,32 @@ class DDPHookState(HookConfig):
             self._submit(run, future)
         else:
             future.set_result(run())
+
+    def _agree_policy(self, scope) -> None:
+        """At the first bucket, before any message of a reduction (on the worker, the first job:
+        a failure there fails every later bucket): every rank's policy text all-gathered; the same
+        AgreedValueError on every rank when they differ (the buckets' split, and so every message
+        after, would)."""
+        comm = self.comm
+        mine = torch.tensor([self.policy_crc()], dtype=torch.int64)
+        with comm.call_scope(scope, agreed=lambda exc: isinstance(exc, AgreedValueError)):
+            self.check_same_policy([int(crc) for crc in comm.allgather_small(mine).reshape(-1).tolist()])
+
+    def treatment_stats(self) -> dict[str, dict[str, Any]]:
+        """The last reduced step per treatment (``"dense"``, ``"default"`` or a Treatment's text):
+        ``bytes_sent`` by this rank, elements ``n`` and the layout ``buckets``; empty before the
+        first reduced step or without a policy (then every bucket is the state's algorithm)."""
+        latest = max((step for step, _ in self._reported.values()), default=None)
+        out: dict[str, dict[str, Any]] = {}
+        for j, (step, _) in sorted(self._reported.items()):
+            stats = self.last_stats.get(j, {})
+            if step != latest or "treatment" not in stats:
+                continue
+            row = out.setdefault(stats["treatment"], {"bytes_sent": 0, "n": 0, "buckets": 0})
+            row["bytes_sent"] += stats.get("bytes_sent", 0)
+            row["n"] += stats.get("n", 0)
+            row["buckets"] += 1
+        return out
 
     # -- checkpointing ----------------------------------------------------------------------
     def local_state_dict(self) -> dict[str, Any]:
@@ -551,6 +616,7 @@ class DDPHookState(HookConfig):
                       warmup_steps=state["warmup_steps"], async_comm=state["async_comm"],
                       nonfinite=state["nonfinite"], density_schedule=state["density_schedule"],
                       hierarchy=hierarchy, nodes=nodes, residual_dtype=state.get("residual_dtype"),
+                      policy=state.get("policy"),
                       **state.get("local_update", {}), **state["options"])
         self.load_state_dict(state)
 
@@ -645,6 +711,8 @@ def register(model: torch.nn.Module, state: DDPHookState) -> DDPHookState:
             state.process_group = group
             if state.hierarchy == "flat":
                 state._options_checked.check_size(dist.get_world_size(group))
+        if state.policy is not None:
+            state.bind(target.module)
         target.register_comm_hook(state, ddp_hook)
         return state
     if type(target).__name__.startswith("FSDP") or hasattr(target, "_get_fsdp_state"):

@@ -74,6 +74,7 @@ FSDP's own stream already orders the hook between the reduce-scatter and the opt
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -85,7 +86,7 @@ from ..errors import AgreedValueError
 from ..reduce.local_update import LocalUpdate
 from ..reduce import CHECKPOINT_VERSION, DensitySchedule, SparseAllreduce, nonfinite_error, nonfinite_flag
 from ..reduce.checkpoint import fingerprint, loaded_fingerprint, pack_rank_part
-from .config import HookConfig, reduce_average
+from .config import HookConfig, dense_average, reduce_average
 
 __all__ = ["FSDPHookState", "register_hook", "node_mesh", "two_level_mesh", "REDUCE_DTYPES"]
 
@@ -164,6 +165,11 @@ class FSDPHookState(HookConfig):
             not their average (:mod:`sparsecomm.reduce.local_update`). Off by default.
         residual_dtype: each shard's residual between steps: None (float32), ``torch.bfloat16`` or
             ``"int8"`` (:class:`~sparsecomm.DDPHookState`, :mod:`sparsecomm.reduce.residual_store`).
+        policy: which parameters go dense or through another treatment (:mod:`sparsecomm.hooks.policy`,
+            as for :class:`~sparsecomm.DDPHookState`, matched on the parameters' global shapes): each
+            module's shard is reduced in one call per treatment, the reducers of a treatment other than
+            the state's kept as ``"<module>#<treatment>"``. Needs every parameter of a module to have
+            a gradient at every step (FSDP leaves those without one out of its reduce-scatter).
         **options: options of the algorithm, validated here.
     """
 
@@ -176,11 +182,16 @@ class FSDPHookState(HookConfig):
                  nonfinite: str = "propagate", comm: Comm | None = None,
                  density_schedule: DensitySchedule | None = None, momentum: float = 0.0, nesterov: bool = False,
                  momentum_masking: bool = False, clip_norm: float | None = None, residual_dtype: Any = None,
-                 **options: Any):
+                 policy: Any = None, **options: Any):
         local_update = LocalUpdate(momentum, nesterov, momentum_masking, clip_norm)
         if nodes is not None and not isinstance(nodes, (Topology, NodeComms)):
             raise ValueError(f"nodes must be a sparsecomm.Topology or NodeComms, got {type(nodes).__name__}")
-        self._configure(algorithm, density, nonfinite, density_schedule, options, comm, local_update, residual_dtype)
+        self._configure(algorithm, density, nonfinite, density_schedule, options, comm, local_update, residual_dtype,
+                        policy)
+        #: under a policy, per hooked module: its shard's parts, [(treatment, [(offset, numel)])]
+        self._parts: dict[str, list[tuple[str, list[tuple[int, int]]]]] = {}
+        self._parts_numel: dict[str, int] = {}   # per hooked module: the elements its parts span
+        self._dense_scope = None   # the inter-node Comm's scope of the policy's dense parts
         self.topology = nodes
         self._owns_nodes = not isinstance(nodes, NodeComms)
         self._scope = None                       # the world Comm's scope of the hook's agreements
@@ -253,10 +264,13 @@ class FSDPHookState(HookConfig):
             self._options_checked.check_size(nodes.inter.size)
         # this rank's node as torch ranks, by local rank: the shard mesh FSDP must use
         topology = nodes.topology
+        # with each rank's policy: the same error on every rank when they differ, before any message
         every = world.allgather_small(torch.tensor([topology.nodes, topology.ranks_per_node, topology.node,
-                                                    topology.local_rank], dtype=torch.int64)).tolist()
+                                                    topology.local_rank, self.policy_crc()],
+                                                   dtype=torch.int64)).tolist()
         try:
-            targets = self._targets(module, groups_of(every)[0][topology.node])
+            self.check_same_policy([row[4] for row in every])
+            targets = self._targets(module, groups_of([row[:4] for row in every])[0][topology.node])
             self._check_deferred_owner(world.rank, world.size)
             if nodes.inter is None and any(s.get("residual") is not None for s in self._pending.values()):
                 raise ValueError("the loaded FSDPHookState holds residuals, but this job has one node: resume with "
@@ -266,7 +280,16 @@ class FSDPHookState(HookConfig):
                 self._pending = {}
                 return
             self._agree_checkpoint = True
-            self._reducers = {label: self._new_reducer(nodes.inter) for label, _, _ in targets}
+            if self.policy is None:
+                self._reducers = {label: self._new_reducer(nodes.inter) for label, _, _ in targets}
+            else:
+                self.bind(module)
+                self._parts = {label: self._shard_parts(label, group, nodes.intra.size if nodes.intra else 1)
+                               for label, _, group in targets}
+                self._reducers = {_reducer_name(label, treatment): self._new_reducer(nodes.inter, treatment)
+                                  for label, parts in self._parts.items()
+                                  for treatment, _ in parts if treatment != "dense" or self.dense_needs_reducer}
+                self._dense_scope = nodes.inter.new_scope("FSDP hook, a policy's dense part")
             self._apply_pending()
         except (ValueError, TypeError) as exc:
             # a rank whose model or state is refused here while its peers' are not: they would wait
@@ -315,6 +338,23 @@ class FSDPHookState(HookConfig):
             targets.append((label, sub, group))
         return targets
 
+    def _shard_parts(self, label: str, group, shards: int) -> list[tuple[str, list[tuple[int, int]]]]:
+        """Where each parameter of ``group`` lies in the module's reduce-scatter output -- FSDP2
+        concatenates, in ``fsdp_params`` order, each parameter's shard of its gradient padded on
+        dim 0 to a multiple of the ``shards`` ranks -- grouped by the policy's treatment of the
+        parameter (in the order treatments first appear)."""
+        parts: dict[str, list[tuple[int, int]]] = {}
+        offset = 0
+        for fsdp_param in group.fsdp_params:
+            param = fsdp_param.sharded_param
+            size = tuple(param.size())   # the global shape (a DTensor)
+            rows = -(-size[0] // shards) * shards if size else 1
+            numel = rows * math.prod(size[1:]) // shards
+            parts.setdefault(self.treatment_key(param), []).append((offset, numel))
+            offset += numel
+        self._parts_numel[label] = offset
+        return list(parts.items())
+
     def _hook_for(self, label: str, group):
         def hook(output: torch.Tensor) -> None:
             self._reduce(label, group, output)
@@ -353,16 +393,54 @@ class FSDPHookState(HookConfig):
                 raise ValueError(f"FSDP module {label!r} reduces gradients in {output.dtype}; the sparse hook reduces "
                                  "float32, bfloat16 and float16: set MixedPrecisionPolicy(reduce_dtype=torch.float32)")
             self._agree_world(output)
-            reducer = self._reducers[label]
             # divided by the nodes as native HSDP divides, unless the module has its own factor
             divide = getattr(group, "gradient_divide_factor", None) is None
-            reduce_average(reducer, output, self._nodes.inter.size if divide else None)
+            divisor = self._nodes.inter.size if divide else None
+            if self.policy is not None:
+                self._reduce_parts(label, output, divisor)
+                return
+            reducer = self._reducers[label]
+            reduce_average(reducer, output, divisor)
             self.last_stats[label] = reducer.last_stats
         except AgreedValueError:
             raise  # every rank raises it together; nothing is in flight
         except BaseException as exc:
             self._abort(f"{type(exc).__name__}: {exc} (FSDP all-reduce hook of module {label!r})")
             raise
+
+    def _reduce_parts(self, label: str, output: torch.Tensor, divisor: int | None) -> None:
+        """Under a policy: each treatment's part of the shard gathered (a view when it is one
+        piece), reduced -- dense by the backend's allreduce, the others by their reducer -- and
+        written back. The parts' order is the same on every rank (the policy and the module's
+        parameters are)."""
+        if output.numel() != self._parts_numel[label]:
+            raise ValueError(f"FSDP module {label!r} reduced {output.numel()} elements on this rank where its "
+                             f"parameters span {self._parts_numel[label]}: some parameter had no gradient this step "
+                             "(FSDP leaves it out). The policy needs every parameter of a module to have one; use "
+                             "policy=None for this model, or give every parameter a gradient")
+        inter = self._nodes.inter
+        for treatment, pieces in self._parts[label]:
+            whole = len(pieces) == 1
+            part = output[pieces[0][0]:pieces[0][0] + pieces[0][1]] if whole else \
+                torch.cat([output[o:o + n] for o, n in pieces])
+            if treatment == "dense" and not self.dense_needs_reducer:
+                before = inter.stats.snapshot()
+                with inter.call_scope(self._dense_scope):
+                    dense_average(inter, part, divisor)
+                spent = inter.stats - before
+                self.last_stats[_reducer_name(label, "dense")] = {
+                    "algorithm": "dense", "treatment": "dense", "n": part.numel(), "bytes_sent": spent.bytes_sent,
+                    "bytes_recv": spent.bytes_recv, "rounds": spent.rounds, "comm_s": spent.comm_s}
+            else:
+                name = _reducer_name(label, treatment)
+                reducer = self._reducers[name]
+                reduce_average(reducer, part, divisor)
+                self.last_stats[name] = {**reducer.last_stats, "treatment": treatment}
+            if not whole:
+                at = 0
+                for o, n in pieces:
+                    output[o:o + n].copy_(part[at:at + n])
+                    at += n
 
     # -- checkpointing --------------------------------------------------------------------
     def local_state_dict(self) -> dict[str, Any]:
@@ -424,6 +502,12 @@ class FSDPHookState(HookConfig):
     def close(self) -> None:
         """Close the intra- and inter-node Comms and the world Comm this state built. Idempotent."""
         self._close_comms()
+
+
+def _reducer_name(label: str, treatment: str) -> str:
+    """A module's reducer of a treatment: the module's name for the state's own algorithm (as
+    without a policy), ``"<module>#<treatment>"`` for the others."""
+    return label if treatment in ("", "default") else f"{label}#{treatment}"
 
 
 def register_hook(module, state: FSDPHookState) -> None:
