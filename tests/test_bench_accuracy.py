@@ -249,7 +249,11 @@ def test_method_modifiers_parse_and_compose_with_the_warmup(text, expected):
     ("topka@x+mc", "unknown density schedule 'x'"),
     ("nope+mc", "nope"),
     ("torch_fp16+mc", "PyTorch's hooks take no momentum correction"),
-    ("torch_powersgd+clip=1", "PyTorch's hooks take no momentum correction or local clipping"),
+    ("torch_powersgd+clip=1", "PyTorch's hooks take no momentum correction, local clipping"),
+    ("torch_fp16+policy", "residual form or policy"),
+    ("topka+res=fp8", "keeps the residual in bf16 or int8, not 'fp8'"),
+    ("topka+res=bf16+res=int8", "+res given twice"),
+    ("topka+policy+policy", "+policy given twice"),
 ])
 def test_bad_method_modifiers_are_refused_by_name(bad, message):
     with pytest.raises(ValueError, match=re.escape(message)):

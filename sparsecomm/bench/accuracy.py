@@ -43,6 +43,12 @@ instead, to c sqrt(P) (DGC's local clipping, ``clip_norm=c P``: the hook clips e
 check). Refused for PyTorch's hooks and for a task whose optimizer has no momentum (Adam: use
 ``wikitext2_sgd`` instead of ``wikitext2``).
 
+``NAME+res=bf16`` / ``NAME+res=int8`` keep the hook's residuals in bfloat16 or 8 bits between
+steps (``DDPHookState(residual_dtype=...)``, :mod:`sparsecomm.reduce.residual_store`); ``+policy``
+runs the default per-parameter policy (``policy=sparsecomm.Policy()``: 1-D parameters and those
+under 4096 elements dense). The JSON records each method's ``state_bytes_per_param`` (residuals and
+velocities the hook keeps, per parameter of the model) and mean ``residual_rounding``.
+
 ``--hierarchy flat node`` (or ``both``) trains every sparsecomm method in each hierarchy given,
 interleaved in the same run: flat, and two-level (``DDPHookState(hierarchy="node")``: dense
 inside a node, the algorithm between nodes on each rank's shard), on the launcher's nodes
@@ -82,7 +88,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .. import algorithms
 from ..comm.topology import Topology
-from ..hooks import DDPHookState, ddp_hook
+from ..hooks import DDPHookState, Policy, register
 from ..launch import describe_link
 from ..reduce import DensitySchedule
 from ..testing import launched, run_ranks
@@ -119,7 +125,9 @@ def schedule_preset(name: str, steps: int, density: float = 0.01) -> DensitySche
 
 
 #: ``NAME+MODIFIER``: momentum correction, with momentum factor masking, the local clipping norm
-MODIFIERS = ("mc", "mcm", "clip=X")
+MODIFIERS = ("mc", "mcm", "clip=X", "res=bf16", "res=int8", "policy")
+#: ``+res=NAME``: the hook's residual_dtype
+RESIDUAL_FORMS = {"bf16": "bfloat16", "int8": "int8"}
 
 
 @dataclass(frozen=True)
@@ -132,6 +140,8 @@ class Method:
     schedule: str = ""              # a SCHEDULE_PRESETS name, or "" (none)
     correction: str = ""            # "mc" (momentum correction), "mcm" (with masking), or "" (none)
     clip: float | None = None       # +clip=X: the hook's clip_norm
+    residual: str = ""              # +res=bf16 / +res=int8: the hook's residual_dtype, or "" (float32)
+    policy: bool = False            # +policy: the hook's default per-parameter policy (sparsecomm.Policy())
 
     @property
     def baseline(self) -> bool:
@@ -139,14 +149,14 @@ class Method:
 
     @property
     def modified(self) -> bool:
-        return bool(self.correction) or self.clip is not None
+        return bool(self.correction) or self.clip is not None or bool(self.residual) or self.policy
 
 
 def parse_method(text: str) -> Method:
     """``topka@dgc+mc`` -> Method(name="topka", schedule="dgc", correction="mc"). Checks the
     syntax only (:func:`check_methods` checks the names)."""
     parts = re.split(r"(?=[@+])", text)
-    name, schedule, correction, clip = parts[0], "", "", None
+    name, schedule, correction, clip, residual, policy = parts[0], "", "", None, "", False
     if not name:
         raise ValueError(f"{text!r}: no algorithm before {text[:1]!r} (NAME[@SCHEDULE][+mc|+mcm][+clip=X])")
     for part in parts[1:]:
@@ -170,10 +180,21 @@ def parse_method(text: str) -> Method:
                 clip = math.nan
             if not (math.isfinite(clip) and clip > 0):
                 raise ValueError(f"{text!r}: +clip=X needs a finite norm X > 0, got {value[5:]!r}")
+        elif value.startswith("res="):
+            if residual:
+                raise ValueError(f"{text!r}: +res given twice")
+            residual = value[4:]
+            if residual not in RESIDUAL_FORMS:
+                raise ValueError(f"{text!r}: +res=NAME keeps the residual in {' or '.join(RESIDUAL_FORMS)}, "
+                                 f"not {residual!r}")
+        elif value == "policy":
+            if policy:
+                raise ValueError(f"{text!r}: +policy given twice")
+            policy = True
         else:
             raise ValueError(f"{text!r}: unknown modifier '+{value}'; choose from "
                              f"{', '.join('+' + m for m in MODIFIERS)}")
-    return Method(text, name, schedule, correction, clip)
+    return Method(text, name, schedule, correction, clip, residual, policy)
 
 
 def move_momentum(optimizer: torch.optim.Optimizer, method: str = "", task: str = "the task"
@@ -255,9 +276,13 @@ def _build(method: str, task: Task, density: float, schedule_steps: int, topolog
             # clip_norm is a threshold on the sum over ranks (each rank gets clip_norm / sqrt(P)), the
             # task's on the average -- P times less
             local["clip_norm"], clip = local_clip * dist.get_world_size(), None
+        if spec.residual:
+            local["residual_dtype"] = RESIDUAL_FORMS[spec.residual]
+        if spec.policy:
+            local["policy"] = Policy()
         state = DDPHookState(spec.name, 1.0 if spec.name == "dense" else density, density_schedule=schedule,
                              **placed, **local)
-        ddp.register_comm_hook(state, ddp_hook)
+        register(ddp, state)
     return ddp, state, optimizer, clip
 
 
@@ -373,6 +398,11 @@ def run_rank(rank: int, world: int, cfg: dict) -> dict | None:
                                  if getattr(state, "density_schedule", None) is not None else None),
             # momentum correction's options of the hook ({} when off) and the optimizer's momentum
             "local_update": (state.local_update.options() if hasattr(state, "local_update") else {}),
+            "residual_dtype": getattr(state, "residual_dtype", None) or "float32",
+            "policy": None if getattr(state, "policy", None) is None else state.policy.text(),
+            # the hook's residuals and velocities kept between steps, per parameter of the model
+            "state_bytes_per_param": _state_bytes(state) / sum(p.numel() for p in ddp.parameters()),
+            "residual_rounding": _mean_stat(state, "residual_rounding"),
             "optimizer_momentum": run["optimizer"].param_groups[0].get("momentum"),
             "clip_after_reduction": run["clip"],
             "step_s": statistics.median(times.tolist()[1:] or times.tolist()),
@@ -413,6 +443,23 @@ def run_rank(rank: int, world: int, cfg: dict) -> dict | None:
     if topology is not None:
         report.update({"hierarchies": hierarchies, "nodes": topology.nodes, "ranks_per_node": topology.ranks_per_node})
     return report
+
+
+def _state_bytes(state: Any) -> float:
+    """The bytes a hook state keeps between steps (residuals, velocities); 0 for PyTorch's hooks."""
+    stats = getattr(state, "last_stats", {}) or {}
+    total = 0.0
+    for s in stats.values():
+        total += s.get("residual_bytes", 0)
+        if s.get("residual_bytes") and getattr(state, "local_update", None) is not None \
+                and state.local_update.momentum > 0.0:
+            total += 4 * s.get("n", 0)   # the velocity, float32
+    return total
+
+
+def _mean_stat(state: Any, key: str) -> float | None:
+    values = [s[key] for s in (getattr(state, "last_stats", {}) or {}).values() if s.get(key) is not None]
+    return statistics.fmean(values) if values else None
 
 
 def _label(name: str, hierarchy: str) -> str:
@@ -536,8 +583,9 @@ def check_methods(methods: list[str]) -> list[Method]:
             if spec.schedule:
                 raise ValueError(f"{method!r}: PyTorch's hooks take no density schedule")
             if spec.modified:
-                raise ValueError(f"{method!r}: PyTorch's hooks take no momentum correction or local clipping (options "
-                                 f"of sparsecomm's DDPHookState); run {spec.name!r} without +mc, +mcm or +clip")
+                raise ValueError(f"{method!r}: PyTorch's hooks take no momentum correction, local clipping, residual "
+                                 f"form or policy (options of sparsecomm's DDPHookState); run {spec.name!r} without "
+                                 "modifiers")
             continue
         algorithms.get(spec.name)  # a clear error naming the registered ones
         if spec.schedule and spec.schedule not in SCHEDULE_PRESETS:
@@ -560,7 +608,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="'all' (dense, every registered algorithm, torch_fp16, torch_powersgd) or names; "
                          f"NAME@SCHEDULE adds a density warm-up ({', '.join(SCHEDULE_PRESETS)}); NAME+mc momentum "
                          "correction (the task's SGD momentum in the hook, the optimizer without it), NAME+mcm with "
-                         "momentum factor masking, NAME+clip=X local gradient clipping; e.g. topka@dgc+mc")
+                         "momentum factor masking, NAME+clip=X local gradient clipping, NAME+res=bf16|int8 narrow residuals, "
+                         "NAME+policy the default per-parameter policy; e.g. topka@dgc+mc")
     ap.add_argument("--density", type=float, default=0.01)
     ap.add_argument("--steps", type=int, default=None, help="step budget (default: the task's)")
     ap.add_argument("--eval-every", type=int, default=None, help="updates between evaluations (default: the task's)")
