@@ -63,15 +63,20 @@ def test_module_rules_match_subclasses_and_names_skip_the_wrappers():
     class MyNorm(nn.LayerNorm):
         pass
 
+    class _LightningModuleWrapperBase(nn.Module):   # Lightning's wrapper, by its type's name
+        def __init__(self, inner):
+            super().__init__()
+            self._forward_module = inner
+
     model = nn.Sequential(nn.Linear(4, 8), MyNorm(8))
-    lightning = nn.Module()
-    lightning._forward_module = model    # Lightning's wrapper of the LightningModule
-    wrapped = nn.Module()
-    wrapped.module = lightning           # as DDP holds it: names lose both prefixes
-    got = _treatments(sc.Policy([sc.Rule("dense", module=nn.LayerNorm), sc.Rule("dense", name="0.weight")],
-                                dense_1d=False, dense_below=0), wrapped)
-    assert got == {"module._forward_module.0.weight": "dense", "module._forward_module.0.bias": "default",
-                   "module._forward_module.1.weight": "dense", "module._forward_module.1.bias": "dense"}
+    model.module = nn.Linear(2, 2)        # a submodule the user named "module" keeps its name
+    wrapped = torch.compile(_LightningModuleWrapperBase(model))
+    got = _treatments(sc.Policy([sc.Rule("dense", module=nn.LayerNorm), sc.Rule("dense", name="0.weight"),
+                                 sc.Rule("dense", name="module.bias")], dense_1d=False, dense_below=0), wrapped)
+    assert got == {"_orig_mod._forward_module.0.weight": "dense", "_orig_mod._forward_module.0.bias": "default",
+                   "_orig_mod._forward_module.1.weight": "dense", "_orig_mod._forward_module.1.bias": "dense",
+                   "_orig_mod._forward_module.module.weight": "default",
+                   "_orig_mod._forward_module.module.bias": "dense"}
 
 
 def test_a_policy_is_a_value_that_survives_its_saved_form():
@@ -284,16 +289,25 @@ def _fsdp_worker(rank, world_size, policy_state, steps):
         calls.append((label, before, output.detach().clone()))
     state._reduce = recording
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    first_grads, every = None, None
     for step in range(steps):
         g = torch.Generator().manual_seed(10 * rank + step)
         x, y = torch.randn(16, 12, generator=g), torch.randint(0, 4, (16,), generator=g)
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
+        if step == 0:   # the hook's sharded gradients, and every rank's own unsharded ones
+            first_grads = {n: p.grad.to_local().clone().numpy() for n, p in model.named_parameters()}
+            local = _fsdp_model()
+            nn.functional.cross_entropy(local(x), y).backward()
+            mine = torch.cat([p.grad.reshape(-1) for p in local.parameters()])
+            every = [torch.empty_like(mine) for _ in range(world_size)]
+            torch.distributed.all_gather(every, mine)
+            every = [t.numpy() for t in every]
         opt.step()
     parts = {label: [(t, list(p)) for t, p in parts] for label, parts in state._parts.items()}
     stats = {k: {"treatment": v.get("treatment"), "bytes_sent": v.get("bytes_sent")} for k, v in state.last_stats.items()}
     out = ([(label, a.numpy(), b.numpy()) for label, a, b in calls], parts, divmod(rank, 2), stats,
-           [p.detach().to_local().numpy().copy() for p in model.parameters()])
+           [p.detach().to_local().numpy().copy() for p in model.parameters()], first_grads, every)
     state.close()
     return out
 
@@ -306,8 +320,21 @@ def test_fsdp_mixed_treatments_reduce_as_their_references():
     """2 nodes x 2: each module's shard split by treatment; the first call of each module (no
     residual yet): dense parts are the average over nodes, sparse parts top-k's sum at their own k."""
     runs = spawn(_fsdp_worker, 4, FSDP_POLICY.to_state(), 1, timeout=180)
-    treatments = {t for _, parts, _, _, _ in runs for p in parts.values() for t, _ in p}
+    treatments = {t for _, parts, _, _, _, _, _ in runs for p in parts.values() for t, _ in p}
     assert treatments == {"dense", "default", "density=0.5"}
+    # independent of the hook's offsets: the dense parameters' sharded gradients are the shards of
+    # the mean over the 4 ranks of their own gradients (FSDP averages in the node, the hook over nodes)
+    shapes = [(name, p.shape) for name, p in _fsdp_model().named_parameters()]
+    for run in runs:
+        local_rank, grads, every = run[2][1], run[5], [torch.from_numpy(t) for t in run[6]]
+        at = 0
+        for name, shape in shapes:
+            n = math.prod(shape)
+            if len(shape) == 1:   # 1-D: dense by the policy's defaults
+                mean = sum(t[at:at + n] for t in every).reshape(shape) / 4
+                want = torch.chunk(mean, 2, dim=0)[local_rank]
+                torch.testing.assert_close(torch.from_numpy(grads[name]), want, rtol=1e-5, atol=1e-7)
+            at += n
     for local in (0, 1):
         pair = [run for run in runs if run[2][1] == local]    # the two ranks that reduce shard `local`
         for i, (label, _, _) in enumerate(pair[0][0]):
@@ -404,3 +431,61 @@ def _fsdp_disagree(rank, world_size):
 def test_fsdp_ranks_with_different_policies_raise_together_at_registration():
     for msg in spawn(_fsdp_disagree, 2, timeout=120):
         assert msg is not None and "policies differ" in msg
+
+
+def _summary(rank, world_size):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = DDP(nn.Linear(100, 10))     # 1000 weights through topka, 10 biases dense
+    state = sc.register(model, sc.DDPHookState("topka", 0.01, policy=sc.Policy(dense_below=0), async_comm=False))
+    model(torch.randn(8, 100)).square().mean().backward()
+    line = state.summary()
+    state.close()
+    return line
+
+
+@pytest.mark.distributed
+def test_the_summary_names_the_dense_parameters_share():
+    line = spawn(_summary, 2, timeout=120)[0]
+    # the biases' ring allreduce: 2 (P - 1) ceil(40 / P) = 40 bytes of the total
+    assert line.startswith("step 1: topka, density 0.01: sent ") and ", 2 buckets (40 B of it dense parameters)" in line, line
+
+
+def test_a_dense_part_keeps_its_velocity_under_momentum_masking():
+    """Masking clears the velocity where a call sent; a dense part sends every coordinate, so its
+    reducer runs without masking (its parameters keep momentum SGD's update)."""
+    from sparsecomm.comm.simulated import simulate
+
+    state = sc.DDPHookState("topka", 0.1, momentum=0.9, momentum_masking=True, policy="default")
+
+    def fn(comm):
+        return state._new_reducer(comm, "dense").local_update, state._new_reducer(comm, "default").local_update
+    dense, default = simulate(2, fn).results[0]
+    assert dense.momentum == 0.9 and not dense.momentum_masking
+    assert default.momentum == 0.9 and default.momentum_masking
+
+
+def _nan_in_a_dense_parameter(rank, world_size):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    net = Net()
+    if rank == 1:
+        net.out.bias.register_hook(lambda g: g * float("nan"))
+    model = DDP(net)
+    state = sc.register(model, sc.DDPHookState("topka", 0.05, policy="default", nonfinite="raise"))
+    x, y = _data(rank, 0)
+    try:
+        nn.functional.cross_entropy(model(x), y).backward()
+    except ValueError as exc:
+        return str(exc)
+    finally:
+        state.close()
+    return None
+
+
+@pytest.mark.distributed
+def test_nonfinite_raise_covers_the_dense_parameters():
+    for msg in spawn(_nan_in_a_dense_parameter, 2, timeout=120):
+        assert msg is not None and "NaN" in msg and "rank" in msg, msg

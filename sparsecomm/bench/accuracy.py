@@ -448,13 +448,7 @@ def run_rank(rank: int, world: int, cfg: dict) -> dict | None:
 def _state_bytes(state: Any) -> float:
     """The bytes a hook state keeps between steps (residuals, velocities); 0 for PyTorch's hooks."""
     stats = getattr(state, "last_stats", {}) or {}
-    total = 0.0
-    for s in stats.values():
-        total += s.get("residual_bytes", 0)
-        if s.get("residual_bytes") and getattr(state, "local_update", None) is not None \
-                and state.local_update.momentum > 0.0:
-            total += 4 * s.get("n", 0)   # the velocity, float32
-    return total
+    return float(sum(s.get("residual_bytes", 0) + s.get("velocity_bytes", 0) for s in stats.values()))
 
 
 def _mean_stat(state: Any, key: str) -> float | None:

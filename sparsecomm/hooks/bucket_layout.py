@@ -275,6 +275,8 @@ class BucketLayout:
         if j < len(self.buckets) and j not in it.missing and self.buckets[j].matches(entries, buffer):
             it.next += 1
             start(j, buffer, it.step, future, ())  # the layout's own bucket: reduced in place
+            # later layout buckets an earlier DDP bucket completed in the gather buffers run now
+            self._start_complete(it, start)
         else:
             self.regrouped_buckets += 1
             self._gather(index, buffer, entries, it, future, start)
@@ -317,6 +319,11 @@ class BucketLayout:
         it.waiting[index] = [future, buffer, len(touched)]
         if not touched:
             future.set_result(buffer)
+        self._start_complete(it, start)
+
+    def _start_complete(self, it: _Regrouping, start: Start) -> None:
+        """Start every layout bucket from ``it.next`` on whose gather buffer is complete, in
+        layout order (the same on every rank)."""
         while it.next < len(self.buckets) and it.missing.get(it.next) == 0:
             j = it.next
             it.next += 1

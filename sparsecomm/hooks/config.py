@@ -104,6 +104,10 @@ class HookConfig:
         self._treatments: dict[str, Treatment] = {}
         if self.policy is not None:
             for rule in self.policy.rules:
+                if isinstance(rule.treatment, Treatment) and rule.treatment.density is not None \
+                        and schedule is not None and schedule.kind == "adaptive":
+                    raise ValueError(f"the policy's treatment {rule.treatment.text()!r} sets its own density, and the "
+                                     "adaptive density schedule decides every density itself: drop one of them")
                 if isinstance(rule.treatment, Treatment):
                     self._configuration(rule.treatment)   # checked now: its options against its algorithm
                     self._treatments[rule.treatment.text()] = rule.treatment
@@ -189,17 +193,21 @@ class HookConfig:
     def dense_needs_reducer(self) -> bool:
         """Whether a policy's dense part goes through a reducer of the dense algorithm rather than
         the backend's allreduce alone: with momentum correction (the optimizer runs without
-        momentum, so the dense part needs its velocity too) or local clipping."""
-        return self.local_update.active
+        momentum, so the dense part needs its velocity too; without masking, which at density 1
+        would clear it every step), local clipping, or ``nonfinite="raise"`` (the reducer's check)."""
+        return self.local_update.active or self.nonfinite == "raise"
 
     def _new_reducer(self, comm: Comm, treatment: str = "", **placement: Any) -> SparseAllreduce:
         """A reducer of this configuration (``treatment``: a policy's treatment key) on ``comm``
         (``placement``: hierarchy and nodes), continuing from the loaded save (its first
         handshake compares the fingerprint)."""
         algorithm, density, options = self.configuration_of(treatment)
+        update = self.local_update.to_state()
+        if treatment == DENSE:   # every coordinate is sent each step: masking would clear the velocity
+            update["momentum_masking"] = False
         reducer = SparseAllreduce(algorithm, density, comm=comm, nonfinite=self.nonfinite,
                                   density_schedule=self.density_schedule, **placement,
-                                  residual_dtype=self.residual_dtype, **self.local_update.to_state(), **options)
+                                  residual_dtype=self.residual_dtype, **update, **options)
         reducer.set_checkpoint_fingerprint(self._checkpoint_id)
         return reducer
 

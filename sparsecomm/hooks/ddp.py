@@ -193,9 +193,11 @@ class DDPHookState(HookConfig):
         self.process_group = process_group
         self.step = 0
         self._warmup = None  # (comm, CallScope) of the warm-up's dense allreduce
+        self._dense_part = None  # (comm, CallScope) of a policy's dense parameters' allreduce
         # the bucket layout the reductions use (hooks/bucket_layout.py); one reducer per bucket of it
         self._layout = BucketLayout(None if self.policy is None else self.treatment_key)
         self._policy_agreed = False   # compared over the ranks at the first bucket (_agree_policy)
+        self._agreement = None        # its scope, until the first reduction's job runs it
         self._reducers: dict[int, SparseAllreduce] = {}
         self._loose_residuals: dict[int, torch.Tensor] = {}  # ordinal -> loaded residual waiting for its reducer
         self._loose_velocities: dict[int, torch.Tensor] = {}  # the same for momentum correction's velocities
@@ -216,6 +218,7 @@ class DDPHookState(HookConfig):
         held NaN or Inf on some rank names those ranks (``nonfinite="propagate"``: a dense sum)::
 
             step 12: topka, density 0.01: sent 21.7 kB = 0.0403x dense's 539 kB, 2 buckets
+            step 12: topka, density 0.01: sent 23.1 kB = 0.0429x dense's 539 kB, 4 buckets (1.4 kB of it dense parameters)
             step 1: auto trying topka, density 0.01: sent 1.58 kB = 0.0206x dense's 76.8 kB, 1 bucket
               (+4.46 MB setup)
 
@@ -244,6 +247,9 @@ class DDPHookState(HookConfig):
             text += f" ({_bytes_text(sum(s.get('inter_bytes_sent', 0) for s in stats))} between nodes)"
         text += f" = {sent / dense:.3g}x dense's {_bytes_text(dense)}" if dense else " (1 rank: nothing to send)"
         text += f", {len(buckets)} bucket{'s' if len(buckets) != 1 else ''}"
+        dense_part = [s for s in stats if s.get("treatment") == "dense"]
+        if dense_part:   # a policy's dense parameters, inside the total
+            text += f" ({_bytes_text(sum(s.get('bytes_sent', 0) for s in dense_part))} of it dense parameters)"
         setup = sum(s.get("handshake_bytes", 0) for s in stats)
         return text + (f" (+{_bytes_text(setup)} setup)" if setup else "")
 
@@ -300,12 +306,15 @@ class DDPHookState(HookConfig):
             raise
         return self._comm
 
-    def _scoped(self, job, comm: Comm):
-        """``job`` run as one call of the warm-up's scope (its own tag; a failure on this
-        rank makes every rank raise, see Comm.call_scope)."""
-        if self._warmup is None or self._warmup[0] is not comm:
-            self._warmup = (comm, comm.new_scope("DDP hook warm-up (dense allreduce)"))
-        scope = self._warmup[1]
+    def _scoped(self, job, comm: Comm, policy_dense: bool = False):
+        """``job`` run as one call of the warm-up's scope, or of the policy's dense part's
+        (``policy_dense``): its own tag; a failure on this rank makes every rank raise, see
+        Comm.call_scope. Scopes are made here, on DDP's thread, in the same order on every rank."""
+        which = "_dense_part" if policy_dense else "_warmup"
+        if getattr(self, which) is None or getattr(self, which)[0] is not comm:
+            label = "DDP hook, a policy's dense parameters" if policy_dense else "DDP hook warm-up (dense allreduce)"
+            setattr(self, which, (comm, comm.new_scope(label)))
+        scope = getattr(self, which)[1]
 
         def run():
             with comm.call_scope(scope):
@@ -418,14 +427,10 @@ class DDPHookState(HookConfig):
     def _on_bucket(self, bucket: dist.GradBucket) -> torch.futures.Future:
         """Route DDP bucket ``bucket`` through the layout; the Future completes with its average."""
         self.comm  # noqa: B018 - built here, on DDP's thread, at the same point on every rank
-        if not self._policy_agreed:   # first on the worker: before any message of a reduction
+        if not self._policy_agreed:   # run by the first reduction's job, before its messages
             self._policy_agreed = True
             # the scope now, on DDP's thread: every rank creates its scopes in the same order
-            scope = self.comm.new_scope("DDP hook policy agreement")
-            if self.async_comm:
-                self._submit(lambda: self._agree_policy(scope), torch.futures.Future())
-            else:
-                self._agree_policy(scope)
+            self._agreement = self.comm.new_scope("DDP hook policy agreement")
         future = self._layout.route(bucket, self.step, self._start, self._adopt)
         if bucket.is_last():
             self.step += 1
@@ -441,7 +446,11 @@ class DDPHookState(HookConfig):
         dense = step < self.warmup_steps or (treatment == "dense" and not self.dense_needs_reducer)
         reducer = None if dense else self._reducer(j)
 
+        agreement, self._agreement = self._agreement, None
+
         def job() -> torch.Tensor:
+            if agreement is not None:   # the first job: its failure is this bucket's, with its own type
+                self._agree_policy(agreement)
             if reducer is None:  # DDP's own allreduce_hook: divide first, then sum
                 before = comm.stats.snapshot()
                 target.div_(comm.size)
@@ -462,17 +471,18 @@ class DDPHookState(HookConfig):
                 buffer[offset:offset + numel].copy_(target[layout_offset:layout_offset + numel])
             return target
 
-        run = job if reducer is not None else self._scoped(job, comm)  # reducers scope their own calls
+        # reducers scope their own calls
+        run = job if reducer is not None else self._scoped(job, comm, policy_dense=step >= self.warmup_steps)
         if self.async_comm:
             self._submit(run, future)
         else:
             future.set_result(run())
 
     def _agree_policy(self, scope) -> None:
-        """At the first bucket, before any message of a reduction (on the worker, the first job:
-        a failure there fails every later bucket): every rank's policy text all-gathered; the same
-        AgreedValueError on every rank when they differ (the buckets' split, and so every message
-        after, would)."""
+        """At the first bucket, before any message of a reduction (inside the first job, on the
+        worker when async: a failure there is that bucket's, and fails every later one): every
+        rank's policy text all-gathered; the same AgreedValueError on every rank when they differ
+        (the buckets' split, and so every message after, would)."""
         comm = self.comm
         mine = torch.tensor([self.policy_crc()], dtype=torch.int64)
         with comm.call_scope(scope, agreed=lambda exc: isinstance(exc, AgreedValueError)):

@@ -347,9 +347,15 @@ class FSDPHookState(HookConfig):
         offset = 0
         for fsdp_param in group.fsdp_params:
             param = fsdp_param.sharded_param
+            if not param.requires_grad:   # never has a gradient: not in the reduce-scatter
+                continue
             size = tuple(param.size())   # the global shape (a DTensor)
-            rows = -(-size[0] // shards) * shards if size else 1
-            numel = rows * math.prod(size[1:]) // shards
+            dim = getattr(param.placements[0], "dim", 0)
+            if dim == 0:   # padded on dim 0 to a multiple of the shards
+                rows = -(-size[0] // shards) * shards if size else 1
+                numel = rows * math.prod(size[1:]) // shards
+            else:          # Shard(dim > 0): FSDP requires even sharding, no padding
+                numel = math.prod(size) // shards
             parts.setdefault(self.treatment_key(param), []).append((offset, numel))
             offset += numel
         self._parts_numel[label] = offset
@@ -415,9 +421,10 @@ class FSDPHookState(HookConfig):
         parameters are)."""
         if output.numel() != self._parts_numel[label]:
             raise ValueError(f"FSDP module {label!r} reduced {output.numel()} elements on this rank where its "
-                             f"parameters span {self._parts_numel[label]}: some parameter had no gradient this step "
-                             "(FSDP leaves it out). The policy needs every parameter of a module to have one; use "
-                             "policy=None for this model, or give every parameter a gradient")
+                             f"parameters span {self._parts_numel[label]}: some parameter that requires a gradient "
+                             "had none this step (FSDP leaves it out of the reduce-scatter). The policy needs every "
+                             "such parameter of a module to have one: use policy=None for this model, or make every "
+                             "parameter take part in the loss (or set requires_grad=False on those that do not)")
         inter = self._nodes.inter
         for treatment, pieces in self._parts[label]:
             whole = len(pieces) == 1

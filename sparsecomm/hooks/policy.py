@@ -172,22 +172,32 @@ class ParameterInfo:
     classes: tuple[str, ...] = ()
 
 
-#: the attribute names under which wrappers hold the user's module: DDP's, torch.compile's,
-#: Lightning's (its DDP wraps the LightningModule in a module holding it as ``_forward_module``)
-_WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_forward_module.")
+def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The user's module inside the wrappers that hold it: DDP's (``.module``), torch.compile's
+    (``._orig_mod``) and Lightning's (its DDP holds a ``_LightningModuleWrapperBase`` whose
+    ``_forward_module`` is the LightningModule). By type, so a submodule the user named
+    ``module`` keeps its name."""
+    while True:
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif type(model).__name__ == "OptimizedModule" and isinstance(getattr(model, "_orig_mod", None),
+                                                                     torch.nn.Module):
+            model = model._orig_mod
+        elif type(model).__name__.endswith("LightningModuleWrapperBase") and \
+                isinstance(getattr(model, "_forward_module", None), torch.nn.Module):
+            model = model._forward_module
+        else:
+            return model
 
 
 def parameter_infos(model: torch.nn.Module) -> dict[int, ParameterInfo]:
-    """id(parameter) -> its :class:`ParameterInfo` (name without DDP's, torch.compile's or
-    Lightning's wrapper prefixes, as the user's own module names it; the classes of the module
-    that owns it, with their bases)."""
+    """id(parameter) -> its :class:`ParameterInfo`: its name as the user's module (inside the
+    wrappers, :func:`unwrapped`) names it, and the classes of the module that owns it, with their
+    bases."""
     infos: dict[int, ParameterInfo] = {}
-    for module_name, module in model.named_modules(remove_duplicate=False):
+    for module_name, module in unwrapped(model).named_modules(remove_duplicate=False):
         classes = tuple(_class_name(c) for c in type(module).__mro__ if c is not object)
         for name, param in module.named_parameters(prefix=module_name, recurse=False, remove_duplicate=False):
-            for prefix in _WRAPPER_PREFIXES:
-                while name.startswith(prefix):
-                    name = name[len(prefix):]
             if id(param) not in infos:   # a shared parameter: its first owner, as named_parameters()
                 infos[id(param)] = ParameterInfo(param.numel(), param.dim(), name, classes)
     return infos

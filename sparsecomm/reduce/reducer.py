@@ -589,6 +589,8 @@ class SparseAllreduce:
         # the memory this reducer keeps between calls, per element of its part
         self.last_stats["residual_bytes"] = (self._store.nbytes if self._store is not None
                                              else self._residual.numel() * self._residual.element_size())
+        velocity = None if self._local is None else self._local.velocity
+        self.last_stats["velocity_bytes"] = 0 if velocity is None else velocity.numel() * velocity.element_size()
         if self._store is not None:
             self.last_stats["residual_rounding"] = 0.0 if nonfinite else rounding
         self.last_stats.update(self.placement.stats(levels, self.last_stats, k, hi - lo))

@@ -15,8 +15,8 @@ narrowed again. What the narrowing loses is the only change to conservation::
 
 where ``e'_r`` is what is stored (and comes back next call) and ``d_r = acc_r - e'_r`` the
 rounding. Entries the algorithm sent are 0 after the call and 0 is exact in every form, so
-``d_r`` lives only on entries held back: per entry ``|d| <= 2**-9 |acc|`` in bfloat16 (round to
-nearest even), ``|d| <= s / 2`` in int8 with the block's scale ``s``. The reducer reports
+``d_r`` lives only on entries held back: per entry ``|d| <= 2**-8 |acc|`` in bfloat16 (round to
+nearest even, 8 significant bits), ``|d| <= s / 2`` in int8 with the block's scale ``s``. The reducer reports
 ``||d||_1 / ||acc||_1`` of this rank as ``last_stats["residual_rounding"]``.
 
 int8: each block of :data:`BLOCK` elements has a power-of-two scale ``s = 2**e``, the smallest
