@@ -3,9 +3,9 @@ narrower form that costs less memory -- ``residual_dtype=torch.bfloat16`` (2 byt
 or ``"int8"`` (1 byte per element and one exponent byte per block of :data:`BLOCK` elements).
 
 Error feedback keeps a residual as large as the gradient: 4 bytes per parameter in float32, a
-quarter on top of a mixed-precision Adam state of 16. LoCo (Xie et al., "LoCo: Low-Bit
-Communication Adaptor for Large-scale Model Training", section 3) shows that the compensation
-error survives 8 bits; torchft declined error feedback for that memory.
+quarter on top of a mixed-precision Adam state of 16. LoCo ("LoCo: Low-Bit Communication
+Adaptor for Large-scale Model Training", TPAMI 2025) keeps the compensation error in 8 bits
+without loss; torchft declined error feedback for that memory.
 
 Per call the stored residual is widened into a transient float32 buffer (one bucket or shard
 at a time), the algorithm runs on it exactly as on a float32 residual, and what it held back is
