@@ -24,7 +24,7 @@ from ..reduce.local_update import LocalUpdate, momentum_twice
 from ..reduce.residual_store import check_residual_dtype
 from .policy import DEFAULT, DENSE, ParameterInfo, Policy, Treatment, as_policy, parameter_infos
 
-__all__ = ["HookConfig", "reduce_average", "dense_average", "group_size"]
+__all__ = ["HookConfig", "reduce_average", "dense_average", "dense_part_stats", "group_size"]
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -63,6 +63,13 @@ def dense_average(comm: Comm, tensor: torch.Tensor, divisor: int | None) -> None
         work.div_(divisor)
     if work is not tensor:
         tensor.copy_(work)
+
+
+def dense_part_stats(spent: Any, n: int) -> dict[str, Any]:
+    """A policy's dense part's ``last_stats``: the Comm counters ``spent`` on its allreduce of ``n``
+    elements, under the treatment "dense" (as the reducers' stats carry theirs)."""
+    return {"algorithm": "dense", "treatment": "dense", "n": n, "bytes_sent": spent.bytes_sent,
+            "bytes_recv": spent.bytes_recv, "rounds": spent.rounds, "comm_s": spent.comm_s}
 
 
 class HookConfig:
@@ -104,13 +111,13 @@ class HookConfig:
         self._treatments: dict[str, Treatment] = {}
         if self.policy is not None:
             for rule in self.policy.rules:
-                if isinstance(rule.treatment, Treatment) and rule.treatment.density is not None \
-                        and schedule is not None and schedule.kind == "adaptive":
+                if not isinstance(rule.treatment, Treatment):
+                    continue
+                if rule.treatment.density is not None and schedule is not None and schedule.kind == "adaptive":
                     raise ValueError(f"the policy's treatment {rule.treatment.text()!r} sets its own density, and the "
                                      "adaptive density schedule decides every density itself: drop one of them")
-                if isinstance(rule.treatment, Treatment):
-                    self._configuration(rule.treatment)   # checked now: its options against its algorithm
-                    self._treatments[rule.treatment.text()] = rule.treatment
+                self._configuration(rule.treatment)   # checked now: its options against its algorithm
+                self._treatments[rule.treatment.text()] = rule.treatment
         #: id(parameter) -> its name and owning module's classes, from bind() (None: not bound)
         self._param_infos: dict[int, ParameterInfo] | None = None
         self._comm = comm
@@ -149,7 +156,7 @@ class HookConfig:
             raise TypeError(f"bind(model): model must be a torch.nn.Module, got {type(model).__name__}")
         self._param_infos = parameter_infos(model)
 
-    def treatment_key(self, param: torch.Tensor, name: str | None = None) -> str:
+    def treatment_key(self, param: torch.Tensor) -> str:
         """The policy's treatment of ``param`` as the key layout buckets carry: ``"dense"``,
         ``"default"`` or a :class:`Treatment`'s text. A ValueError when the policy matches by name or
         module and the model is unknown (registered without ``sparsecomm.register``)."""
@@ -161,7 +168,7 @@ class HookConfig:
                                  "and the hook does not know the model: register with sparsecomm.register(model, "
                                  "state) (DDP) or sparsecomm.fsdp.register_hook (FSDP2), or call state.bind(model) "
                                  "before the first backward")
-            info = ParameterInfo(param.numel(), param.dim(), name)
+            info = ParameterInfo(param.numel(), param.dim())
         treatment = self.policy.treatment(info)
         return treatment.text() if isinstance(treatment, Treatment) else treatment
 

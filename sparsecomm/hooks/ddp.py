@@ -84,7 +84,7 @@ from ..reduce.local_update import LocalUpdate
 from ..reduce.checkpoint import fingerprint, gather_rank_parts, loaded_fingerprint, pack_rank_part
 from .bucket_layout import BucketLayout, LayoutBucket
 from .bucket_worker import BucketWorker
-from .config import HookConfig, group_size, reduce_average
+from .config import HookConfig, dense_part_stats, group_size, reduce_average
 
 __all__ = ["DDPHookState", "ddp_hook", "register"]
 
@@ -442,7 +442,7 @@ class DDPHookState(HookConfig):
         then copy the result to the DDP buckets in ``scatter``; on the worker, or now when not
         async. Everything is decided here on DDP's thread, the schedule's step included."""
         comm = self.comm
-        treatment = self._layout.buckets[j].treatment if j < len(self._layout.buckets) else ""
+        treatment = self._layout.buckets[j].treatment
         dense = step < self.warmup_steps or (treatment == "dense" and not self.dense_needs_reducer)
         reducer = None if dense else self._reducer(j)
 
@@ -456,10 +456,7 @@ class DDPHookState(HookConfig):
                 target.div_(comm.size)
                 comm.allreduce_dense(target)
                 if treatment == "dense" and step >= self.warmup_steps:   # the policy's dense part
-                    spent = comm.stats - before
-                    self.last_stats[j] = {"algorithm": "dense", "treatment": "dense", "n": target.numel(),
-                                          "bytes_sent": spent.bytes_sent, "bytes_recv": spent.bytes_recv,
-                                          "rounds": spent.rounds, "comm_s": spent.comm_s}
+                    self.last_stats[j] = dense_part_stats(comm.stats - before, target.numel())
                     self._reported[j] = (step, target.numel() * target.element_size())
             else:
                 reduce_average(reducer, target, comm.size, step=step)

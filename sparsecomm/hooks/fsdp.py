@@ -86,7 +86,7 @@ from ..errors import AgreedValueError
 from ..reduce.local_update import LocalUpdate
 from ..reduce import CHECKPOINT_VERSION, DensitySchedule, SparseAllreduce, nonfinite_error, nonfinite_flag
 from ..reduce.checkpoint import fingerprint, loaded_fingerprint, pack_rank_part
-from .config import HookConfig, dense_average, reduce_average
+from .config import HookConfig, dense_average, dense_part_stats, reduce_average
 
 __all__ = ["FSDPHookState", "register_hook", "node_mesh", "two_level_mesh", "REDUCE_DTYPES"]
 
@@ -190,7 +190,6 @@ class FSDPHookState(HookConfig):
                         policy)
         #: under a policy, per hooked module: its shard's parts, [(treatment, [(offset, numel)])]
         self._parts: dict[str, list[tuple[str, list[tuple[int, int]]]]] = {}
-        self._parts_numel: dict[str, int] = {}   # per hooked module: the elements its parts span
         self._dense_scope = None   # the inter-node Comm's scope of the policy's dense parts
         self.topology = nodes
         self._owns_nodes = not isinstance(nodes, NodeComms)
@@ -284,7 +283,7 @@ class FSDPHookState(HookConfig):
                 self._reducers = {label: self._new_reducer(nodes.inter) for label, _, _ in targets}
             else:
                 self.bind(module)
-                self._parts = {label: self._shard_parts(label, group, nodes.intra.size if nodes.intra else 1)
+                self._parts = {label: self._shard_parts(group, nodes.intra.size if nodes.intra else 1)
                                for label, _, group in targets}
                 self._reducers = {_reducer_name(label, treatment): self._new_reducer(nodes.inter, treatment)
                                   for label, parts in self._parts.items()
@@ -338,7 +337,7 @@ class FSDPHookState(HookConfig):
             targets.append((label, sub, group))
         return targets
 
-    def _shard_parts(self, label: str, group, shards: int) -> list[tuple[str, list[tuple[int, int]]]]:
+    def _shard_parts(self, group, shards: int) -> list[tuple[str, list[tuple[int, int]]]]:
         """Where each parameter of ``group`` lies in the module's reduce-scatter output -- FSDP2
         concatenates, in ``fsdp_params`` order, each parameter's shard of its gradient padded on
         dim 0 to a multiple of the ``shards`` ranks -- grouped by the policy's treatment of the
@@ -358,7 +357,6 @@ class FSDPHookState(HookConfig):
                 numel = math.prod(size) // shards
             parts.setdefault(self.treatment_key(param), []).append((offset, numel))
             offset += numel
-        self._parts_numel[label] = offset
         return list(parts.items())
 
     def _hook_for(self, label: str, group):
@@ -419,9 +417,10 @@ class FSDPHookState(HookConfig):
         piece), reduced -- dense by the backend's allreduce, the others by their reducer -- and
         written back. The parts' order is the same on every rank (the policy and the module's
         parameters are)."""
-        if output.numel() != self._parts_numel[label]:
+        span = sum(n for _, pieces in self._parts[label] for _, n in pieces)
+        if output.numel() != span:
             raise ValueError(f"FSDP module {label!r} reduced {output.numel()} elements on this rank where its "
-                             f"parameters span {self._parts_numel[label]}: some parameter that requires a gradient "
+                             f"parameters span {span}: some parameter that requires a gradient "
                              "had none this step (FSDP leaves it out of the reduce-scatter). The policy needs every "
                              "such parameter of a module to have one: use policy=None for this model, or make every "
                              "parameter take part in the loss (or set requires_grad=False on those that do not)")
@@ -434,10 +433,7 @@ class FSDPHookState(HookConfig):
                 before = inter.stats.snapshot()
                 with inter.call_scope(self._dense_scope):
                     dense_average(inter, part, divisor)
-                spent = inter.stats - before
-                self.last_stats[_reducer_name(label, "dense")] = {
-                    "algorithm": "dense", "treatment": "dense", "n": part.numel(), "bytes_sent": spent.bytes_sent,
-                    "bytes_recv": spent.bytes_recv, "rounds": spent.rounds, "comm_s": spent.comm_s}
+                self.last_stats[_reducer_name(label, "dense")] = dense_part_stats(inter.stats - before, part.numel())
             else:
                 name = _reducer_name(label, treatment)
                 reducer = self._reducers[name]

@@ -586,7 +586,7 @@ class SparseAllreduce:
             self.last_stats.update(density=density, critical=self._adaptive.critical)
         if self._local is not None and self.local_update.clip_norm is not None:
             self.last_stats["clip_scale"] = 1.0 if nonfinite else scale
-        # the memory this reducer keeps between calls, per element of its part
+        # the bytes this reducer keeps between calls: its residual (narrow or not) and velocity
         self.last_stats["residual_bytes"] = (self._store.nbytes if self._store is not None
                                              else self._residual.numel() * self._residual.element_size())
         velocity = None if self._local is None else self._local.velocity
